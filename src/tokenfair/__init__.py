@@ -1,0 +1,3 @@
+"""tokenfair: fair-share scheduling for multi-tenant LLM inference."""
+
+__version__ = "0.1.0"

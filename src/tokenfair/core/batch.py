@@ -1,0 +1,74 @@
+"""What the scheduler hands the executor for one step, and what comes back.
+
+The executor never decides anything: it runs the tokens it is given, writes their KV
+into the blocks it is told, copies blocks for swaps, forgets requests that are gone,
+and samples one token for each request whose scheduled tokens reach its end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tokenfair.core.request import Request
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    """Run `num_new_tokens` tokens of `request`, starting at position `start`.
+
+    `start` is the request's num_computed_tokens before this step. When
+    `start + num_new_tokens == request.num_tokens` the step ends on the request's last
+    known token, so the executor samples the next token (`samples` is True); a
+    partial prefill chunk samples nothing.
+    """
+
+    request: Request
+    num_new_tokens: int
+    start: int
+    block_ids: list[int]  # the request's whole block table (shared with the KV manager)
+
+    @property
+    def samples(self) -> bool:
+        return self.start + self.num_new_tokens == self.request.num_tokens
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.num_new_tokens > 1 or self.start < self.request.input_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    # Requests the executor should forget (finished, aborted, preempted by recompute)
+    # since the previous step: drop per-request state such as RNGs or detokenizers.
+    finished_request_ids: list[str] = field(default_factory=list)
+    # Block copies to run before the forward pass: (device block, swap block) for
+    # swap-out, (swap block, device block) for swap-in.
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
+    block_size: int = 16
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled if s.is_prefill)
+
+    @property
+    def num_decode_requests(self) -> int:
+        return sum(1 for s in self.scheduled if not s.is_prefill)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled and not self.swap_out and not self.swap_in
+
+
+@dataclass(slots=True)
+class ExecutorOutput:
+    """Sampled tokens by request id, for the scheduled requests that sample.
+
+    `elapsed_s` is the step's duration: modelled by the simulator, measured by real
+    executors (None lets the engine measure wall time itself).
+    """
+
+    sampled: dict[str, int] = field(default_factory=dict)
+    logprobs: dict[str, list[dict[int, float]]] | None = None
+    elapsed_s: float | None = None

@@ -1,0 +1,119 @@
+"""A request and its lifecycle, as the scheduler sees it.
+
+A request moves WAITING -> RUNNING -> FINISHED. Under memory pressure a RUNNING request
+may be pushed back to PREEMPTED (its KV dropped; it waits again and re-prefills prompt +
+generated tokens) or to SWAPPED (its KV parked in the CPU swap area; it resumes without
+recomputation). Every request ends FINISHED with a reason.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"  # recompute: waits again, KV dropped
+    SWAPPED = "swapped"  # KV in the CPU swap area
+    FINISHED = "finished"
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"  # EOS token or a stop string
+    LENGTH = "length"  # max_tokens reached
+    ABORT = "abort"  # cancelled: client gone, timeout, operator
+    REJECTED = "rejected"  # refused at arrival (rate limit, too long for the pool)
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """How to pick each next token and when to stop (OpenAI-style fields)."""
+
+    max_tokens: int = 256
+    temperature: float = 0.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 means off
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None  # number of top logprobs to return per token, or None
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """One generation request.
+
+    `prompt_token_ids` is None in the simulator, where only lengths matter; the
+    simulator instead knows `target_output_tokens`, the length the real model would
+    generate before its EOS (the trace's output length).
+    """
+
+    request_id: str
+    client: str
+    input_tokens: int
+    arrival_s: float
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    prompt_token_ids: list[int] | None = None
+    priority: int = 0  # lower runs first (vLLM's convention)
+    target_output_tokens: int | None = None  # simulator only: true output length
+    predicted_output_tokens: int | None = None  # optional length hint for sjf/vtc-predict
+    eos_token_ids: frozenset[int] = frozenset()
+
+    # --- lifecycle state, owned by the scheduler ---
+    status: RequestStatus = RequestStatus.WAITING
+    finish_reason: FinishReason | None = None
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens whose KV is in the cache
+    admit_seq: int = -1  # order of the latest admission (victim choice: newest first)
+    ever_admitted: bool = False
+    preemptions: int = 0
+    scheduled_s: float | None = None  # first admitted
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    charged_output: int = 0  # output tokens already charged to the client's counter
+    predicted_charge: int = 0  # vtc-predict: output tokens charged in advance
+
+    def __post_init__(self) -> None:
+        if self.input_tokens < 1:
+            raise ValueError(f"request {self.request_id}: input_tokens must be >= 1")
+        if self.prompt_token_ids is not None and len(self.prompt_token_ids) != self.input_tokens:
+            raise ValueError(f"request {self.request_id}: input_tokens != len(prompt_token_ids)")
+
+    @property
+    def max_tokens(self) -> int:
+        return self.sampling.max_tokens
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt + generated tokens: what a (re-)prefill must cover."""
+        return self.input_tokens + len(self.output_token_ids)
+
+    @property
+    def max_total_tokens(self) -> int:
+        """The most KV this request can ever need."""
+        return self.input_tokens + self.sampling.max_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def all_token_ids(self) -> list[int] | None:
+        if self.prompt_token_ids is None:
+            return None
+        return self.prompt_token_ids + self.output_token_ids
