@@ -82,6 +82,7 @@ class Request:
     scheduled_s: float | None = None  # first admitted
     first_token_s: float | None = None
     finish_s: float | None = None
+    output_text: str = ""  # detokenized output (real models only)
     charged_output: int = 0  # output tokens already charged to the client's counter
     predicted_charge: int = 0  # vtc-predict: output tokens charged in advance
 

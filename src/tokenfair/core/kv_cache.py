@@ -1,0 +1,231 @@
+"""Paged KV cache bookkeeping: which blocks each request holds, on device and in swap.
+
+The pool is `num_blocks` blocks of `block_size` token slots. A request's block table
+lists its blocks in token order; token p lives in block_table[p // block_size].
+
+Prefix caching: once a block is full its contents are fixed, so it gets a hash chained
+from its predecessor's. When its owner frees it, the block keeps its contents and its
+hash and waits in an LRU of evictable blocks; a later request whose tokens hash the
+same (typically a recomputed request re-prefilling its own tokens) takes it back
+instead of recomputing it. Fresh blocks come from untouched free blocks first, then
+from the LRU's oldest end.
+
+Requests without token ids (the simulator's) hash their blocks by request id and
+position, so a recomputed simulated request still hits its own old blocks.
+
+The swap area is a second, smaller pool in host memory, bounded by `num_swap_blocks`.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from tokenfair.core.request import Request
+
+
+class KVCacheManager:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int = 16,
+        num_swap_blocks: int = 0,
+        enable_prefix_caching: bool = False,
+    ):
+        if num_blocks < 1 or block_size < 1 or num_swap_blocks < 0:
+            raise ValueError("num_blocks and block_size must be >= 1, num_swap_blocks >= 0")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.num_swap_blocks = num_swap_blocks
+        self.enable_prefix_caching = enable_prefix_caching
+        self.block_tables: dict[str, list[int]] = {}
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() gives block 0 first
+        self._ref_count = [0] * num_blocks
+        # Prefix cache: hash of each full block (or None), hash -> block, evictable LRU.
+        self._block_hash: list[int | None] = [None] * num_blocks
+        self._cached: dict[int, int] = {}
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # block ids, oldest first
+        self._hashed_blocks: dict[str, int] = {}  # request id -> its leading hashed blocks
+        # Swap area.
+        self._swap_free: list[int] = list(range(num_swap_blocks - 1, -1, -1))
+        self.swap_tables: dict[str, list[int]] = {}
+        self.prefix_hit_tokens = 0  # totals, for metrics
+        self.prefix_query_tokens = 0
+
+    # --- capacity ---
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_free_swap_blocks(self) -> int:
+        return len(self._swap_free)
+
+    @property
+    def usage(self) -> float:
+        return self.num_used_blocks / self.num_blocks
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def blocks_needed(self, request: Request, num_tokens: int) -> int:
+        """Blocks `request` must add to hold `num_tokens` tokens in total."""
+        have = len(self.block_tables.get(request.request_id, ()))
+        return max(0, -(-num_tokens // self.block_size) - have)
+
+    # --- allocation ---
+    def allocate(self, request: Request, num_tokens: int) -> bool:
+        """Grow the request's table to hold `num_tokens` tokens; False if the pool is short."""
+        table = self.block_tables.get(request.request_id)
+        if table is None:
+            table = self.block_tables[request.request_id] = []
+        need = -(-num_tokens // self.block_size) - len(table)
+        if need <= 0:
+            return True
+        if need > len(self._free) + len(self._evictable):
+            return False
+        for _ in range(need):
+            block = self._take_free_block()
+            self._ref_count[block] = 1
+            table.append(block)
+        return True
+
+    def _take_free_block(self) -> int:
+        if self._free:
+            return self._free.pop()
+        block, _ = self._evictable.popitem(last=False)  # evict the least recently freed
+        del self._cached[self._block_hash[block]]  # type: ignore[index]
+        self._block_hash[block] = None
+        return block
+
+    def free(self, request: Request) -> None:
+        """Release every block of the request (finished, aborted or preempted)."""
+        table = self.block_tables.pop(request.request_id, None)
+        self._hashed_blocks.pop(request.request_id, None)
+        if not table:
+            return
+        ref_count, block_hash = self._ref_count, self._block_hash
+        # Free the tail first so the LRU evicts a request's last blocks before its first.
+        for block in reversed(table):
+            ref_count[block] -= 1
+            if ref_count[block] == 0:
+                if block_hash[block] is None:
+                    self._free.append(block)
+                else:
+                    self._evictable[block] = None
+
+    # --- prefix caching ---
+    def _block_key(self, request: Request, index: int, tokens: list[int] | None) -> object:
+        if tokens is None:
+            return (request.request_id, index)
+        size = self.block_size
+        return tuple(tokens[index * size : (index + 1) * size])
+
+    def match_prefix(self, request: Request) -> int:
+        """Take the request's longest cached prefix; return how many tokens it covers.
+
+        Called on admission when the request holds no blocks. At least one token is
+        always left to compute, since the forward pass must produce the next token.
+        """
+        if not self.enable_prefix_caching:
+            return 0
+        assert request.request_id not in self.block_tables
+        tokens = request.all_token_ids()
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        table: list[int] = []
+        parent = 0
+        for index in range(max_blocks):
+            parent = hash((parent, self._block_key(request, index, tokens)))
+            block = self._cached.get(parent)
+            if block is None:
+                break
+            if self._ref_count[block] == 0:
+                del self._evictable[block]
+            self._ref_count[block] += 1
+            table.append(block)
+        self.block_tables[request.request_id] = table
+        self._hashed_blocks[request.request_id] = len(table)
+        hit = len(table) * self.block_size
+        self.prefix_hit_tokens += hit
+        self.prefix_query_tokens += request.num_tokens
+        return hit
+
+    def cache_full_blocks(self, request: Request) -> None:
+        """Hash the request's blocks that its computed tokens have filled."""
+        if not self.enable_prefix_caching:
+            return
+        table = self.block_tables.get(request.request_id)
+        if not table:
+            return
+        done = self._hashed_blocks.get(request.request_id, 0)
+        full = min(request.num_computed_tokens // self.block_size, len(table))
+        if full <= done:
+            return
+        tokens = request.all_token_ids()
+        parent = self._block_hash[table[done - 1]] if done else 0
+        for index in range(done, full):
+            parent = hash((parent, self._block_key(request, index, tokens)))
+            block = table[index]
+            if parent in self._cached:
+                # Same content already cached elsewhere (computed twice concurrently);
+                # keep this block private rather than aliasing it.
+                continue
+            self._block_hash[block] = parent
+            self._cached[parent] = block
+        self._hashed_blocks[request.request_id] = full
+
+    # --- swap ---
+    def can_swap_out(self, request: Request) -> bool:
+        return len(self.block_tables.get(request.request_id, ())) <= len(self._swap_free)
+
+    def swap_out(self, request: Request) -> list[tuple[int, int]] | None:
+        """Move the request's blocks to the swap area: (device, swap) copies, or None if full."""
+        if not self.can_swap_out(request):
+            return None
+        table = self.block_tables.get(request.request_id, [])
+        swap_table = [self._swap_free.pop() for _ in table]
+        mapping = list(zip(table, swap_table, strict=True))
+        self.free(request)
+        self.swap_tables[request.request_id] = swap_table
+        return mapping
+
+    def can_swap_in(self, request: Request) -> bool:
+        return len(self.swap_tables.get(request.request_id, ())) <= self.num_free_blocks
+
+    def swap_in(self, request: Request) -> list[tuple[int, int]] | None:
+        """Bring the request's blocks back: (swap, device) copies, or None if the pool is short."""
+        swap_table = self.swap_tables.get(request.request_id)
+        if swap_table is None or not self.can_swap_in(request):
+            return None
+        del self.swap_tables[request.request_id]
+        table = []
+        for _ in swap_table:
+            block = self._take_free_block()
+            self._ref_count[block] = 1
+            table.append(block)
+        self.block_tables[request.request_id] = table
+        self._swap_free.extend(reversed(swap_table))
+        return list(zip(swap_table, table, strict=True))
+
+    def free_swap(self, request: Request) -> None:
+        swap_table = self.swap_tables.pop(request.request_id, None)
+        if swap_table:
+            self._swap_free.extend(reversed(swap_table))
+
+    # --- invariants, for tests and debugging ---
+    def check_invariants(self) -> None:
+        held: dict[int, int] = {}
+        for table in self.block_tables.values():
+            for block in table:
+                held[block] = held.get(block, 0) + 1
+        for block in range(self.num_blocks):
+            assert self._ref_count[block] == held.get(block, 0), f"block {block} ref count"
+        free = set(self._free) | set(self._evictable)
+        assert len(free) == len(self._free) + len(self._evictable), "block free twice"
+        assert not free & set(held), "a held block is also free"
+        assert len(free) + len(held) == self.num_blocks, "blocks leaked"
+        swapped = [b for t in self.swap_tables.values() for b in t]
+        assert len(swapped) + len(self._swap_free) == self.num_swap_blocks, "swap blocks leaked"

@@ -1,0 +1,158 @@
+"""The policy seam: who waits in what order, who pays, and who is pushed out.
+
+A policy owns the waiting queue. The scheduler asks it for the next request to admit
+(`peek`/`pop`), tells it about admissions and generated tokens so it can charge
+clients, and asks it to pick a victim when memory runs out. Policies never see the
+clock except through the `now` arguments they are given.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterable, Sequence
+
+from tokenfair.core.request import Request
+
+
+class Policy:
+    """Base policy: subclasses define the waiting order; the rest has sane defaults."""
+
+    name = "base"
+    # True when on_output must be called for every generated token (counter policies).
+    charges_output = False
+    # The paper's system does not charge the first output token, which comes out of the
+    # prefill step; the scheduler sets this from its configuration.
+    charge_first_token = True
+
+    # --- the waiting queue ---
+    def add(self, request: Request, now: float) -> None:
+        """A new arrival joins the waiting queue."""
+        raise NotImplementedError
+
+    def requeue(self, request: Request) -> None:
+        """A preempted (recompute) request waits again, ahead of its client's others."""
+        raise NotImplementedError
+
+    def peek(self) -> Request | None:
+        """The request to admit next, or None when nobody waits."""
+        raise NotImplementedError
+
+    def pop(self) -> Request:
+        """Remove and return the request `peek` returned."""
+        raise NotImplementedError
+
+    def remove(self, request: Request) -> None:
+        """Drop a waiting request (aborted)."""
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def waiting_requests(self) -> Iterable[Request]:
+        raise NotImplementedError
+
+    # --- arrivals, charges, finishes ---
+    def accept(self, request: Request, now: float) -> bool:
+        """False rejects the request at arrival (rate limits)."""
+        return True
+
+    def on_admit(self, request: Request, first_time: bool, now: float) -> None:
+        """`request` left the waiting queue for the batch."""
+
+    def on_output(self, request: Request) -> None:
+        """`request` generated output tokens since the last call."""
+
+    def on_finish(self, request: Request) -> None:
+        """`request` left the system (finished or aborted while admitted)."""
+
+    # --- preemption ---
+    def victim(self, running: Sequence[Request]) -> Request:
+        """Who is pushed out when memory runs out: by default the newest admission."""
+        return max(running, key=lambda r: r.admit_seq)
+
+    def preempt_for(self, head: Request, running: Sequence[Request]) -> Request | None:
+        """A running request to push out so `head` can be admitted now, or None.
+
+        Only policies that preempt for fairness (vtc-preempt) return one.
+        """
+        return None
+
+    def counters(self) -> dict[str, float]:
+        """Per-client virtual counters, for policies that keep them."""
+        return {}
+
+
+class OrderedQueue:
+    """A waiting queue ordered by a sort key, with O(log n) push/pop and lazy removal."""
+
+    __slots__ = ("_heap", "_live", "_seq")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[tuple, int, Request]] = []
+        self._live: dict[str, Request] = {}
+        self._seq = itertools.count()
+
+    def push(self, key: tuple, request: Request) -> None:
+        heapq.heappush(self._heap, (key, next(self._seq), request))
+        self._live[request.request_id] = request
+
+    def _drop_dead(self) -> None:
+        heap, live = self._heap, self._live
+        while heap and live.get(heap[0][2].request_id) is not heap[0][2]:
+            heapq.heappop(heap)
+
+    def peek(self) -> Request | None:
+        self._drop_dead()
+        return self._heap[0][2] if self._heap else None
+
+    def pop(self) -> Request:
+        self._drop_dead()
+        request = heapq.heappop(self._heap)[2]
+        del self._live[request.request_id]
+        return request
+
+    def remove(self, request: Request) -> None:
+        self._live.pop(request.request_id, None)
+        # Entries are dropped lazily; compact when the dead ones dominate.
+        if len(self._heap) > 64 and len(self._heap) > 4 * len(self._live):
+            self._heap = [e for e in self._heap if self._live.get(e[2].request_id) is e[2]]
+            heapq.heapify(self._heap)
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def __iter__(self):
+        return iter(self._live.values())
+
+
+class KeyedPolicy(Policy):
+    """A policy whose waiting order is a static sort key per request."""
+
+    def __init__(self) -> None:
+        self._queue = OrderedQueue()
+
+    def sort_key(self, request: Request) -> tuple:
+        raise NotImplementedError
+
+    def add(self, request: Request, now: float) -> None:
+        self._queue.push((1, *self.sort_key(request)), request)
+
+    def requeue(self, request: Request) -> None:
+        # Band 0 puts preempted requests ahead of every new arrival (vLLM prepends them).
+        self._queue.push((0, *self.sort_key(request)), request)
+
+    def peek(self) -> Request | None:
+        return self._queue.peek()
+
+    def pop(self) -> Request:
+        return self._queue.pop()
+
+    def remove(self, request: Request) -> None:
+        self._queue.remove(request)
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def waiting_requests(self) -> Iterable[Request]:
+        return iter(self._queue)

@@ -1,0 +1,27 @@
+"""Per-request priority: lower value runs first (vLLM's convention), ties by arrival.
+
+Under memory pressure the victim is the lowest-priority running request (largest value),
+the newest among equals.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tokenfair.core.policies.base import KeyedPolicy
+from tokenfair.core.request import Request
+
+
+class PriorityPolicy(KeyedPolicy):
+    name = "priority"
+
+    def sort_key(self, request: Request) -> tuple:
+        return (request.priority, request.arrival_s)
+
+    def victim(self, running: Sequence[Request]) -> Request:
+        return max(running, key=lambda r: (r.priority, r.admit_seq))
+
+    def preempt_for(self, head: Request, running: Sequence[Request]) -> Request | None:
+        # A strictly more important request may push out the least important one.
+        worst = self.victim(running)
+        return worst if worst.priority > head.priority else None

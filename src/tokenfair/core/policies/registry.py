@@ -1,0 +1,101 @@
+"""Policies by name: `fcfs`, `priority`, `sjf[:aging]`, `rpm:N`, `lcf`, `vtc`, `wvtc`,
+`vtc-artifact`, `vtc-predict`, `vtc-oracle`, `vtc-preempt[:threshold]`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tokenfair.core.cost import CostFunction
+from tokenfair.core.policies.base import Policy
+from tokenfair.core.policies.fcfs import FCFSPolicy
+from tokenfair.core.policies.predictor import OraclePredictor, OutputLengthPredictor
+from tokenfair.core.policies.priority import PriorityPolicy
+from tokenfair.core.policies.rpm import RPMPolicy
+from tokenfair.core.policies.sjf import SJFPolicy
+from tokenfair.core.policies.vtc import VTCPolicy
+
+DEFAULT_PREEMPT_THRESHOLD = 512.0
+
+
+class PolicyError(ValueError):
+    """A policy name or argument that cannot be used; the message says what to fix."""
+
+
+POLICY_HELP: dict[str, str] = {
+    "fcfs": "first come, first served (arrival order)",
+    "priority": "per-request priority, lower value first; preempts the lowest priority",
+    "sjf[:aging]": "shortest predicted output first; waiting ages `aging` tokens/s (default 10)",
+    "rpm:N": "FCFS plus at most N accepted requests per client per sliding 60 s",
+    "lcf": "least counter first: VTC without the lift",
+    "vtc": "Virtual Token Counter with the paper's lift rule",
+    "wvtc": "weighted VTC: service shared in proportion to client weights (needs weights)",
+    "vtc-artifact": "VTC with the authors' artifact lift (no lift when nobody else waits)",
+    "vtc-predict": "VTC charging a per-client moving-average output prediction up front",
+    "vtc-oracle": "VTC charging the true output length up front (experiments only)",
+    "vtc-preempt[:threshold]": "VTC that preempts an over-served client's newest request "
+    f"when a waiting client is more than `threshold` (default {DEFAULT_PREEMPT_THRESHOLD:g}) behind",
+}
+
+
+def _number(spec: str, arg: str | None, default: float | None, kind: type = float) -> float:
+    if arg is None or arg == "":
+        if default is None:
+            raise PolicyError(f"policy {spec!r} needs an argument, e.g. rpm:20")
+        return default
+    try:
+        return kind(arg)
+    except ValueError:
+        raise PolicyError(f"policy {spec!r}: argument {arg!r} is not a number") from None
+
+
+def make_policy(
+    spec: str,
+    *,
+    weights: dict[str, float] | None = None,
+    cost: CostFunction | None = None,
+) -> Policy:
+    """Build a policy from its name, e.g. `vtc`, `rpm:20`, `vtc-preempt:1000`."""
+    name, _, arg = spec.strip().partition(":")
+    name = name.lower()
+    builders: dict[str, Callable[[], Policy]] = {
+        "fcfs": FCFSPolicy,
+        "priority": PriorityPolicy,
+        "sjf": lambda: SJFPolicy(aging=_number(spec, arg, 10.0)),
+        "rpm": lambda: RPMPolicy(limit=int(_number(spec, arg, None, int))),
+        "lcf": lambda: VTCPolicy(name="lcf", weights=weights, cost=cost, lift="none"),
+        "vtc": lambda: VTCPolicy(name="vtc", weights=weights, cost=cost),
+        "wvtc": lambda: _weighted(spec, weights, cost),
+        "vtc-artifact": lambda: VTCPolicy(
+            name="vtc-artifact", weights=weights, cost=cost, lift="artifact"
+        ),
+        "vtc-predict": lambda: VTCPolicy(
+            name="vtc-predict", weights=weights, cost=cost, predictor=OutputLengthPredictor()
+        ),
+        "vtc-oracle": lambda: VTCPolicy(
+            name="vtc-oracle", weights=weights, cost=cost, predictor=OraclePredictor()
+        ),
+        "vtc-preempt": lambda: VTCPolicy(
+            name="vtc-preempt",
+            weights=weights,
+            cost=cost,
+            preempt_threshold=_number(spec, arg, DEFAULT_PREEMPT_THRESHOLD),
+        ),
+    }
+    builder = builders.get(name)
+    if builder is None:
+        known = ", ".join(POLICY_HELP)
+        raise PolicyError(f"unknown policy {spec!r}; known policies: {known}")
+    if arg and name not in ("sjf", "rpm", "vtc-preempt"):
+        raise PolicyError(f"policy {name!r} takes no argument (got {spec!r})")
+    try:
+        return builder()
+    except ValueError as error:
+        if isinstance(error, PolicyError):
+            raise
+        raise PolicyError(f"policy {spec!r}: {error}") from None
+
+
+def _weighted(spec: str, weights: dict[str, float] | None, cost: CostFunction | None) -> Policy:
+    if not weights:
+        raise PolicyError(f"policy {spec!r} needs client weights (--weights FILE)")
+    return VTCPolicy(name="wvtc", weights=weights, cost=cost)

@@ -1,0 +1,33 @@
+"""FCFS plus a per-client request-rate limit (the industry's blunt fairness fix).
+
+At most `limit` requests per client are accepted in any sliding `window_s` seconds; the
+rest are rejected at arrival (HTTP 429 in servers). It rejects work even when the
+deployment is idle: that is the point of comparing against it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from tokenfair.core.policies.fcfs import FCFSPolicy
+from tokenfair.core.request import Request
+
+
+class RPMPolicy(FCFSPolicy):
+    def __init__(self, limit: int, window_s: float = 60.0):
+        super().__init__()
+        if limit < 1:
+            raise ValueError(f"rpm limit must be >= 1 request per window, got {limit}")
+        self.limit = limit
+        self.window_s = window_s
+        self.name = f"rpm:{limit}"
+        self._accepted: dict[str, deque[float]] = {}
+
+    def accept(self, request: Request, now: float) -> bool:
+        times = self._accepted.setdefault(request.client, deque())
+        while times and times[0] <= now - self.window_s:
+            times.popleft()
+        if len(times) >= self.limit:
+            return False
+        times.append(now)
+        return True

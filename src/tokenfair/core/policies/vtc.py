@@ -1,0 +1,218 @@
+"""The Virtual Token Counter (Sheng et al., OSDI 2024) and its variants.
+
+Every client has a counter of the (weighted) service it has received. Whenever the
+batch has room, the waiting client with the smallest counter sends its oldest request.
+Admission charges the prompt, every generated token charges the output, both divided
+by the client's weight. A client that comes back from idle is lifted to the smallest
+counter among waiting clients (or, with nobody waiting, to the counter of the client
+admitted last), so idle time cannot be banked as credit.
+
+Variants, all this one class:
+- lcf: no lift (least counter first), to show why the lift matters;
+- the artifact's lift: no lift when nobody else waits (the authors' code);
+- length prediction: charge the predicted output at admission, then only tokens
+  beyond it, refunding the unused part at finish (predict = moving average per
+  client, oracle = the true length);
+- preemption: when the head client's counter is more than `preempt_threshold` below a
+  running client's, that client's newest request is pushed out to make room.
+
+The smallest waiting counter comes from a heap with one live entry per waiting
+client. Counters mostly grow, so a stale entry (stored counter below the real one) is
+re-pushed when it reaches the top; a counter that shrinks (a refund) pushes a fresh
+entry and retires the old one. Each decision is O(log n) in the number of clients.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Iterable, Sequence
+from typing import Literal
+
+from tokenfair.core.cost import CostFunction, LinearCost
+from tokenfair.core.policies.base import Policy
+from tokenfair.core.policies.predictor import OutputLengthPredictor
+from tokenfair.core.request import Request
+
+LiftRule = Literal["paper", "artifact", "none"]
+
+
+class VTCPolicy(Policy):
+    charges_output = True
+
+    def __init__(
+        self,
+        *,
+        name: str = "vtc",
+        weights: dict[str, float] | None = None,
+        cost: CostFunction | None = None,
+        lift: LiftRule = "paper",
+        predictor: OutputLengthPredictor | None = None,
+        preempt_threshold: float | None = None,
+    ):
+        if lift not in ("paper", "artifact", "none"):
+            raise ValueError(f"unknown lift rule {lift!r}: expected paper, artifact or none")
+        for client, weight in (weights or {}).items():
+            if not weight > 0:
+                raise ValueError(f"weight of client {client!r} must be > 0, got {weight}")
+        if preempt_threshold is not None and preempt_threshold < 0:
+            raise ValueError(f"preemption threshold must be >= 0, got {preempt_threshold}")
+        self.name = name
+        self.weights = dict(weights or {})
+        self.cost = cost or LinearCost()
+        self.lift = lift
+        self.predictor = predictor
+        self.preempt_threshold = preempt_threshold
+        self._counter: dict[str, float] = {}
+        self._queues: dict[str, deque[Request]] = {}  # only clients with waiting requests
+        self._heap: list[tuple[float, int, str]] = []  # (counter when pushed, seq, client)
+        self._live_entry: dict[str, int] = {}  # client -> seq of its one valid heap entry
+        self._seq = itertools.count()
+        self._last_admitted: str | None = None
+        self._num_waiting = 0
+
+    # --- the smallest waiting counter ---
+    def _push(self, client: str) -> None:
+        seq = next(self._seq)
+        self._live_entry[client] = seq
+        heapq.heappush(self._heap, (self._counter[client], seq, client))
+        if len(self._heap) > 2 * len(self._queues) + 64:
+            self._compact()
+
+    def _compact(self) -> None:
+        self._heap = [(self._counter[c], s, c) for c, s in self._live_entry.items()]
+        heapq.heapify(self._heap)
+
+    def _min_client(self) -> str | None:
+        heap, counter, live = self._heap, self._counter, self._live_entry
+        while heap:
+            stored, seq, client = heap[0]
+            if live.get(client) != seq:
+                heapq.heappop(heap)  # retired entry
+            elif stored != counter[client]:
+                seq = next(self._seq)  # the counter grew since: re-file it
+                live[client] = seq
+                heapq.heapreplace(heap, (counter[client], seq, client))
+            else:
+                return client
+        return None
+
+    def _lift(self, client: str) -> None:
+        counter = self._counter.get(client, 0.0)
+        if self.lift != "none":
+            others = self._min_client()
+            if others is not None:
+                counter = max(counter, self._counter[others])
+            elif self.lift == "paper" and self._last_admitted is not None:
+                counter = max(counter, self._counter[self._last_admitted])
+        self._counter[client] = counter
+
+    # --- the waiting queue ---
+    def add(self, request: Request, now: float) -> None:
+        queue = self._queues.get(request.client)
+        if queue is None:
+            self._lift(request.client)
+            queue = self._queues[request.client] = deque()
+            self._push(request.client)
+        queue.append(request)
+        self._num_waiting += 1
+
+    def requeue(self, request: Request) -> None:
+        # A preempted request was being served, not idle: no lift.
+        queue = self._queues.get(request.client)
+        if queue is None:
+            self._counter.setdefault(request.client, 0.0)
+            queue = self._queues[request.client] = deque()
+            self._push(request.client)
+        queue.appendleft(request)
+        self._num_waiting += 1
+
+    def peek(self) -> Request | None:
+        client = self._min_client()
+        return None if client is None else self._queues[client][0]
+
+    def pop(self) -> Request:
+        client = self._min_client()
+        if client is None:
+            raise IndexError("pop from an empty waiting queue")
+        queue = self._queues[client]
+        request = queue.popleft()
+        if not queue:
+            self._leave(client)
+        self._last_admitted = client
+        self._num_waiting -= 1
+        return request
+
+    def remove(self, request: Request) -> None:
+        queue = self._queues.get(request.client)
+        if queue is None or request not in queue:
+            return
+        queue.remove(request)
+        self._num_waiting -= 1
+        if not queue:
+            self._leave(request.client)
+
+    def _leave(self, client: str) -> None:
+        del self._queues[client]
+        del self._live_entry[client]  # its heap entry is retired lazily
+
+    def __len__(self) -> int:
+        return self._num_waiting
+
+    def waiting_requests(self) -> Iterable[Request]:
+        for queue in self._queues.values():
+            yield from queue
+
+    # --- charges ---
+    def _charge(self, client: str, amount: float) -> None:
+        self._counter[client] += amount / self.weights.get(client, 1.0)
+
+    def _chargeable_output(self, request: Request) -> int:
+        return max(0, request.num_output_tokens - (0 if self.charge_first_token else 1))
+
+    def on_admit(self, request: Request, first_time: bool, now: float) -> None:
+        self._counter.setdefault(request.client, 0.0)
+        if first_time:
+            # A re-admission after recompute is the system's doing: the prompt is paid once.
+            self._charge(request.client, self.cost.prefill(request.input_tokens))
+        if self.predictor is not None:
+            predicted = self.predictor.predict(request)
+            if predicted > request.charged_output:
+                self._charge_output(request, predicted)
+
+    def _charge_output(self, request: Request, upto: int) -> None:
+        amount = self.cost.output(request.input_tokens, request.charged_output, upto)
+        self._charge(request.client, amount)
+        request.charged_output = upto
+
+    def on_output(self, request: Request) -> None:
+        produced = self._chargeable_output(request)
+        if produced > request.charged_output:
+            self._charge_output(request, produced)
+
+    def on_finish(self, request: Request) -> None:
+        if self.predictor is None:
+            return
+        self.predictor.observe(request)
+        produced = self._chargeable_output(request)
+        if request.charged_output > produced:  # refund the unused prediction
+            self._charge_output(request, produced)
+            if request.client in self._queues:
+                self._push(request.client)  # its counter shrank: re-file it
+
+    def counters(self) -> dict[str, float]:
+        return dict(self._counter)
+
+    # --- preemption ---
+    def victim(self, running: Sequence[Request]) -> Request:
+        """The newest request of the client with the largest counter."""
+        counter = self._counter
+        return max(running, key=lambda r: (counter.get(r.client, 0.0), r.admit_seq))
+
+    def preempt_for(self, head: Request, running: Sequence[Request]) -> Request | None:
+        if self.preempt_threshold is None or not running:
+            return None
+        candidate = self.victim(running)
+        gap = self._counter.get(candidate.client, 0.0) - self._counter.get(head.client, 0.0)
+        return candidate if gap > self.preempt_threshold else None

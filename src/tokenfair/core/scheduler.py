@@ -1,0 +1,382 @@
+"""The scheduler: each step, who runs, how many tokens, in which KV blocks.
+
+One step, top to bottom:
+  1. aborted requests are already gone: `abort` frees their blocks at once;
+  2. make room for the running requests' next tokens, preempting victims the policy
+     picks (recompute or swap) when the pool is short; bring swapped requests back
+     when there is room;
+  3. admit waiting requests in policy order under max_num_seqs, the token budget
+     (prefills may be chunked) and memory; the first request that does not fit stops
+     admission (no skipping ahead), unless the policy preempts someone for it;
+  4. charge the policy: prompts at admission (here), output tokens as they are
+     generated (`update`).
+
+Admission modes: `reserve` books prompt + max_tokens of KV at admission and so never
+runs out mid-generation (the paper's system); `optimistic` books only what the next
+step needs and preempts on shortage (vLLM's behaviour).
+
+The `paper` preset reproduces the S-LoRA/LightLLM router that produced the paper's
+numbers: admission only when nothing runs or every `admission_interval_steps` decode
+steps, admitted prompts prefilled in a step of their own, a cap on new prompt tokens
+per admission, and the first output token (made by the prefill) left uncharged.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import deque
+from dataclasses import dataclass, fields
+from typing import Literal
+
+from tokenfair.core.batch import ExecutorOutput, ScheduledRequest, SchedulerOutput
+from tokenfair.core.kv_cache import KVCacheManager
+from tokenfair.core.policies.base import Policy
+from tokenfair.core.request import FinishReason, Request, RequestStatus
+
+
+class ConfigError(ValueError):
+    """A scheduler setting that cannot work; the message names the key."""
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_batched_tokens: int = 8192
+    kv_tokens: int = 100_000
+    block_size: int = 16
+    swap_tokens: int = 0
+    admission: Literal["reserve", "optimistic"] = "optimistic"
+    preemption: Literal["recompute", "swap"] = "recompute"
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = False
+    # The paper's router (see the module docstring); 0 / False / None turn them off.
+    admission_interval_steps: int = 0
+    separate_prefill: bool = False
+    max_prefill_tokens: int | None = None
+    charge_first_token: bool = True
+
+    def __post_init__(self) -> None:
+        for key in ("max_num_seqs", "max_batched_tokens", "kv_tokens", "block_size"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)}")
+        if self.swap_tokens < 0:
+            raise ConfigError(f"swap_tokens must be >= 0, got {self.swap_tokens}")
+        if self.kv_tokens < self.block_size:
+            raise ConfigError(f"kv_tokens ({self.kv_tokens}) is smaller than one block")
+        if self.admission not in ("reserve", "optimistic"):
+            raise ConfigError(f"admission must be 'reserve' or 'optimistic', got {self.admission!r}")
+        if self.preemption not in ("recompute", "swap"):
+            raise ConfigError(f"preemption must be 'recompute' or 'swap', got {self.preemption!r}")
+        if self.admission_interval_steps < 0:
+            raise ConfigError("admission_interval_steps must be >= 0")
+        if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
+            raise ConfigError("max_prefill_tokens must be >= 1 when set")
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv_tokens // self.block_size
+
+    @property
+    def num_swap_blocks(self) -> int:
+        return self.swap_tokens // self.block_size
+
+    @classmethod
+    def paper(cls, kv_tokens: int = 10_000, **overrides: object) -> SchedulerConfig:
+        """The S-LoRA/LightLLM router behind the paper's reference numbers (SPEC 5)."""
+        settings: dict[str, object] = dict(
+            kv_tokens=kv_tokens,
+            block_size=1,  # LightLLM allocates KV per token
+            admission="reserve",
+            max_num_seqs=1000,
+            max_batched_tokens=max(kv_tokens // 6, 3072),
+            admission_interval_steps=10,
+            separate_prefill=True,
+            max_prefill_tokens=max(kv_tokens // 6, 3072),
+            enable_chunked_prefill=False,
+            charge_first_token=False,
+        )
+        settings.update(overrides)
+        return cls(**settings)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_dict(cls, values: dict[str, object]) -> SchedulerConfig:
+        known = {f.name for f in fields(cls)}
+        for key in values:
+            if key not in known:
+                raise ConfigError(f"unknown scheduler setting {key!r}; known: {sorted(known)}")
+        return cls(**values)  # type: ignore[arg-type]
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, policy: Policy):
+        self.config = config
+        self.policy = policy
+        policy.charge_first_token = config.charge_first_token
+        self.kv = KVCacheManager(
+            config.num_blocks,
+            config.block_size,
+            config.num_swap_blocks,
+            config.enable_prefix_caching,
+        )
+        self.requests: dict[str, Request] = {}  # every unfinished request
+        self.running: list[Request] = []  # admission order
+        self.swapped: deque[Request] = deque()  # swap-out order
+        self._admit_seq = itertools.count()
+        self._forget: list[str] = []  # ids the executor should drop at the next step
+        self._pending_swap_out: list[tuple[int, int]] = []
+        self._steps_since_admission = 0
+        self.num_preemptions = 0
+        self.num_swaps = 0
+        self.preemptions_by_client: dict[str, int] = {}
+
+    # --- arrivals and cancellation ---
+    def add_request(self, request: Request, now: float) -> bool:
+        """Queue a new request; False (and the request finished as REJECTED) if refused."""
+        if request.request_id in self.requests:
+            raise ValueError(f"duplicate request id {request.request_id!r}")
+        if not self._can_ever_fit(request) or not self.policy.accept(request, now):
+            self._finish(request, FinishReason.REJECTED, now)
+            return False
+        request.status = RequestStatus.WAITING
+        self.requests[request.request_id] = request
+        self.policy.add(request, now)
+        return True
+
+    def _can_ever_fit(self, request: Request) -> bool:
+        # Also in optimistic mode: a request that outgrows the whole pool would preempt
+        # itself forever (vLLM rejects it against max_model_len likewise).
+        return self.kv.blocks_for(request.max_total_tokens) <= self.kv.num_blocks
+
+    def abort(self, request_id: str, now: float, reason: FinishReason = FinishReason.ABORT) -> bool:
+        """End a request wherever it is; its slot and blocks are free before the next step."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return False
+        if request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+            self.policy.remove(request)
+            self.kv.free(request)
+        elif request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+            self.kv.free(request)
+            self.policy.on_finish(request)
+        elif request.status is RequestStatus.SWAPPED:
+            self.swapped.remove(request)
+            self.kv.free_swap(request)
+            self.policy.on_finish(request)
+        self._finish(request, reason, now)
+        return True
+
+    def _finish(self, request: Request, reason: FinishReason, now: float) -> None:
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.finish_s = now
+        if self.requests.pop(request.request_id, None) is not None:
+            self._forget.append(request.request_id)
+
+    # --- queries ---
+    @property
+    def num_waiting(self) -> int:
+        return len(self.policy)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    # --- one step ---
+    def schedule(self, now: float) -> SchedulerOutput:
+        out = SchedulerOutput(block_size=self.config.block_size)
+        if self._pending_swap_out:  # from force_preempt between steps
+            out.swap_out, self._pending_swap_out = self._pending_swap_out, []
+        budget = self.config.max_batched_tokens
+        if self.config.separate_prefill:
+            self._schedule_separate_prefill(out, now)
+        else:
+            budget = self._schedule_running(out, budget)
+            budget = self._schedule_swapped_in(out, budget)
+            self._admit(out, budget, now)
+        out.finished_request_ids, self._forget = self._forget, []
+        return out
+
+    def _plan_chunk(self, request: Request, budget: int) -> int:
+        remaining = request.num_tokens - request.num_computed_tokens
+        if remaining <= budget:
+            return remaining
+        return budget if self.config.enable_chunked_prefill else 0
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        """Schedule every running request's next tokens, preempting while memory is short."""
+        kv = self.kv
+        while True:
+            plan: list[tuple[Request, int]] = []
+            need = 0
+            left = budget
+            for request in self.running:
+                n = self._plan_chunk(request, left)
+                if n:
+                    left -= n
+                    plan.append((request, n))
+                    need += kv.blocks_needed(request, request.num_computed_tokens + n)
+            if need <= kv.num_free_blocks:
+                break
+            if not self.running:
+                break
+            self._preempt(self.policy.victim(self.running), out)
+        for request, n in plan:
+            kv.allocate(request, request.num_computed_tokens + n)
+            out.scheduled.append(self._scheduled(request, n))
+        return left
+
+    def _schedule_swapped_in(self, out: SchedulerOutput, budget: int) -> int:
+        """Bring swapped requests back, oldest first, while seats, budget and blocks allow."""
+        kv = self.kv
+        while self.swapped and len(self.running) < self.config.max_num_seqs:
+            request = self.swapped[0]
+            n = self._plan_chunk(request, budget)
+            tokens = request.num_computed_tokens + n
+            if n == 0 or kv.blocks_for(tokens) > kv.num_free_blocks:
+                break
+            self.swapped.popleft()
+            out.swap_in.extend(kv.swap_in(request) or ())
+            kv.allocate(request, tokens)
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            out.scheduled.append(self._scheduled(request, n))
+            budget -= n
+        return budget
+
+    def _scheduled(self, request: Request, n: int) -> ScheduledRequest:
+        return ScheduledRequest(
+            request, n, request.num_computed_tokens, self.kv.block_tables[request.request_id]
+        )
+
+    def _admit(self, out: SchedulerOutput, budget: int, now: float) -> int:
+        """Admit waiting requests in policy order; return how many were admitted."""
+        policy, kv, config = self.policy, self.kv, self.config
+        admitted = 0
+        if self.swapped:
+            return 0  # swapped requests come back before anyone new is let in
+        while budget > 0:
+            head = policy.peek()
+            if head is None:
+                break
+            if head.request_id not in kv.block_tables:
+                head.num_computed_tokens = kv.match_prefix(head)  # cached blocks, if any
+            n = self._plan_chunk(head, budget)
+            if n == 0 and not out.scheduled:
+                # Too big for the budget and chunking is off: run it alone rather than never.
+                n = head.num_tokens - head.num_computed_tokens
+            booked = head.max_total_tokens if config.admission == "reserve" else head.num_computed_tokens + n
+            fits = (
+                n > 0
+                and len(self.running) < config.max_num_seqs
+                and kv.blocks_needed(head, booked) <= kv.num_free_blocks
+            )
+            if not fits:
+                kv.free(head)  # give back any prefix blocks it took while it waits
+                head.num_computed_tokens = 0
+                victim = policy.preempt_for(head, self.running) if n > 0 else None
+                if victim is None:
+                    break
+                self._preempt(victim, out, mode="recompute")
+                continue
+            policy.pop()
+            kv.allocate(head, booked)
+            budget -= n
+            first_time = not head.ever_admitted
+            head.ever_admitted = True
+            head.status = RequestStatus.RUNNING
+            head.admit_seq = next(self._admit_seq)
+            if head.scheduled_s is None:
+                head.scheduled_s = now
+            self.running.append(head)
+            policy.on_admit(head, first_time, now)
+            out.scheduled.append(self._scheduled(head, n))
+            admitted += 1
+        return admitted
+
+    def _schedule_separate_prefill(self, out: SchedulerOutput, now: float) -> None:
+        """The paper's router: a step is either new prompts only, or decode for all."""
+        config = self.config
+        if len(self.policy) and (
+            not self.running or self._steps_since_admission >= config.admission_interval_steps
+        ):
+            self._steps_since_admission = 0
+            budget = config.max_prefill_tokens or config.max_batched_tokens
+            if self._admit(out, budget, now):
+                return
+        self._steps_since_admission += 1
+        budget = self._schedule_running(out, config.max_batched_tokens)
+        self._schedule_swapped_in(out, budget)
+
+    # --- preemption ---
+    def _preempt(self, victim: Request, out: SchedulerOutput, mode: str | None = None) -> None:
+        mode = mode or self.config.preemption
+        self.running.remove(victim)
+        self.num_preemptions += 1
+        victim.preemptions += 1
+        self.preemptions_by_client[victim.client] = self.preemptions_by_client.get(victim.client, 0) + 1
+        # Drop the victim from this step's batch if it was already scheduled.
+        out.scheduled = [s for s in out.scheduled if s.request is not victim]
+        if mode == "swap" and victim.num_computed_tokens and (mapping := self.kv.swap_out(victim)) is not None:
+            out.swap_out.extend(mapping)
+            victim.status = RequestStatus.SWAPPED
+            self.swapped.append(victim)
+            self.num_swaps += 1
+            return
+        self.kv.free(victim)
+        victim.num_computed_tokens = 0
+        victim.status = RequestStatus.PREEMPTED
+        self.policy.requeue(victim)
+
+    def force_preempt(self, request_id: str, mode: Literal["recompute", "swap"]) -> None:
+        """Preempt a running request now (tests and operators); effective next step."""
+        request = self.requests[request_id]
+        if request.status is not RequestStatus.RUNNING:
+            raise ValueError(f"request {request_id!r} is not running")
+        out = SchedulerOutput(block_size=self.config.block_size)
+        self._preempt(request, out, mode)
+        if out.swap_out:
+            self._pending_swap_out.extend(out.swap_out)
+
+    # --- after the step ---
+    def update(self, out: SchedulerOutput, result: ExecutorOutput, now: float) -> list[Request]:
+        """Apply the step's results; return the requests that produced a token."""
+        kv, policy = self.kv, self.policy
+        charges = policy.charges_output
+        caching = kv.enable_prefix_caching
+        sampled = result.sampled
+        produced: list[Request] = []
+        finished = False
+        for s in out.scheduled:
+            request = s.request
+            if request.status is not RequestStatus.RUNNING:
+                continue  # aborted or preempted while the step ran
+            request.num_computed_tokens = s.start + s.num_new_tokens
+            if caching:
+                kv.cache_full_blocks(request)
+            if not s.samples:
+                continue
+            token = sampled[request.request_id]
+            request.output_token_ids.append(token)
+            if request.first_token_s is None:
+                request.first_token_s = now
+            if charges:
+                policy.on_output(request)
+            produced.append(request)
+            if token in request.eos_token_ids and not request.sampling.ignore_eos:
+                self._finish_running(request, FinishReason.STOP, now)
+                finished = True
+            elif len(request.output_token_ids) >= request.sampling.max_tokens:
+                self._finish_running(request, FinishReason.LENGTH, now)
+                finished = True
+        if finished:
+            self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+        return produced
+
+    def _finish_running(self, request: Request, reason: FinishReason, now: float) -> None:
+        self.kv.free(request)
+        self._finish(request, reason, now)
+        self.policy.on_finish(request)
+
+    def finish(self, request_id: str, reason: FinishReason, now: float) -> None:
+        """End a request for a reason found outside the scheduler (a stop string)."""
+        self.abort(request_id, now, reason)

@@ -1,0 +1,119 @@
+"""The engine step loop: scheduler -> executor -> apply outputs -> per-request outputs.
+
+The same loop serves real models on the wall clock and replays traces on a virtual
+clock; only the executor and the clock differ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenfair.core.request import FinishReason, Request
+from tokenfair.core.scheduler import Scheduler
+from tokenfair.engine.clock import Clock, WallClock
+from tokenfair.engine.executor import Detokenizer, Executor
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """What one step added to one request."""
+
+    request: Request
+    new_token_ids: list[int]
+    new_text: str = ""
+    finished: bool = False
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return self.request.finish_reason
+
+
+class Engine:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        executor: Executor,
+        clock: Clock | None = None,
+        detokenizer: Detokenizer | None = None,
+    ):
+        self.scheduler = scheduler
+        self.executor = executor
+        self.clock = clock or WallClock()
+        self.detokenizer = detokenizer
+        self.num_steps = 0
+        self.busy_s = 0.0  # time spent in steps (the rest is idle)
+        self._aborted: list[Request] = []
+
+    def add_request(self, request: Request) -> bool:
+        """Queue a request; False if the policy or the pool refused it (finished REJECTED)."""
+        return self.scheduler.add_request(request, self.clock.now())
+
+    def abort(self, request_id: str) -> bool:
+        """Cancel a request; its slot and KV blocks are free before the next step."""
+        request = self.scheduler.requests.get(request_id)
+        if request is None or not self.scheduler.abort(request_id, self.clock.now()):
+            return False
+        self._aborted.append(request)
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        """Run one step; return an output for each request that gained tokens or ended."""
+        scheduler = self.scheduler
+        start = self.clock.now()
+        batch = scheduler.schedule(start)
+        outputs = [RequestOutput(r, [], finished=True) for r in self._aborted]
+        self._aborted = []
+        if batch.is_empty and not batch.finished_request_ids:
+            return outputs
+        result = self.executor.execute(batch)
+        if result.elapsed_s is not None:
+            self.clock.advance(result.elapsed_s)
+        end = self.clock.now()
+        self.busy_s += end - start
+        self.num_steps += 1
+        produced = scheduler.update(batch, result, end)
+        for request in produced:
+            output = RequestOutput(request, request.output_token_ids[-1:], finished=request.is_finished)
+            if self.detokenizer is not None:
+                self._detokenize(output, end)
+            outputs.append(output)
+        return outputs
+
+    def _detokenize(self, output: RequestOutput, now: float) -> None:
+        """Add the new text; end the request at a stop string, which is not returned."""
+        request = output.request
+        text = self.detokenizer.new_text(request.request_id, request.output_token_ids)  # type: ignore[union-attr]
+        stops = request.sampling.stop
+        if stops and not request.is_finished:
+            # A stop string may straddle tokens: search the tail of the text so far.
+            tail = request.output_text[-max(map(len, stops)) :] + text
+            for stop in stops:
+                at = tail.find(stop)
+                if at >= 0:
+                    keep = at - (len(tail) - len(text))
+                    text = text[: max(keep, 0)]
+                    if keep < 0:
+                        request.output_text = request.output_text[: len(request.output_text) + keep]
+                    self.scheduler.finish(request.request_id, FinishReason.STOP, now)
+                    output.finished = True
+                    break
+        request.output_text += text
+        output.new_text = text
+        if request.is_finished:
+            self.detokenizer.forget(request.request_id)  # type: ignore[union-attr]
+
+    def run_until_done(self, max_steps: int | None = None) -> None:
+        """Step until nothing is left (offline use and tests)."""
+        steps = 0
+        while self.has_unfinished():
+            self.step()
+            steps += 1
+            if max_steps is not None and steps >= max_steps:
+                raise RuntimeError(f"still unfinished after {max_steps} steps")
