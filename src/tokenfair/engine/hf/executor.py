@@ -1,0 +1,146 @@
+"""HFExecutor: runs scheduler steps on a transformers causal LM with our paged KV pool.
+
+Each step: swap copies, then ONE forward pass over every scheduled token (prefill chunks
+and decodes packed together as a single sequence with explicit positions), logits only
+at the last token of each request that samples, then per-request sampling. The model
+is a stock transformers model; `PagedKVCache` and the registered `paged_attention`
+function route its keys and values through our pool (see those modules).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Literal
+
+import torch
+
+from tokenfair.core.batch import ExecutorOutput, SchedulerOutput
+from tokenfair.engine.hf.attention import ATTENTION_NAME, LAYOUT_KWARG
+from tokenfair.engine.hf.kv_pool import KVPool, KVShape, describe_kv_budget
+from tokenfair.engine.hf.paged_cache import PagedKVCache
+from tokenfair.engine.hf.sampler import Sampler
+from tokenfair.engine.hf.step_layout import StepLayout, build_layout
+
+log = logging.getLogger(__name__)
+
+AttentionMode = Literal["paged", "masked"]
+
+# A prepared 4D mask is passed through by transformers' mask builders untouched; in
+# paged mode attention ignores it, so an empty one just stops them from building a mask.
+_NO_MASK_SHAPE = (1, 1, 0, 0)
+
+
+def uniform_sliding_window(config) -> int | None:
+    """The sliding window every layer uses, or None for full attention everywhere.
+
+    Masked mode builds one mask for all layers, so it cannot serve models that mix
+    full and sliding layers; paged mode can (it reads each layer's window).
+    """
+    config = config.get_text_config()
+    window = getattr(config, "sliding_window", None)
+    if window is None:
+        return None
+    types = set(getattr(config, "layer_types", None) or ["sliding_attention"])
+    if types == {"sliding_attention"}:
+        return window
+    if "sliding_attention" not in types:
+        return None
+    raise ValueError(
+        "attention='masked' cannot serve a model mixing full and sliding-window layers; use 'paged'"
+    )
+
+
+class HFExecutor:
+    """Executor over a transformers causal LM.
+
+    `attention="paged"` (default) attends per request through `paged_attention`;
+    `"masked"` keeps the model's own attention implementation and feeds it one packed
+    context per step with a block-diagonal causal mask (simpler, slower on big batches).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        num_blocks: int,
+        block_size: int = 16,
+        num_swap_blocks: int = 0,
+        attention: AttentionMode = "paged",
+        seed: int = 0,
+    ) -> None:
+        if attention not in ("paged", "masked"):
+            raise ValueError(f"attention must be 'paged' or 'masked', got {attention!r}")
+        self.model = model.eval()
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.kv_shape = KVShape.from_config(model.config, self.dtype)
+        self.pool = KVPool(self.kv_shape, num_blocks, block_size, self.device, num_swap_blocks)
+        self.attention: AttentionMode = attention
+        self.cache = PagedKVCache(self.pool, packed=attention == "masked")
+        if attention == "paged":
+            model.set_attn_implementation(ATTENTION_NAME)
+            self._window = None  # paged attention reads each layer's own window
+        else:
+            self._window = uniform_sliding_window(model.config)
+        self.sampler = Sampler(seed, self.device)
+        self._no_mask = torch.zeros(_NO_MASK_SHAPE, dtype=self.dtype, device=self.device)
+        # Time spent inside the model's forward call, for overhead measurements.
+        self.forward_s_total = 0.0
+        self.last_forward_s = 0.0
+        log.info(describe_kv_budget(self.kv_shape, num_blocks, block_size))
+
+    @property
+    def block_size(self) -> int:
+        return self.pool.block_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.get_text_config().vocab_size
+
+    def execute(self, batch: SchedulerOutput) -> ExecutorOutput:
+        began = time.perf_counter()
+        if batch.block_size != self.pool.block_size:
+            raise ValueError(
+                f"scheduler block_size {batch.block_size} != executor block_size {self.pool.block_size}"
+            )
+        self.pool.swap_out(batch.swap_out)
+        self.pool.swap_in(batch.swap_in)
+        output = ExecutorOutput()
+        if batch.scheduled:
+            layout = build_layout(batch, self.device)
+            logits = self.forward(layout)
+            requests = [s.request for s in layout.samplers]
+            tokens, output.logprobs = self.sampler.sample(logits, requests)
+            output.sampled = {r.request_id: t for r, t in zip(requests, tokens, strict=True)}
+        output.elapsed_s = time.perf_counter() - began
+        return output
+
+    @torch.inference_mode()
+    def forward(self, layout: StepLayout) -> torch.Tensor:
+        """Run the packed step; returns float32 logits [samplers, vocab]."""
+        began = time.perf_counter()
+        self.cache.layout = layout
+        extra: dict[str, object] = {}
+        if self.attention == "paged":
+            mask = self._no_mask
+            extra[LAYOUT_KWARG] = layout
+        else:
+            mask = layout.packed_mask(self.dtype, self._window)
+        try:
+            out = self.model(
+                input_ids=layout.input_ids,
+                position_ids=layout.position_ids,
+                attention_mask=mask,
+                cache=self.cache,
+                use_cache=True,
+                logits_to_keep=layout.sample_rows,
+                **extra,
+            )
+            logits = out.logits[0].float()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        finally:
+            self.cache.layout = None
+        self.last_forward_s = time.perf_counter() - began
+        self.forward_s_total += self.last_forward_s
+        return logits

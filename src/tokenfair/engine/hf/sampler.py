@@ -1,0 +1,80 @@
+"""Pick each request's next token from its logits, with its own sampling parameters.
+
+Greedy rows (temperature 0) are decided together with one argmax. Other rows apply
+temperature, then top-k, then top-p, and draw from the result.
+
+A seeded request draws its k-th output token from a generator seeded by (seed, k), so
+its text is a pure function of the seed: it comes out the same whatever it was batched
+with and whether or not it was preempted and recomputed in between, and the executor
+keeps no per-request RNG state to forget. Unseeded requests share the executor's
+generator.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tokenfair.core.request import Request, SamplingParams
+
+_SEED_STRIDE = 1_000_003  # spreads (seed, k) pairs over distinct generator seeds
+
+
+def _step_generator(seed: int, step: int, device: torch.device) -> torch.Generator:
+    generator = torch.Generator(device=device)
+    generator.manual_seed((seed * _SEED_STRIDE + step) % (2**63))
+    return generator
+
+
+def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Temperature, top-k and top-p applied to one row of float32 logits."""
+    logits = logits / params.temperature
+    if 0 < params.top_k < logits.numel():
+        kth = torch.topk(logits, params.top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # Drop a token when the tokens before it already reach top_p (keeps at least one).
+        drop = probs.cumsum(-1) - probs >= params.top_p
+        logits = logits.scatter(0, order[drop], float("-inf"))
+    return logits
+
+
+def top_logprobs(logits: torch.Tensor, token: int, count: int) -> dict[int, float]:
+    """The chosen token's logprob plus the `count` most likely tokens' (raw model logits)."""
+    logprobs = torch.log_softmax(logits, dim=-1)
+    result = {token: float(logprobs[token])}
+    if count > 0:
+        values, ids = torch.topk(logprobs, min(count, logprobs.numel()))
+        result.update(zip(ids.tolist(), values.tolist(), strict=True))
+    return result
+
+
+class Sampler:
+    def __init__(self, seed: int = 0, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self.shared = torch.Generator(device=self.device)
+        self.shared.manual_seed(seed)
+
+    def sample(
+        self, logits: torch.Tensor, requests: list[Request]
+    ) -> tuple[list[int], dict[str, list[dict[int, float]]] | None]:
+        """logits: [S, vocab] float32, one row per request. Returns tokens and logprobs."""
+        tokens = logits.argmax(dim=-1).tolist()
+        logprobs: dict[str, list[dict[int, float]]] | None = None
+        for row, request in enumerate(requests):
+            params = request.sampling
+            if params.temperature > 0:
+                filtered = filter_logits(logits[row], params)
+                probs = torch.softmax(filtered, dim=-1)
+                if params.seed is None:
+                    generator = self.shared
+                else:
+                    generator = _step_generator(params.seed, request.num_output_tokens, self.device)
+                tokens[row] = int(torch.multinomial(probs, 1, generator=generator))
+            if params.logprobs is not None:
+                logprobs = logprobs or {}
+                logprobs[request.request_id] = [
+                    top_logprobs(logits[row], tokens[row], params.logprobs)
+                ]
+        return tokens, logprobs
