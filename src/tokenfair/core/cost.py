@@ -54,7 +54,9 @@ class ProfiledCost:
     const: float = 1.14601454
 
     def h(self, x: int, y: int) -> float:
-        return self.a_in * x + self.a_out * y + self.a_cross * x * y + self.a_out2 * y * y + self.const
+        return (
+            self.a_in * x + self.a_out * y + self.a_cross * x * y + self.a_out2 * y * y + self.const
+        )
 
     def prefill(self, input_tokens: int) -> float:
         return self.h(input_tokens, 0)

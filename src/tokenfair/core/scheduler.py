@@ -11,9 +11,12 @@ One step, top to bottom:
   4. charge the policy: prompts at admission (here), output tokens as they are
      generated (`update`).
 
-Admission modes: `reserve` books prompt + max_tokens of KV at admission and so never
-runs out mid-generation (the paper's system); `optimistic` books only what the next
-step needs and preempts on shortage (vLLM's behaviour).
+Admission modes: `reserve` admits a request only if the pool can hold every running
+request and it at their peak, each growing to prompt + max_tokens, and so never runs
+out mid-generation (the paper's system; like its router, it counts that shorter
+requests finish and free their blocks before longer ones peak). Blocks are still
+taken as tokens arrive. `optimistic` admits whatever the next step needs and preempts
+on shortage (vLLM's behaviour).
 
 The `paper` preset reproduces the S-LoRA/LightLLM router that produced the paper's
 numbers: admission only when nothing runs or every `admission_interval_steps` decode
@@ -64,7 +67,9 @@ class SchedulerConfig:
         if self.kv_tokens < self.block_size:
             raise ConfigError(f"kv_tokens ({self.kv_tokens}) is smaller than one block")
         if self.admission not in ("reserve", "optimistic"):
-            raise ConfigError(f"admission must be 'reserve' or 'optimistic', got {self.admission!r}")
+            raise ConfigError(
+                f"admission must be 'reserve' or 'optimistic', got {self.admission!r}"
+            )
         if self.preemption not in ("recompute", "swap"):
             raise ConfigError(f"preemption must be 'recompute' or 'swap', got {self.preemption!r}")
         if self.admission_interval_steps < 0:
@@ -264,11 +269,12 @@ class Scheduler:
             if n == 0 and not out.scheduled:
                 # Too big for the budget and chunking is off: run it alone rather than never.
                 n = head.num_tokens - head.num_computed_tokens
-            booked = head.max_total_tokens if config.admission == "reserve" else head.num_computed_tokens + n
+            booked = head.num_computed_tokens + n
             fits = (
                 n > 0
                 and len(self.running) < config.max_num_seqs
                 and kv.blocks_needed(head, booked) <= kv.num_free_blocks
+                and (config.admission != "reserve" or self._peak_fits(head))
             )
             if not fits:
                 kv.free(head)  # give back any prefix blocks it took while it waits
@@ -293,6 +299,27 @@ class Scheduler:
             admitted += 1
         return admitted
 
+    def _peak_fits(self, head: Request) -> bool:
+        """Reserve mode: can the pool hold the running requests and `head` at their peak?
+
+        Each request holds its tokens and grows by up to its remaining max_tokens.
+        Sorted by remaining growth, longest first, the moment the i-th request ends is
+        when requests 1..i are all still alive and have grown by its growth; usage
+        is highest at one of those moments.
+        """
+        block_size = self.kv.block_size
+        spans = [(r.max_tokens - r.num_output_tokens, r.num_tokens) for r in self.running]
+        spans.append((head.max_tokens - head.num_output_tokens, head.num_tokens))
+        spans.sort(reverse=True)
+        held = 0
+        limit = self.kv.num_blocks
+        rounding = 0 if block_size == 1 else 1  # each request may waste part of a block
+        for alive, (growth, tokens) in enumerate(spans, start=1):
+            held += tokens
+            if -(-(held + alive * growth) // block_size) + alive * rounding > limit:
+                return False
+        return True
+
     def _schedule_separate_prefill(self, out: SchedulerOutput, now: float) -> None:
         """The paper's router: a step is either new prompts only, or decode for all."""
         config = self.config
@@ -313,10 +340,16 @@ class Scheduler:
         self.running.remove(victim)
         self.num_preemptions += 1
         victim.preemptions += 1
-        self.preemptions_by_client[victim.client] = self.preemptions_by_client.get(victim.client, 0) + 1
+        self.preemptions_by_client[victim.client] = (
+            self.preemptions_by_client.get(victim.client, 0) + 1
+        )
         # Drop the victim from this step's batch if it was already scheduled.
         out.scheduled = [s for s in out.scheduled if s.request is not victim]
-        if mode == "swap" and victim.num_computed_tokens and (mapping := self.kv.swap_out(victim)) is not None:
+        if (
+            mode == "swap"
+            and victim.num_computed_tokens
+            and (mapping := self.kv.swap_out(victim)) is not None
+        ):
             out.swap_out.extend(mapping)
             victim.status = RequestStatus.SWAPPED
             self.swapped.append(victim)

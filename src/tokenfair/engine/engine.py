@@ -80,7 +80,9 @@ class Engine:
         self.num_steps += 1
         produced = scheduler.update(batch, result, end)
         for request in produced:
-            output = RequestOutput(request, request.output_token_ids[-1:], finished=request.is_finished)
+            output = RequestOutput(
+                request, request.output_token_ids[-1:], finished=request.is_finished
+            )
             if self.detokenizer is not None:
                 self._detokenize(output, end)
             outputs.append(output)

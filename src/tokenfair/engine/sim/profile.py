@@ -28,7 +28,9 @@ class StepTimeProfile(Protocol):
     name: str
     swap_token_s: float
 
-    def step_time(self, prefill_tokens: int, decode_requests: int, context_tokens: int) -> float: ...
+    def step_time(
+        self, prefill_tokens: int, decode_requests: int, context_tokens: int
+    ) -> float: ...
 
     def to_json(self) -> dict: ...
 
@@ -86,7 +88,10 @@ class RooflineStepProfile:
 
 
 def fit_linear_profile(
-    samples: list[tuple[int, int, int, float]], name: str, description: str = "", swap_token_s: float = 0.0
+    samples: list[tuple[int, int, int, float]],
+    name: str,
+    description: str = "",
+    swap_token_s: float = 0.0,
 ) -> LinearStepProfile:
     """Least-squares fit of the linear form to (prefill, decode, context, seconds) samples."""
     import numpy as np
@@ -102,7 +107,14 @@ def fit_linear_profile(
     coef = np.maximum(coef, 0.0)  # a negative time per token is a fitting artefact
     base, prefill_base, prefill_token, decode_request, context_token = (float(x) for x in coef)
     return LinearStepProfile(
-        name, base, prefill_base, prefill_token, decode_request, context_token, swap_token_s, description
+        name,
+        base,
+        prefill_base,
+        prefill_token,
+        decode_request,
+        context_token,
+        swap_token_s,
+        description,
     )
 
 
@@ -134,7 +146,9 @@ def profile_from_json(data: dict) -> StepTimeProfile:
 
 def builtin_profiles() -> list[str]:
     folder = resources.files("tokenfair.engine.sim") / "profiles"
-    return sorted(p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json"))
+    return sorted(
+        p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json")
+    )
 
 
 def load_profile(name_or_path: str) -> StepTimeProfile:

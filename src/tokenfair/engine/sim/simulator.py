@@ -87,7 +87,9 @@ def simulate(
             engine.add_request(request)
             patience = ordered[next_arrival].cancel_after_s
             if patience is not None:
-                heapq.heappush(cancels, (request.arrival_s + patience, next_arrival, request.request_id))
+                heapq.heappush(
+                    cancels, (request.arrival_s + patience, next_arrival, request.request_id)
+                )
             next_arrival += 1
         while cancels and cancels[0][0] <= now:
             engine.abort(heapq.heappop(cancels)[2])
@@ -117,4 +119,3 @@ def simulate(
         counters=policy.counters(),
         preemptions_by_client=dict(scheduler.preemptions_by_client),
     )
-

@@ -1,0 +1,279 @@
+"""The `tokenfair` command."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tokenfair.core.policies import POLICY_HELP, PolicyError, make_policy
+from tokenfair.core.scheduler import ConfigError, SchedulerConfig
+
+app = typer.Typer(
+    help="tokenfair: fair-share scheduling for multi-tenant LLM inference (Virtual Token Counter).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console(stderr=True)
+
+DEFAULT_SHARED = Path("../shared")
+
+
+def fail(message: str) -> typer.Exit:
+    console.print(f"[red]error:[/red] {message}")
+    return typer.Exit(code=2)
+
+
+def read_weights(path: Path | None) -> dict[str, float] | None:
+    """A JSON object {client: weight > 0}."""
+    if path is None:
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise fail(f"cannot read weights file {path}: {error}") from None
+    if not isinstance(data, dict):
+        raise fail(f"weights file {path}: expected a JSON object mapping client to weight")
+    weights = {}
+    for client, weight in data.items():
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0:
+            raise fail(
+                f"weights file {path}: weight of {client!r} must be a number > 0, got {weight!r}"
+            )
+        weights[str(client)] = float(weight)
+    return weights
+
+
+def build_config(
+    preset: str,
+    kv_tokens: int | None,
+    admission: str | None,
+    preemption: str | None,
+    **overrides: object,
+) -> SchedulerConfig:
+    settings = {k: v for k, v in overrides.items() if v is not None}
+    if kv_tokens is not None:
+        settings["kv_tokens"] = kv_tokens
+    if admission is not None:
+        settings["admission"] = admission
+    if preemption is not None:
+        settings["preemption"] = preemption
+    try:
+        if preset == "paper":
+            return SchedulerConfig.paper(**settings)
+        if preset == "engine":
+            return SchedulerConfig.from_dict(settings)
+    except (ConfigError, TypeError) as error:
+        raise fail(str(error)) from None
+    raise fail(f"unknown preset {preset!r}: expected 'paper' or 'engine'")
+
+
+@app.command()
+def simulate(
+    trace: Annotated[Path, typer.Option(help="Trace file (JSONL, one request a line).")],
+    policy: Annotated[str, typer.Option(help="Scheduling policy, e.g. fcfs, vtc, rpm:20.")] = "vtc",
+    profile: Annotated[
+        str, typer.Option(help="Step-time profile name or JSON file.")
+    ] = "a10g-llama-7b",
+    preset: Annotated[
+        str,
+        typer.Option(
+            help="'paper': the paper's router (reserve, separate prefill); 'engine': vLLM-like."
+        ),
+    ] = "paper",
+    kv_tokens: Annotated[int | None, typer.Option(help="KV pool size in tokens.")] = None,
+    admission: Annotated[str | None, typer.Option(help="reserve | optimistic.")] = None,
+    preemption: Annotated[str | None, typer.Option(help="recompute | swap.")] = None,
+    swap_tokens: Annotated[int | None, typer.Option(help="CPU swap area in tokens.")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(help="Most requests running at once.")] = None,
+    max_batched_tokens: Annotated[int | None, typer.Option(help="Most tokens per step.")] = None,
+    weights: Annotated[Path | None, typer.Option(help="JSON {client: weight} for wvtc.")] = None,
+    cost: Annotated[
+        str, typer.Option(help="Counter cost: linear (w_in=1, w_out=2) or profiled.")
+    ] = "linear",
+    out: Annotated[
+        Path | None, typer.Option(help="Write per-request results (JSONL) here.")
+    ] = None,
+) -> None:
+    """Replay a trace through the real scheduler on a virtual clock.
+
+    Example: tokenfair simulate --trace ../shared/traces/arena_vtc_600s.jsonl --policy vtc --out vtc.jsonl
+    """
+    from tokenfair.bench.results import write_results
+    from tokenfair.core.cost import make_cost
+    from tokenfair.engine.sim.profile import load_profile
+    from tokenfair.engine.sim.simulator import simulate as run_simulation
+    from tokenfair.workloads.trace import read_trace
+
+    try:
+        records = read_trace(trace)
+        step_profile = load_profile(profile)
+        chosen = make_policy(policy, weights=read_weights(weights), cost=make_cost(cost))
+    except (OSError, ValueError) as error:
+        raise fail(str(error)) from None
+    config = build_config(
+        preset,
+        kv_tokens,
+        admission,
+        preemption,
+        swap_tokens=swap_tokens,
+        max_num_seqs=max_num_seqs,
+        max_batched_tokens=max_batched_tokens,
+    )
+    started = time.perf_counter()
+    result = run_simulation(records, chosen, step_profile, config)
+    wall = time.perf_counter() - started
+    if out is not None:
+        write_results(result.results, out)
+    served = [r for r in result.results if r.finish_s is not None and r.first_token_s is not None]
+    tokens = sum(r.input_tokens + r.output_tokens for r in served)
+    summary = {
+        "policy": chosen.name,
+        "requests": len(result.results),
+        "served": len(served),
+        "makespan_s": round(result.makespan_s, 3),
+        "throughput_tok_s": round(tokens / result.makespan_s, 2) if result.makespan_s else 0.0,
+        "steps": result.steps,
+        "preemptions": result.preemptions,
+        "swaps": result.swaps,
+        "wall_s": round(wall, 3),
+        "out": str(out) if out else None,
+    }
+    print(json.dumps(summary))
+
+
+@app.command()
+def metrics(
+    results: Annotated[
+        Path, typer.Argument(help="Per-request results (JSONL) from simulate or a server.")
+    ],
+    duration: Annotated[float, typer.Option(help="T: the trace's length in seconds.")] = 600.0,
+    window: Annotated[float, typer.Option(help="w: the rate window in seconds.")] = 60.0,
+    warmup: Annotated[float, typer.Option(help="Seconds skipped at the start.")] = 30.0,
+    weights: Annotated[Path | None, typer.Option(help="JSON {client: weight}.")] = None,
+    full: Annotated[bool, typer.Option(help="Print every per-tick series too.")] = False,
+) -> None:
+    """Print the fairness metrics of SPEC section 6 (Max/Avg/Var Diff, throughput, per-client TTFT...) as JSON.
+
+    Example: tokenfair metrics vtc.jsonl --duration 600 --window 60 --warmup 30
+    """
+    from tokenfair.bench.metrics import fairness_report
+    from tokenfair.bench.results import read_results
+
+    try:
+        records = read_results(results)
+        report = fairness_report(
+            records,
+            duration_s=duration,
+            window_s=window,
+            warmup_s=warmup,
+            weights=read_weights(weights),
+        )
+    except (OSError, ValueError) as error:
+        raise fail(str(error)) from None
+    if not full:
+        for key in ("service_rate", "demand_rate", "jain_per_tick"):
+            report.pop(key, None)
+    print(json.dumps(report, indent=2))
+
+
+@app.command()
+def policies() -> None:
+    """List the scheduling policies by name.
+
+    Example: tokenfair policies
+    """
+    table = Table("policy", "what it does")
+    for name, text in POLICY_HELP.items():
+        table.add_row(name, text)
+    Console().print(table)
+
+
+@app.command()
+def profiles() -> None:
+    """List the shipped simulator step-time profiles.
+
+    Example: tokenfair profiles
+    """
+    from tokenfair.engine.sim.profile import builtin_profiles, load_profile
+
+    table = Table("profile", "description")
+    for name in builtin_profiles():
+        table.add_row(name, getattr(load_profile(name), "description", ""))
+    Console().print(table)
+
+
+@app.command()
+def demo(
+    shared: Annotated[
+        Path, typer.Option(help="The shared/ folder holding traces/.")
+    ] = DEFAULT_SHARED,
+    policies: Annotated[str, typer.Option(help="Comma-separated policies to compare.")] = (
+        "fcfs,lcf,vtc,vtc-predict,vtc-oracle,rpm:5,rpm:20,rpm:30,vtc-preempt"
+    ),
+) -> None:
+    """Replay the paper's arena trace under several policies and print the fairness table.
+
+    Example: tokenfair demo --shared ../shared
+    """
+    from tokenfair.bench.metrics import fairness_report
+    from tokenfair.engine.sim.profile import load_profile
+    from tokenfair.engine.sim.simulator import simulate as run_simulation
+    from tokenfair.workloads.trace import read_trace
+
+    trace_path = shared / "traces" / "arena_vtc_600s.jsonl"
+    if not trace_path.exists():
+        raise fail(f"no trace at {trace_path}: pass --shared DIR")
+    records = read_trace(trace_path)
+    profile = load_profile("a10g-llama-7b")
+    table = Table(
+        "scheduler",
+        "Max Diff",
+        "Avg Diff",
+        "Diff Var",
+        "Throughput (tok/s)",
+        "makespan (s)",
+        title="Arena trace (1,500 requests, 27 clients), simulated A10G Llama-7B, 10k-token pool",
+    )
+    rows = []
+    for name in [p.strip() for p in policies.split(",") if p.strip()]:
+        try:
+            policy = make_policy(name)
+        except PolicyError as error:
+            raise fail(str(error)) from None
+        result = run_simulation(records, policy, profile, SchedulerConfig.paper())
+        report = fairness_report(result.results)
+        row = {
+            "scheduler": name,
+            "max_diff": report["max_diff"],
+            "avg_diff": report["avg_diff"],
+            "diff_var": report["diff_var"],
+            "throughput_tok_s": report["throughput_tok_s"],
+            "makespan_s": result.makespan_s,
+        }
+        rows.append(row)
+        table.add_row(
+            name,
+            f"{row['max_diff']:.2f}",
+            f"{row['avg_diff']:.2f}",
+            f"{row['diff_var']:.2f}",
+            f"{row['throughput_tok_s']:.0f}",
+            f"{row['makespan_s']:.1f}",
+        )
+    Console().print(table)
+    print(json.dumps(rows))
+
+
+def main() -> None:  # pragma: no cover - console entry
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
