@@ -1,0 +1,79 @@
+"""Build a ready Engine around a transformers model: scheduler, HFExecutor, detokenizer.
+
+The KV pool is sized in tokens (`kv_tokens`) or, when that is not given, from a share of
+the memory the device has free (`kv_memory_fraction`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import fields
+
+import torch
+
+from tokenfair.core.policies.registry import make_policy
+from tokenfair.core.scheduler import Scheduler, SchedulerConfig
+from tokenfair.engine.engine import Engine
+from tokenfair.engine.hf.executor import AttentionMode, HFExecutor
+from tokenfair.engine.hf.kv_pool import KVShape, blocks_for_memory
+from tokenfair.engine.hf.loader import LoadedModel
+from tokenfair.engine.hf.tokenizer import IncrementalDetokenizer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CPU_KV_FRACTION = 0.25  # of the RAM available now: CPU memory is shared with everything
+DEFAULT_GPU_KV_FRACTION = 0.85  # of the GPU memory free after the weights
+
+
+def available_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def kv_tokens_for_memory(
+    model: torch.nn.Module, block_size: int, fraction: float | None = None
+) -> int:
+    """Tokens of KV that fit in `fraction` of the memory free on the model's device."""
+    param = next(model.parameters())
+    if fraction is None:
+        fraction = (
+            DEFAULT_GPU_KV_FRACTION if param.device.type == "cuda" else DEFAULT_CPU_KV_FRACTION
+        )
+    if not 0 < fraction <= 1:
+        raise ValueError(f"kv_memory_fraction must be in (0, 1], got {fraction}")
+    shape = KVShape.from_config(model.config, param.dtype)
+    budget = int(available_memory(param.device) * fraction)
+    return blocks_for_memory(shape, block_size, budget) * block_size
+
+
+def make_hf_engine(
+    loaded: LoadedModel,
+    *,
+    policy: str = "fcfs",
+    kv_tokens: int | None = None,
+    kv_memory_fraction: float | None = None,
+    attention: AttentionMode = "paged",
+    seed: int = 0,
+    **scheduler_options: object,
+) -> Engine:
+    """An Engine serving `loaded` with the given policy and scheduler settings
+    (any `SchedulerConfig` field: max_num_seqs, max_batched_tokens, block_size,
+    swap_tokens, admission, preemption, enable_chunked_prefill, ...)."""
+    default_block_size = next(f.default for f in fields(SchedulerConfig) if f.name == "block_size")
+    block_size = int(scheduler_options.get("block_size", default_block_size))  # type: ignore[arg-type]
+    if kv_tokens is None:
+        kv_tokens = kv_tokens_for_memory(loaded.model, block_size, kv_memory_fraction)
+    config = SchedulerConfig.from_dict({**scheduler_options, "kv_tokens": kv_tokens})
+    scheduler = Scheduler(config, make_policy(policy))
+    executor = HFExecutor(
+        loaded.model,
+        num_blocks=config.num_blocks,
+        block_size=config.block_size,
+        num_swap_blocks=config.num_swap_blocks,
+        attention=attention,
+        seed=seed,
+    )
+    return Engine(scheduler, executor, detokenizer=IncrementalDetokenizer(loaded.tokenizer))

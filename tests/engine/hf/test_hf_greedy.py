@@ -1,0 +1,129 @@
+"""The engine's greedy output equals transformers' generate, token for token, whatever
+the batching, chunking, preemption or cancellation around it; the pool ends empty."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import assert_pool_free, engine_for, greedy_request, random_prompt, reference
+
+pytestmark = pytest.mark.model
+
+MIXED_LENGTHS = [1, 2, 7, 16, 17, 40, 95, 160, 300]
+
+
+def run(engine, requests):
+    for request in requests:
+        assert engine.add_request(request)
+    engine.run_until_done(max_steps=5000)
+
+
+def test_single_request(family):
+    prompt = random_prompt(23, seed=1)
+    engine = engine_for(family)
+    request = greedy_request("r0", prompt, 20)
+    run(engine, [request])
+    assert request.output_token_ids == reference(family, prompt, 20)
+    assert_pool_free(engine)
+
+
+def test_mixed_batch(family):
+    prompts = [random_prompt(n, seed=n) for n in MIXED_LENGTHS]
+    max_tokens = [12 + (i * 5) % 17 for i in range(len(prompts))]
+    engine = engine_for(family, max_batched_tokens=1024)
+    requests = [
+        greedy_request(f"r{i}", p, m)
+        for i, (p, m) in enumerate(zip(prompts, max_tokens, strict=True))
+    ]
+    run(engine, requests)
+    for request, prompt, m in zip(requests, prompts, max_tokens, strict=True):
+        assert request.output_token_ids == reference(family, prompt, m), request.request_id
+    assert_pool_free(engine)
+
+
+def test_chunked_prefill_mixes_with_decodes(family):
+    """A small token budget splits long prompts into chunks that share steps with decodes."""
+    prompts = [random_prompt(n, seed=100 + n) for n in (300, 5, 130, 33)]
+    engine = engine_for(family, max_batched_tokens=48, enable_chunked_prefill=True)
+    requests = [greedy_request(f"r{i}", p, 16) for i, p in enumerate(prompts)]
+    run(engine, requests)
+    for request, prompt in zip(requests, prompts, strict=True):
+        assert request.output_token_ids == reference(family, prompt, 16)
+    assert_pool_free(engine)
+
+
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_forced_preemption_mid_generation(family, mode):
+    prompts = [random_prompt(n, seed=200 + n) for n in (37, 90, 12)]
+    engine = engine_for(family, swap_tokens=1024 if mode == "swap" else 0, preemption=mode)
+    requests = [greedy_request(f"r{i}", p, 24) for i, p in enumerate(prompts)]
+    for request in requests:
+        engine.add_request(request)
+    for _ in range(8):
+        engine.step()
+    victim = requests[1]
+    assert 0 < victim.num_output_tokens < 24
+    engine.scheduler.force_preempt(victim.request_id, mode)
+    engine.run_until_done(max_steps=5000)
+    assert victim.preemptions == 1
+    if mode == "swap":
+        assert engine.scheduler.num_swaps == 1
+    for request, prompt in zip(requests, prompts, strict=True):
+        assert request.output_token_ids == reference(family, prompt, 24)
+    assert_pool_free(engine)
+
+
+def test_natural_preemption_under_memory_pressure(family):
+    """A pool too small for everyone forces the scheduler to preempt on its own."""
+    prompts = [random_prompt(n, seed=300 + n) for n in (60, 45, 70, 30)]
+    engine = engine_for(family, kv_tokens=256, block_size=16, max_batched_tokens=256)
+    requests = [greedy_request(f"r{i}", p, 40) for i, p in enumerate(prompts)]
+    run(engine, requests)
+    assert engine.scheduler.num_preemptions > 0
+    for request, prompt in zip(requests, prompts, strict=True):
+        assert request.output_token_ids == reference(family, prompt, 40)
+    assert_pool_free(engine)
+
+
+def test_abort_mid_generation(family):
+    prompts = [random_prompt(n, seed=400 + n) for n in (20, 50, 8)]
+    engine = engine_for(family)
+    requests = [greedy_request(f"r{i}", p, 20) for i, p in enumerate(prompts)]
+    for request in requests:
+        engine.add_request(request)
+    for _ in range(6):
+        engine.step()
+    aborted = requests[0]
+    assert engine.abort(aborted.request_id)
+    assert engine.scheduler.kv.block_tables.get(aborted.request_id) is None
+    engine.run_until_done(max_steps=5000)
+    expected = reference(family, prompts[0], 20)
+    assert aborted.output_token_ids == expected[: aborted.num_output_tokens]
+    assert aborted.num_output_tokens < 20
+    for request, prompt in zip(requests[1:], prompts[1:], strict=True):
+        assert request.output_token_ids == reference(family, prompt, 20)
+    assert_pool_free(engine)
+
+
+def test_prefix_cache_hits_give_the_same_tokens():
+    family = "llama"
+    shared = random_prompt(64, seed=7)
+    prompts = [shared + random_prompt(n, seed=500 + n) for n in (3, 20, 40)]
+    engine = engine_for(family, enable_prefix_caching=True)
+    run(engine, [greedy_request("warm", prompts[0], 4)])
+    requests = [greedy_request(f"r{i}", p, 12) for i, p in enumerate(prompts)]
+    run(engine, requests)
+    assert engine.scheduler.kv.prefix_hit_tokens > 0
+    for request, prompt in zip(requests, prompts, strict=True):
+        assert request.output_token_ids == reference(family, prompt, 12)
+
+
+def test_masked_attention_mode_matches_too():
+    family = "qwen2"
+    prompts = [random_prompt(n, seed=600 + n) for n in (1, 33, 120)]
+    engine = engine_for(family, attention="masked", max_batched_tokens=64)
+    requests = [greedy_request(f"r{i}", p, 10) for i, p in enumerate(prompts)]
+    run(engine, requests)
+    for request, prompt in zip(requests, prompts, strict=True):
+        assert request.output_token_ids == reference(family, prompt, 10)
+    assert_pool_free(engine)
