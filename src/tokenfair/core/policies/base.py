@@ -127,20 +127,23 @@ class OrderedQueue:
 
 
 class KeyedPolicy(Policy):
-    """A policy whose waiting order is a static sort key per request."""
+    """A policy whose waiting order is a static sort key per request.
+
+    `band` is 0 for a preempted request and 1 for a new one: placed first in the key,
+    preempted requests go back ahead of every new arrival (vLLM prepends them).
+    """
 
     def __init__(self) -> None:
         self._queue = OrderedQueue()
 
-    def sort_key(self, request: Request) -> tuple:
+    def sort_key(self, request: Request, band: int) -> tuple:
         raise NotImplementedError
 
     def add(self, request: Request, now: float) -> None:
-        self._queue.push((1, *self.sort_key(request)), request)
+        self._queue.push(self.sort_key(request, 1), request)
 
     def requeue(self, request: Request) -> None:
-        # Band 0 puts preempted requests ahead of every new arrival (vLLM prepends them).
-        self._queue.push((0, *self.sort_key(request)), request)
+        self._queue.push(self.sort_key(request, 0), request)
 
     def peek(self) -> Request | None:
         return self._queue.peek()

@@ -9,5 +9,5 @@ from tokenfair.core.request import Request
 class FCFSPolicy(KeyedPolicy):
     name = "fcfs"
 
-    def sort_key(self, request: Request) -> tuple:
-        return (request.arrival_s,)
+    def sort_key(self, request: Request, band: int) -> tuple:
+        return (band, request.arrival_s)

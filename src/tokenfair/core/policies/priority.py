@@ -15,8 +15,9 @@ from tokenfair.core.request import Request
 class PriorityPolicy(KeyedPolicy):
     name = "priority"
 
-    def sort_key(self, request: Request) -> tuple:
-        return (request.priority, request.arrival_s)
+    def sort_key(self, request: Request, band: int) -> tuple:
+        # Priority first: a preempted request goes back ahead of its equals only.
+        return (request.priority, band, request.arrival_s)
 
     def victim(self, running: Sequence[Request]) -> Request:
         return max(running, key=lambda r: (r.priority, r.admit_seq))

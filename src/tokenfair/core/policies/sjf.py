@@ -27,8 +27,9 @@ class SJFPolicy(KeyedPolicy):
         self.aging = aging
         self.predictor = predictor or OutputLengthPredictor()
 
-    def sort_key(self, request: Request) -> tuple:
-        return (self.predictor.predict(request) + self.aging * request.arrival_s, request.arrival_s)
+    def sort_key(self, request: Request, band: int) -> tuple:
+        aged = self.predictor.predict(request) + self.aging * request.arrival_s
+        return (band, aged, request.arrival_s)
 
     def on_finish(self, request: Request) -> None:
         self.predictor.observe(request)

@@ -1,0 +1,49 @@
+"""Small builders shared by the core tests."""
+
+from __future__ import annotations
+
+import itertools
+
+from tokenfair.core.batch import ExecutorOutput
+from tokenfair.core.request import Request, SamplingParams
+from tokenfair.core.scheduler import Scheduler
+from tokenfair.engine.sim.executor import SIM_EOS_IDS
+
+_ids = itertools.count()
+
+
+def make_request(
+    client: str = "a",
+    input_tokens: int = 4,
+    output_tokens: int = 4,
+    arrival_s: float = 0.0,
+    max_tokens: int | None = None,
+    priority: int = 0,
+    request_id: str | None = None,
+    predicted: int | None = None,
+) -> Request:
+    return Request(
+        request_id=request_id or f"r{next(_ids)}",
+        client=client,
+        input_tokens=input_tokens,
+        arrival_s=arrival_s,
+        sampling=SamplingParams(max_tokens=max_tokens or output_tokens),
+        priority=priority,
+        target_output_tokens=output_tokens,
+        predicted_output_tokens=predicted,
+        eos_token_ids=SIM_EOS_IDS,
+    )
+
+
+def fake_step(scheduler: Scheduler, now: float = 0.0):
+    """Schedule one step and 'run' it: EOS at each request's target length."""
+    out = scheduler.schedule(now)
+    sampled = {}
+    for s in out.scheduled:
+        if s.samples:
+            r = s.request
+            sampled[r.request_id] = (
+                0 if len(r.output_token_ids) + 1 >= r.target_output_tokens else 1
+            )
+    scheduler.update(out, ExecutorOutput(sampled=sampled), now)
+    return out
