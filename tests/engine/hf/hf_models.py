@@ -1,4 +1,5 @@
-"""Tiny random transformers models and a reference greedy decoder for the HF engine tests."""
+"""Tiny random transformers models, a reference greedy decoder and engine helpers
+for the HF engine tests."""
 
 from __future__ import annotations
 
@@ -113,8 +114,3 @@ def assert_pool_free(engine) -> None:
     assert kv.num_free_blocks == kv.num_blocks, "KV blocks still held after every request ended"
     assert kv.num_free_swap_blocks == kv.num_swap_blocks, "swap blocks still held"
     assert not kv.block_tables
-
-
-@pytest.fixture(params=FAMILIES)
-def family(request) -> str:
-    return request.param

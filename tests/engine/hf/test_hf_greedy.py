@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import assert_pool_free, engine_for, greedy_request, random_prompt, reference
+from .hf_models import assert_pool_free, engine_for, greedy_request, random_prompt, reference
 
 pytestmark = pytest.mark.model
 

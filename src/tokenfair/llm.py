@@ -1,0 +1,143 @@
+"""Offline batch generation, like vLLM's `LLM` class.
+
+    from tokenfair import LLM
+    from tokenfair.core.request import SamplingParams
+
+    llm = LLM("builtin:tiny")            # or a local transformers model directory
+    for c in llm.generate(["Hello", "Hi"], SamplingParams(max_tokens=32)):
+        print(c.text)
+
+All prompts go into one engine at once and run with continuous batching under the
+engine's scheduler; completions come back in prompt order.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from tokenfair.core.batch import ExecutorOutput, SchedulerOutput
+from tokenfair.core.request import FinishReason, Request, SamplingParams
+from tokenfair.engine.executor import Executor
+
+Prompt = str | list[int]
+
+
+@dataclass(slots=True)
+class Completion:
+    prompt: Prompt
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    logprobs: list[dict[int, float]] | None = None
+
+
+@dataclass(slots=True)
+class _LogprobRecorder:
+    """Wraps the executor to keep the logprobs it returns (the engine does not carry them)."""
+
+    inner: Executor
+    logprobs: dict[str, list[dict[int, float]]] = field(default_factory=dict)
+
+    def execute(self, batch: SchedulerOutput) -> ExecutorOutput:
+        result = self.inner.execute(batch)
+        for request_id, entries in (result.logprobs or {}).items():
+            self.logprobs.setdefault(request_id, []).extend(entries)
+        return result
+
+
+class LLM:
+    """A model plus an engine for offline generation.
+
+    `model`: "builtin:tiny", a local directory, or a `LoadedModel`. Engine options are
+    any `make_hf_engine` keyword: policy, kv_tokens, max_num_seqs, max_batched_tokens,
+    block_size, swap_tokens, preemption, attention, seed, ...
+    """
+
+    def __init__(
+        self, model, *, device: str | None = None, dtype: str | None = None, **engine_options
+    ) -> None:
+        from tokenfair.engine.hf.factory import make_hf_engine
+        from tokenfair.engine.hf.loader import LoadedModel, load_model
+
+        self.loaded = model if isinstance(model, LoadedModel) else load_model(model, device, dtype)
+        self.tokenizer = self.loaded.tokenizer
+        self.engine = make_hf_engine(self.loaded, **engine_options)
+        self._recorder = _LogprobRecorder(self.engine.executor)
+        self.engine.executor = self._recorder
+        self._ids = itertools.count()
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[Completion]:
+        """Complete each prompt (text, or token ids); one SamplingParams for all or one each."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompts = list(prompts)  # type: ignore[arg-type]
+        if sampling is None or isinstance(sampling, SamplingParams):
+            params = [sampling or SamplingParams()] * len(prompts)
+        else:
+            params = list(sampling)
+            if len(params) != len(prompts):
+                raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
+        requests = [self._request(p, s) for p, s in zip(prompts, params, strict=True)]
+        for request in requests:
+            if not self.engine.add_request(request):
+                raise ValueError(
+                    f"prompt of {request.input_tokens} tokens + max_tokens {request.max_tokens} "
+                    "can never fit in the KV pool; raise kv_tokens or lower max_tokens"
+                )
+        while self.engine.has_unfinished():
+            self.engine.step()
+        return [self._completion(p, r) for p, r in zip(prompts, requests, strict=True)]
+
+    def chat(
+        self, messages: list[dict[str, str]], sampling: SamplingParams | None = None
+    ) -> Completion:
+        """Reply to one conversation, rendered with the model's chat template."""
+        return self.generate([self.tokenizer.chat_prompt(messages)], sampling)[0]
+
+    def _request(self, prompt: Prompt, sampling: SamplingParams) -> Request:
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise ValueError("empty prompt: give at least one token")
+        sampling = replace(sampling, stop=tuple(sampling.stop))  # a private copy per request
+        return Request(
+            request_id=f"llm-{next(self._ids)}",
+            client="offline",
+            input_tokens=len(ids),
+            arrival_s=self.engine.clock.now(),
+            sampling=sampling,
+            prompt_token_ids=ids,
+            eos_token_ids=self.tokenizer.eos_token_ids,
+        )
+
+    def _completion(self, prompt: Prompt, request: Request) -> Completion:
+        reason = request.finish_reason
+        return Completion(
+            prompt=prompt,
+            prompt_token_ids=list(request.prompt_token_ids or []),
+            token_ids=list(request.output_token_ids),
+            text=request.output_text,
+            finish_reason=reason.value if isinstance(reason, FinishReason) else None,
+            logprobs=self._recorder.logprobs.pop(request.request_id, None),
+        )
+
+
+def generate_command(
+    model: str,
+    prompt: str,
+    max_tokens: int = 64,
+    temperature: float = 0.0,
+    seed: int | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+) -> str:
+    """What `tokenfair generate --model M --prompt TEXT ...` prints: the completion text."""
+    llm = LLM(model, device=device, dtype=dtype, kv_tokens=max(4096, 2 * (max_tokens + 4096)))
+    sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed)
+    return llm.generate(prompt, sampling)[0].text

@@ -1,0 +1,118 @@
+"""Per-request sampling: seeds, top-k/top-p, logprobs, and stop strings."""
+
+from __future__ import annotations
+
+import pytest
+
+from tokenfair.core.request import Request, SamplingParams
+
+from .hf_models import engine_for, random_prompt
+
+pytestmark = pytest.mark.model
+
+torch = pytest.importorskip("torch")
+
+
+def sampled_request(rid: str, prompt: list[int], **params) -> Request:
+    sampling = SamplingParams(ignore_eos=True, **params)
+    return Request(rid, "c", len(prompt), 0.0, sampling, prompt_token_ids=prompt)
+
+
+def run(engine, requests) -> None:
+    for request in requests:
+        engine.add_request(request)
+    engine.run_until_done(max_steps=2000)
+
+
+def test_seeded_sampling_is_independent_of_batch_and_preemption():
+    prompt = random_prompt(30, seed=1)
+    params = dict(max_tokens=20, temperature=1.0, top_p=0.9, seed=42)
+    alone = sampled_request("alone", prompt, **params)
+    run(engine_for("llama"), [alone])
+
+    engine = engine_for("llama")
+    crowd = [
+        sampled_request(f"o{i}", random_prompt(10 + i, seed=i), max_tokens=25, temperature=1.0)
+        for i in range(4)
+    ]
+    again = sampled_request("again", prompt, **params)
+    for request in [*crowd, again]:
+        engine.add_request(request)
+    for _ in range(5):
+        engine.step()
+    engine.scheduler.force_preempt("again", "recompute")
+    engine.run_until_done(max_steps=2000)
+    assert again.preemptions == 1
+    assert again.output_token_ids == alone.output_token_ids
+
+    other_seed = sampled_request("other", prompt, **{**params, "seed": 43})
+    run(engine_for("llama"), [other_seed])
+    assert other_seed.output_token_ids != alone.output_token_ids
+
+
+def test_top_k_one_and_tiny_top_p_are_greedy():
+    prompt = random_prompt(17, seed=2)
+    greedy = sampled_request("g", prompt, max_tokens=15)
+    top_k = sampled_request("k", prompt, max_tokens=15, temperature=1.5, top_k=1)
+    top_p = sampled_request("p", prompt, max_tokens=15, temperature=1.5, top_p=1e-6)
+    run(engine_for("gpt2"), [greedy, top_k, top_p])
+    assert top_k.output_token_ids == greedy.output_token_ids
+    assert top_p.output_token_ids == greedy.output_token_ids
+
+
+def test_filter_logits_keeps_the_right_tokens():
+    from tokenfair.engine.hf.sampler import filter_logits
+
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    kept = filter_logits(logits, SamplingParams(temperature=1.0, top_k=2)).isfinite()
+    assert kept.tolist() == [True, True, False, False]
+    kept = filter_logits(logits, SamplingParams(temperature=1.0, top_p=0.8)).isfinite()
+    assert kept.tolist() == [True, True, False, False]  # 0.5 + 0.3 reaches 0.8
+    kept = filter_logits(logits, SamplingParams(temperature=1.0, top_p=0.81)).isfinite()
+    assert kept.tolist() == [True, True, True, False]
+
+
+def test_logprobs_are_returned_for_the_chosen_and_top_tokens():
+    from tokenfair.engine.hf.executor import HFExecutor
+
+    engine = engine_for("qwen2")
+    executor: HFExecutor = engine.executor
+    seen: dict[str, list] = {}
+    execute = executor.execute
+
+    def recording(batch):
+        result = execute(batch)
+        for rid, entries in (result.logprobs or {}).items():
+            seen.setdefault(rid, []).extend(entries)
+        return result
+
+    executor.execute = recording
+    request = sampled_request("lp", random_prompt(9, seed=3), max_tokens=5, logprobs=3)
+    plain = sampled_request("plain", random_prompt(9, seed=4), max_tokens=5)
+    run(engine, [request, plain])
+    assert "plain" not in seen
+    assert len(seen["lp"]) == 5
+    for token, entry in zip(request.output_token_ids, seen["lp"], strict=True):
+        assert token in entry and entry[token] <= 0
+        assert max(entry.values()) == pytest.approx(entry[token])  # greedy picks the top one
+        assert 3 <= len(entry) <= 4
+
+
+def test_stop_string_ends_the_request_and_is_not_returned():
+    from tokenfair.engine.hf.builtin import ByteTokenizer
+    from tokenfair.engine.hf.factory import make_hf_engine
+    from tokenfair.engine.hf.loader import load_model
+
+    loaded = load_model("builtin:tiny", device="cpu")
+    tokenizer = ByteTokenizer()
+    prompt = tokenizer.chat_prompt([{"role": "user", "content": "stop here"}])
+    free = sampled_request("free", prompt, max_tokens=40)
+    run(make_hf_engine(loaded, kv_tokens=2048), [free])
+    text = tokenizer.decode(free.output_token_ids)
+    assert free.output_text == text
+    stop = text[15:18]
+    expected = text[: text.index(stop)]
+    stopped = sampled_request("stopped", prompt, max_tokens=40, stop=(stop,))
+    run(make_hf_engine(loaded, kv_tokens=2048), [stopped])
+    assert stopped.finish_reason.value == "stop"
+    assert stopped.output_text == expected
