@@ -1,0 +1,259 @@
+"""SPEC section 3's guarantees, checked on random overloaded multi-client workloads.
+
+Each example replays a random workload through the real scheduler, one step per
+virtual second, and checks at every step:
+- the counters of clients with waiting requests differ by at most
+  B = max(w_in * L_in, w_out * M), M the most tokens the batch can hold (the KV pool);
+- any two clients backlogged over an interval received service within 2B of each other;
+- work conservation: while anyone waits, the step is not empty, and the head waits
+  only because the batch is full or memory is short;
+- no KV block is leaked, and none is held once everything finished or was aborted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tokenfair.core.batch import ExecutorOutput
+from tokenfair.core.policies import make_policy
+from tokenfair.core.request import Request, RequestStatus
+from tokenfair.core.scheduler import Scheduler, SchedulerConfig
+
+from .helpers import fake_step, make_request
+
+W_IN, W_OUT = 1.0, 2.0
+
+
+@dataclass
+class Workload:
+    requests: list[tuple[float, str, int, int]]  # arrival, client, input, output
+    aborts: list[tuple[int, int]]  # (step, index of request to abort)
+    max_num_seqs: int
+    kv_tokens: int
+
+
+@st.composite
+def workloads(draw, with_aborts: bool = False) -> Workload:
+    num_clients = draw(st.integers(2, 5))
+    requests = []
+    for c in range(num_clients):
+        # Every client sends more than the server can serve: all are backlogged.
+        count = draw(st.integers(4, 14))
+        for _ in range(count):
+            arrival = float(draw(st.integers(0, 30)))
+            requests.append((arrival, f"c{c}", draw(st.integers(1, 24)), draw(st.integers(1, 24))))
+    aborts = []
+    if with_aborts:
+        aborts = draw(
+            st.lists(st.tuples(st.integers(0, 80), st.integers(0, len(requests) - 1)), max_size=8)
+        )
+    return Workload(
+        requests=sorted(requests),
+        aborts=aborts,
+        max_num_seqs=draw(st.integers(1, 8)),
+        # Small pools keep B = w_out * M tight against requests of up to 48 tokens.
+        kv_tokens=draw(st.sampled_from([48, 64, 96])),
+    )
+
+
+def service(requests: list[Request], charge_first_token: bool = True) -> dict[str, float]:
+    """Service each client received so far: admitted prompts plus generated tokens."""
+    totals: dict[str, float] = {}
+    for r in requests:
+        if r.ever_admitted:
+            outputs = r.num_output_tokens - (0 if charge_first_token else 1)
+            totals[r.client] = (
+                totals.get(r.client, 0.0) + W_IN * r.input_tokens + W_OUT * max(outputs, 0)
+            )
+    return totals
+
+
+def replay(workload: Workload, policy_name: str, config: SchedulerConfig, observe) -> Scheduler:
+    scheduler = Scheduler(config, make_policy(policy_name))
+    made = [
+        make_request(client=c, input_tokens=i, output_tokens=o, arrival_s=t)
+        for t, c, i, o in workload.requests
+    ]
+    aborts: dict[int, list[int]] = {}
+    for step, index in workload.aborts:
+        aborts.setdefault(step, []).append(index)
+    next_arrival = 0
+    step = 0
+    while next_arrival < len(made) or scheduler.has_unfinished():
+        now = float(step)
+        while next_arrival < len(made) and made[next_arrival].arrival_s <= now:
+            scheduler.add_request(made[next_arrival], now)
+            next_arrival += 1
+        for index in aborts.get(step, ()):
+            scheduler.abort(made[index].request_id, now)
+        observe(scheduler, made, step)
+        out = fake_step(scheduler, now)
+        scheduler.kv.check_invariants()
+        if scheduler.has_unfinished():
+            assert out.scheduled, "the server idled while requests were unfinished"
+        step += 1
+        assert step < 20_000
+    return scheduler
+
+
+def bound(workload: Workload) -> float:
+    """B of SPEC section 3 (block size 1, so the pool holds exactly kv_tokens tokens)."""
+    longest_input = max(i for _, _, i, _ in workload.requests)
+    return max(W_IN * longest_input, W_OUT * workload.kv_tokens)
+
+
+def engine_config(workload: Workload, **overrides) -> SchedulerConfig:
+    settings_ = dict(
+        kv_tokens=workload.kv_tokens,
+        block_size=1,
+        max_num_seqs=workload.max_num_seqs,
+        max_batched_tokens=4096,
+    )
+    settings_.update(overrides)
+    return SchedulerConfig(**settings_)
+
+
+PROPERTY_SETTINGS = settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+@PROPERTY_SETTINGS
+@given(workloads(), st.sampled_from(["optimistic", "reserve"]), st.booleans())
+def test_vtc_counters_of_waiting_clients_stay_within_bound(workload, admission, charge_first):
+    limit = bound(workload)
+    worst = []
+
+    def observe(scheduler, made, step):
+        counters = scheduler.policy.counters()
+        waiting = {r.client for r in scheduler.policy.waiting_requests()}
+        if len(waiting) >= 2:
+            values = [counters[c] for c in waiting]
+            worst.append(max(values) - min(values))
+
+    config = engine_config(workload, admission=admission, charge_first_token=charge_first)
+    replay(workload, "vtc", config, observe)
+    assert max(worst, default=0.0) <= limit
+
+
+@PROPERTY_SETTINGS
+@given(workloads(), st.booleans())
+def test_vtc_backlogged_clients_service_differs_by_at_most_twice_the_bound(workload, charge_first):
+    limit = 2 * bound(workload)
+    history: list[tuple[set[str], dict[str, float]]] = []
+
+    def observe(scheduler, made, step):
+        waiting = {r.client for r in scheduler.policy.waiting_requests()}
+        history.append((waiting, service(made, charge_first)))
+
+    replay(workload, "vtc", engine_config(workload, charge_first_token=charge_first), observe)
+    assert widest_backlogged_gap(workload, history) <= limit
+
+
+def widest_backlogged_gap(workload: Workload, history) -> float:
+    """The largest change of W_a - W_b over any run of steps where a and b both wait."""
+    widest = 0.0
+    clients = sorted({c for _, c, _, _ in workload.requests})
+    for a in clients:
+        for b in clients:
+            if a >= b:
+                continue
+            low = high = None
+            for waiting, served in history:
+                if a in waiting and b in waiting:
+                    gap = served.get(a, 0.0) - served.get(b, 0.0)
+                    low = gap if low is None else min(low, gap)
+                    high = gap if high is None else max(high, gap)
+                    widest = max(widest, high - low)
+                else:
+                    low = high = None
+    return widest
+
+
+def test_the_service_check_catches_fcfs_head_of_line_blocking():
+    # The same check on FCFS must fail, or it proves nothing: c0 floods, c1 waits.
+    requests = [(0.0, "c0", 20, 20)] * 30 + [(1.0, "c1", 20, 20)] * 5
+    workload = Workload(requests=requests, aborts=[], max_num_seqs=2, kv_tokens=48)
+    history = []
+
+    def observe(scheduler, made, step):
+        waiting = {r.client for r in scheduler.policy.waiting_requests()}
+        history.append((waiting, service(made)))
+
+    replay(workload, "fcfs", engine_config(workload), observe)
+    assert widest_backlogged_gap(workload, history) > 2 * bound(workload)
+
+
+@PROPERTY_SETTINGS
+@given(workloads(), st.sampled_from(["fcfs", "vtc", "lcf", "vtc-predict", "priority", "sjf"]))
+def test_work_conservation(workload, policy_name):
+    config = engine_config(workload)
+    scheduler = Scheduler(config, make_policy(policy_name))
+    made = [
+        make_request(client=c, input_tokens=i, output_tokens=o, arrival_s=t)
+        for t, c, i, o in workload.requests
+    ]
+    next_arrival, step = 0, 0
+    while next_arrival < len(made) or scheduler.has_unfinished():
+        while next_arrival < len(made) and made[next_arrival].arrival_s <= step:
+            scheduler.add_request(made[next_arrival], step)
+            next_arrival += 1
+        if scheduler.has_unfinished():
+            out = scheduler.schedule(step)
+            assert out.scheduled, "idle step while requests wait"
+            head = scheduler.policy.peek()
+            if head is not None:
+                full = len(scheduler.running) >= config.max_num_seqs
+                short = (
+                    scheduler.kv.blocks_needed(head, head.num_tokens) > scheduler.kv.num_free_blocks
+                )
+                assert full or short, "a waiting request that fits was not admitted"
+            sampled = {
+                s.request.request_id: 0
+                if s.request.num_output_tokens + 1 >= s.request.target_output_tokens
+                else 1
+                for s in out.scheduled
+                if s.samples
+            }
+            scheduler.update(out, ExecutorOutput(sampled=sampled), step)
+        step += 1
+
+
+@PROPERTY_SETTINGS
+@given(
+    workloads(with_aborts=True),
+    st.sampled_from(["fcfs", "vtc", "vtc-preempt:10", "priority"]),
+    st.sampled_from(["recompute", "swap"]),
+    st.booleans(),
+)
+def test_no_kv_block_leaks_after_finish_or_abort(workload, policy_name, preemption, caching):
+    config = engine_config(
+        workload, preemption=preemption, swap_tokens=32, enable_prefix_caching=caching
+    )
+    scheduler = replay(workload, policy_name, config, lambda *a: None)
+    kv = scheduler.kv
+    assert not kv.block_tables and not kv.swap_tables
+    assert kv.num_free_blocks == kv.num_blocks
+    assert kv.num_free_swap_blocks == kv.num_swap_blocks
+    assert not scheduler.running and not scheduler.swapped and len(scheduler.policy) == 0
+
+
+@PROPERTY_SETTINGS
+@given(workloads(), st.sampled_from(["recompute", "swap"]))
+def test_every_request_produces_exactly_its_output_despite_preemption(workload, preemption):
+    made_holder: list[list[Request]] = []
+
+    def observe(scheduler, made, step):
+        if not made_holder:
+            made_holder.append(made)
+
+    config = engine_config(workload, preemption=preemption, swap_tokens=16)
+    replay(workload, "vtc", config, observe)
+    for r in made_holder[0]:
+        if r.finish_reason.value == "rejected":
+            continue
+        assert r.status is RequestStatus.FINISHED
+        assert r.num_output_tokens == r.target_output_tokens
