@@ -189,24 +189,39 @@ def test_accumulated_service_difference_by_hand() -> None:
 
 
 def test_backlog_and_jain_by_hand() -> None:
-    # Each client has one request waiting from 0 to 50 (admitted at 50), so all three are
-    # backlogged for all of [warmup 10, T 50]. In [10, 50] they receive 400, 400, 100
+    # Each of x, y, z has one request waiting from 0 to 50 (admitted at 50), so all three
+    # are backlogged for all of [warmup 10, T 50]. In [10, 50] they receive 400, 400, 100
     # (spread over [10, 50]); the waiting requests are served after 50, outside.
     records = []
     for client, (inp, out) in {"x": (200, 100), "y": (200, 100), "z": (50, 25)}.items():
         records.append(served(f"{client}-wait", client, 0.0, 1, 1, 50.0, 60.0, scheduled=50.0))
         records.append(served(f"{client}-run", client, 0.0, inp, out, 10.0, 50.0, scheduled=0.0))
-    assert backlog_fractions(records, 10.0, 50.0) == pytest.approx({"x": 1.0, "y": 1.0, "z": 1.0})
+    # A light client w: a request every 4 s, each waiting 3 s for admission. It waits 75%
+    # of the time but gets all it asks for: it must not count as backlogged.
+    for k in range(13):
+        t = 4.0 * k
+        records.append(served(f"w{k}", "w", t, 1, 1, t + 3.0, t + 4.0, scheduled=t + 3.0))
+    fractions = backlog_fractions(records, 10.0, 50.0)
+    assert fractions == pytest.approx({"w": 0.75, "x": 1.0, "y": 1.0, "z": 1.0})
     report = fairness_report(records, **PARAMS)
     assert report["backlogged"] == ["x", "y", "z"]
-    # (400 + 400 + 100)^2 / (3 * (400^2 + 400^2 + 100^2)) = 810000 / 990000
-    assert report["jain_backlogged"] == pytest.approx(810000 / 990000)
+    # (400 + 400 + 100)^2 / (3 * (400^2 + 400^2 + 100^2)) = 810000 / 990000 = 9/11
+    assert report["jain_backlogged"] == pytest.approx(9 / 11)
+    # Per tick: windows [2i, 2i + 20]; x, y, z wait throughout while the window ends by
+    # 50 (i <= 15); their rates there are in the ratio 4 : 4 : 1 -> 9/11 again. For
+    # i = 16 the window [32, 52] is backlogged only 18/20 = 0.9 < 0.95 of the time.
+    assert report["jain_per_tick"][:15] == pytest.approx([9 / 11] * 15)
+    assert report["jain_per_tick"][15:] == [None] * 4
+    assert report["jain_per_tick_mean"] == pytest.approx(9 / 11)
+    assert report["jain_per_tick_min"] == pytest.approx(9 / 11)
     # Weight 1/4 for z turns its 100 into 400: perfectly fair.
     weighted = fairness_report(records, weights={"z": 0.25}, **PARAMS)
     assert weighted["jain_backlogged"] == pytest.approx(1.0)
     assert weighted["clients"]["z"]["weight"] == 0.25
     # Nobody waits in the worked example: no backlogged clients, no Jain index.
-    assert fairness_report(worked_example(), **PARAMS)["jain_backlogged"] is None
+    plain = fairness_report(worked_example(), **PARAMS)
+    assert plain["jain_backlogged"] is None
+    assert plain["jain_per_tick_mean"] is None
 
 
 def test_jain_index() -> None:
