@@ -1,0 +1,81 @@
+"""Replay a trace on a real model, on the wall clock: the real-engine twin of
+`tokenfair.engine.sim.simulator.simulate`.
+
+Each trace request becomes random prompt tokens of its input length and generates
+exactly its output length (EOS ignored, max_tokens = output length), which is what the
+simulator assumes, so the two makespans are comparable.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from tokenfair.bench.results import ResultRecord
+from tokenfair.core.request import Request, SamplingParams
+from tokenfair.engine.engine import Engine
+from tokenfair.engine.sim.simulator import result_from_request
+from tokenfair.workloads.trace import TraceRecord
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    results: list[ResultRecord]
+    makespan_s: float  # first arrival to last finish
+    steps: int
+    busy_s: float
+
+
+def trace_requests(trace: Sequence[TraceRecord], vocab_size: int, seed: int = 0) -> list[Request]:
+    """Requests with random prompt tokens, in arrival order, arrival times as in the trace."""
+    generator = torch.Generator().manual_seed(seed)
+    requests = []
+    for record in sorted(trace, key=lambda r: r.arrival_s):
+        prompt = torch.randint(0, vocab_size, (record.input_tokens,), generator=generator).tolist()
+        sampling = SamplingParams(max_tokens=record.output_tokens, ignore_eos=True)
+        requests.append(
+            Request(
+                record.request_id,
+                record.client,
+                record.input_tokens,
+                record.arrival_s,
+                sampling,
+                prompt_token_ids=prompt,
+                priority=record.priority,
+            )
+        )
+    return requests
+
+
+def replay_trace(
+    engine: Engine, trace: Sequence[TraceRecord], vocab_size: int, seed: int = 0
+) -> ReplayResult:
+    """Run the trace in real time: each request is added once the engine's clock reaches
+    its arrival (offset so the first arrival is now); idle gaps are slept through."""
+    requests = trace_requests(trace, vocab_size, seed)
+    if not requests:
+        return ReplayResult([], 0.0, 0, 0.0)
+    offset = engine.clock.now() - requests[0].arrival_s
+    for request in requests:
+        request.arrival_s += offset
+    steps_before, busy_before = engine.num_steps, engine.busy_s
+    pending = 0
+    while pending < len(requests) or engine.has_unfinished():
+        now = engine.clock.now()
+        while pending < len(requests) and requests[pending].arrival_s <= now:
+            engine.add_request(requests[pending])
+            pending += 1
+        if engine.has_unfinished():
+            engine.step()
+        elif pending < len(requests):
+            time.sleep(max(0.0, requests[pending].arrival_s - engine.clock.now()))
+    finishes = [r.finish_s for r in requests if r.finish_s is not None]
+    return ReplayResult(
+        results=[result_from_request(r) for r in requests],
+        makespan_s=max(finishes) - requests[0].arrival_s,
+        steps=engine.num_steps - steps_before,
+        busy_s=engine.busy_s - busy_before,
+    )
