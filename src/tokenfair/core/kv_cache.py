@@ -87,9 +87,10 @@ class KVCacheManager:
             return True
         if need > len(self._free) + len(self._evictable):
             return False
+        ref_count = self._ref_count
         for _ in range(need):
-            block = self._take_free_block()
-            self._ref_count[block] = 1
+            block = self._free.pop() if self._free else self._take_free_block()
+            ref_count[block] = 1
             table.append(block)
         return True
 

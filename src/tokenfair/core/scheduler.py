@@ -210,24 +210,34 @@ class Scheduler:
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         """Schedule every running request's next tokens, preempting while memory is short."""
         kv = self.kv
+        tables, block_size = kv.block_tables, kv.block_size
+        chunked = self.config.enable_chunked_prefill
+        # This loop runs for every running request on every step: keep it plain.
         while True:
             plan: list[tuple[Request, int]] = []
             need = 0
             left = budget
             for request in self.running:
-                n = self._plan_chunk(request, left)
+                start = request.num_computed_tokens
+                n = request.input_tokens + len(request.output_token_ids) - start
+                if n > left:
+                    n = left if chunked else 0
                 if n:
                     left -= n
                     plan.append((request, n))
-                    need += kv.blocks_needed(request, request.num_computed_tokens + n)
-            if need <= kv.num_free_blocks:
-                break
-            if not self.running:
+                    extra = -(-(start + n) // block_size) - len(tables[request.request_id])
+                    if extra > 0:
+                        need += extra
+            if need <= kv.num_free_blocks or not self.running:
                 break
             self._preempt(self.policy.victim(self.running), out)
+        scheduled = out.scheduled
         for request, n in plan:
-            kv.allocate(request, request.num_computed_tokens + n)
-            out.scheduled.append(self._scheduled(request, n))
+            start = request.num_computed_tokens
+            table = tables[request.request_id]
+            if start + n > len(table) * block_size:
+                kv.allocate(request, start + n)
+            scheduled.append(ScheduledRequest(request, n, start, table))
         return left
 
     def _schedule_swapped_in(self, out: SchedulerOutput, budget: int) -> int:

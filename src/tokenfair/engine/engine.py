@@ -63,8 +63,11 @@ class Engine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    def step(self) -> list[RequestOutput]:
-        """Run one step; return an output for each request that gained tokens or ended."""
+    def step(self, emit: bool = True) -> list[RequestOutput]:
+        """Run one step; return an output for each request that gained tokens or ended.
+
+        `emit=False` skips building outputs (the simulator reads requests directly).
+        """
         scheduler = self.scheduler
         start = self.clock.now()
         batch = scheduler.schedule(start)
@@ -79,6 +82,8 @@ class Engine:
         self.busy_s += end - start
         self.num_steps += 1
         produced = scheduler.update(batch, result, end)
+        if not emit:
+            return outputs
         for request in produced:
             output = RequestOutput(
                 request, request.output_token_ids[-1:], finished=request.is_finished

@@ -61,6 +61,7 @@ class VTCPolicy(Policy):
         self.name = name
         self.weights = dict(weights or {})
         self.cost = cost or LinearCost()
+        self._linear_w_out = self.cost.w_out if isinstance(self.cost, LinearCost) else None
         self.lift = lift
         self.predictor = predictor
         self.preempt_threshold = preempt_threshold
@@ -187,9 +188,19 @@ class VTCPolicy(Policy):
         request.charged_output = upto
 
     def on_output(self, request: Request) -> None:
-        produced = self._chargeable_output(request)
-        if produced > request.charged_output:
+        # Called for every running request on every step: the linear cost is inlined.
+        produced = len(request.output_token_ids) - (0 if self.charge_first_token else 1)
+        charged = request.charged_output
+        if produced <= charged:
+            return
+        if self._linear_w_out is None:
             self._charge_output(request, produced)
+            return
+        client = request.client
+        self._counter[client] += (
+            self._linear_w_out * (produced - charged) / self.weights.get(client, 1.0)
+        )
+        request.charged_output = produced
 
     def on_finish(self, request: Request) -> None:
         if self.predictor is None:

@@ -95,7 +95,7 @@ def simulate(
             engine.abort(heapq.heappop(cancels)[2])
         steps_before = engine.num_steps
         if engine.has_unfinished():
-            engine.step()
+            engine.step(emit=False)
         if engine.num_steps == steps_before:
             # Nothing could run: jump to the next event.
             upcoming = [requests[next_arrival].arrival_s] if next_arrival < len(requests) else []

@@ -1,0 +1,92 @@
+"""Cost of one scheduling decision against the number of clients and waiting requests.
+
+A decision is what the scheduler asks the policy for each admission: peek the next
+request, pop it and charge its client (VTC: the smallest counter among backlogged
+clients, O(log n)). A new arrival replaces it so the queue stays the same size.
+Every client is backlogged. Prints one JSON line; compare ratios, not absolute times.
+
+    python benchmarks/scheduling_decision.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+
+from tokenfair.core.policies import make_policy
+from tokenfair.core.request import Request, SamplingParams
+
+
+def make(i: int, client: str) -> Request:
+    return Request(
+        f"r{i}",
+        client,
+        input_tokens=100,
+        arrival_s=float(i),
+        sampling=SamplingParams(max_tokens=100),
+    )
+
+
+def decision_us(
+    policy_name: str, clients: int, waiting: int, decisions: int, seed: int = 0
+) -> float:
+    rng = random.Random(seed)
+    policy = make_policy(policy_name)
+    names = [f"c{i}" for i in range(clients)]
+    for i in range(waiting):
+        policy.add(make(i, names[i % clients]), float(i))
+    fresh = [make(waiting + i, names[rng.randrange(clients)]) for i in range(decisions)]
+    # Decode charges land between decisions in a real server: a few running requests
+    # of random clients gain tokens, so counters move as they would.
+    running = [make(-1 - i, names[rng.randrange(clients)]) for i in range(32)]
+    for r in running:
+        policy.on_admit(r, True, 0.0)
+    started = time.perf_counter()
+    for i in range(decisions):
+        request = policy.peek()
+        policy.pop()
+        policy.on_admit(request, True, 0.0)
+        policy.add(fresh[i], 0.0)
+        charged = running[i % 32]
+        charged.output_token_ids.append(1)
+        policy.on_output(charged)
+    return (time.perf_counter() - started) / decisions * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer decisions per point")
+    args = parser.parse_args()
+    decisions = 5_000 if args.quick else 50_000
+    points = []
+    for clients, waiting in [
+        (10, 1_000),
+        (100, 10_000),
+        (1_000, 10_000),
+        (10_000, 10_000),
+        (10_000, 100_000),
+    ]:
+        row = {"clients": clients, "waiting": waiting}
+        for name in ("fcfs", "vtc"):
+            row[f"{name}_us"] = round(
+                min(decision_us(name, clients, waiting, decisions, s) for s in range(3)), 3
+            )
+        points.append(row)
+    vtc_small = points[0]["vtc_us"]
+    vtc_large = points[3]["vtc_us"]
+    figures = {
+        "benchmark": "scheduling_decision",
+        "points": points,
+        "vtc_us_at_10000_clients": vtc_large,
+        # log n grows 4x from 10 to 10,000 clients: a ratio under that is sub-logarithmic growth.
+        "vtc_growth_10_to_10000_clients": round(vtc_large / vtc_small, 2),
+        "log_growth_10_to_10000_clients": round(math.log(10_000) / math.log(10), 2),
+    }
+    print(json.dumps(figures))
+
+
+if __name__ == "__main__":
+    main()
