@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tokenfair.core.policies import POLICY_HELP, PolicyError, make_policy
+from tokenfair.commands.trace import trace_app
 from tokenfair.core.scheduler import ConfigError, SchedulerConfig
 
 app = typer.Typer(
@@ -22,6 +23,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console(stderr=True)
+app.add_typer(trace_app, name="trace")
 
 DEFAULT_SHARED = Path("../shared")
 

@@ -1,0 +1,1 @@
+"""Sub-commands of the `tokenfair` CLI, one module per group."""

@@ -1,0 +1,109 @@
+"""`tokenfair trace`: make trace files from the paper's suites or from public traces."""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+trace_app = typer.Typer(help="Generate or convert trace files (JSONL, one request a line).", no_args_is_help=True)
+console = Console(stderr=True)
+
+
+class TraceFormat(str, Enum):
+    burstgpt = "burstgpt"
+    azure = "azure"
+    mooncake = "mooncake"
+    sharegpt = "sharegpt"
+
+
+def _fail(message: str) -> typer.Exit:
+    console.print(f"[red]error:[/red] {message}")
+    return typer.Exit(code=2)
+
+
+def _summary(records, out: Path) -> str:
+    clients = {r.client for r in records}
+    span = records[-1].arrival_s - records[0].arrival_s if records else 0.0
+    return json.dumps({"out": str(out), "requests": len(records), "clients": len(clients), "span_s": round(span, 3)})
+
+
+@trace_app.command("gen")
+def generate(
+    suite: Annotated[str | None, typer.Argument(help="Suite name (see --list).")] = None,
+    out: Annotated[Path | None, typer.Option(help="Trace file to write.")] = None,
+    seed: Annotated[int, typer.Option(help="Random seed (arrival phases, Poisson draws).")] = 0,
+    weights_out: Annotated[Path | None, typer.Option(help="Also write the suite's client weights (JSON).")] = None,
+    list_suites: Annotated[bool, typer.Option("--list", help="List the suites and exit.")] = False,
+) -> None:
+    """Write one of the paper's workload suites (SPEC section 7) as a trace file.
+
+    Example: tokenfair trace gen overload --out overload.jsonl --seed 1
+    """
+    from tokenfair.workloads.suites import generate_suite, suite_descriptions
+    from tokenfair.workloads.trace import write_trace
+
+    if list_suites or suite is None:
+        table = Table("suite", "what it is")
+        for name, text in suite_descriptions().items():
+            table.add_row(name, text)
+        Console().print(table)
+        if suite is None and not list_suites:
+            raise _fail("name a suite to generate, e.g. `tokenfair trace gen overload --out t.jsonl`")
+        return
+    if out is None:
+        raise _fail("--out FILE is required")
+    try:
+        generated = generate_suite(suite, seed=seed)
+    except ValueError as error:
+        raise _fail(str(error)) from None
+    write_trace(generated.records, out)
+    if weights_out is not None:
+        if not generated.weights:
+            raise _fail(f"suite {suite!r} has no client weights")
+        weights_out.write_text(json.dumps(generated.weights, indent=2) + "\n")
+    print(_summary(generated.records, out))
+
+
+@trace_app.command("convert")
+def convert(
+    fmt: Annotated[TraceFormat, typer.Argument(metavar="FORMAT", help="burstgpt | azure | mooncake | sharegpt.")],
+    source: Annotated[Path, typer.Argument(help="The public trace file to read.")],
+    out: Annotated[Path, typer.Option(help="Trace file to write.")],
+    client: Annotated[
+        str,
+        typer.Option(help="Who the client is: column:NAME, hash:NAME:N (N clients) or const:NAME."),
+    ] = "const:default",
+    speedup: Annotated[float, typer.Option(help="Divide arrival times by this.")] = 1.0,
+    duration: Annotated[float | None, typer.Option(help="Keep arrivals before this many seconds.")] = None,
+    limit: Annotated[int | None, typer.Option(help="Keep the first N requests.")] = None,
+    skip_invalid: Annotated[bool, typer.Option(help="Drop rows that cannot be requests (logged) instead of failing.")] = False,
+    rate: Annotated[float, typer.Option(help="sharegpt only: Poisson arrivals per second.")] = 1.0,
+    seed: Annotated[int, typer.Option(help="sharegpt only: arrival seed.")] = 0,
+) -> None:
+    """Convert a public trace (BurstGPT, Azure, Mooncake, ShareGPT) into tokenfair's JSONL.
+
+    Example: tokenfair trace convert burstgpt BurstGPT_1.csv --out burst.jsonl --client column:Model --skip-invalid
+    """
+    from tokenfair.workloads import convert as converters
+    from tokenfair.workloads.arrivals import Poisson
+    from tokenfair.workloads.client_map import parse_client_map
+    from tokenfair.workloads.trace import write_trace
+
+    common = dict(speedup=speedup, duration_s=duration, limit=limit, skip_invalid=skip_invalid)
+    try:
+        clients = parse_client_map(client)
+        if fmt is TraceFormat.sharegpt:
+            records = converters.convert_sharegpt(source, clients, arrivals=Poisson(rate), seed=seed, **common)
+        else:
+            convert_fn = getattr(converters, f"convert_{fmt.value}")
+            records = convert_fn(source, clients, **common)
+    except (OSError, ValueError) as error:
+        raise _fail(str(error)) from None
+    write_trace(records, out)
+    print(_summary(records, out))

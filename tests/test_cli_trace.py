@@ -1,0 +1,68 @@
+"""`tokenfair trace gen` and `tokenfair trace convert`."""
+
+from __future__ import annotations
+
+import json
+
+from typer.testing import CliRunner
+
+from tokenfair.cli import app
+from tokenfair.workloads.trace import read_trace
+
+runner = CliRunner()
+
+
+def test_trace_gen_writes_a_readable_suite(tmp_path):
+    out = tmp_path / "overload.jsonl"
+    result = runner.invoke(app, ["trace", "gen", "overload", "--out", str(out), "--seed", "3"])
+    assert result.exit_code == 0, result.output
+    records = read_trace(out)
+    assert json.loads(result.stdout)["requests"] == len(records) > 1000
+    assert {r.client for r in records} == {"client-0", "client-1"}
+
+
+def test_trace_gen_weighted_suite_writes_weights(tmp_path):
+    out, weights = tmp_path / "w.jsonl", tmp_path / "weights.json"
+    result = runner.invoke(
+        app, ["trace", "gen", "overload-weighted", "--out", str(out), "--weights-out", str(weights)]
+    )
+    assert result.exit_code == 0, result.output
+    assert sorted(json.loads(weights.read_text()).values()) == [1, 2, 3, 4]
+
+
+def test_trace_gen_unknown_suite_lists_the_known_ones(tmp_path):
+    result = runner.invoke(app, ["trace", "gen", "nope", "--out", str(tmp_path / "x.jsonl")])
+    assert result.exit_code == 2 and "overload" in result.output
+
+
+def test_trace_convert_azure_with_hashed_clients(tmp_path):
+    source = tmp_path / "azure.csv"
+    source.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,374,44\n"
+        "2023-11-16 18:15:50.9951690,396,109\n"
+        "2023-11-16 18:15:51.1000000,879,20\n"
+    )
+    out = tmp_path / "t.jsonl"
+    result = runner.invoke(
+        app, ["trace", "convert", "azure", str(source), "--out", str(out), "--client", "hash:ContextTokens:2"]
+    )
+    assert result.exit_code == 0, result.output
+    records = read_trace(out)
+    assert [r.input_tokens for r in records] == [374, 396, 879]
+    assert records[0].arrival_s == 0.0 and abs(records[1].arrival_s - 4.314579) < 1e-3
+    assert {r.client for r in records} <= {"client-0", "client-1"}
+
+
+def test_trace_convert_names_the_bad_row(tmp_path):
+    source = tmp_path / "azure.csv"
+    source.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n1.0,10,5\n2.0,ten,5\n")
+    result = runner.invoke(app, ["trace", "convert", "azure", str(source), "--out", str(tmp_path / "o.jsonl")])
+    assert result.exit_code == 2
+    assert "azure.csv:3" in result.output
+
+
+def test_trace_help_has_examples():
+    for command in (["trace", "gen", "--help"], ["trace", "convert", "--help"]):
+        result = runner.invoke(app, command)
+        assert result.exit_code == 0 and "Example" in result.stdout
