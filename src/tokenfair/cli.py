@@ -12,8 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tokenfair.core.policies import POLICY_HELP, PolicyError, make_policy
 from tokenfair.commands.trace import trace_app
+from tokenfair.core.policies import POLICY_HELP, PolicyError, make_policy
 from tokenfair.core.scheduler import ConfigError, SchedulerConfig
 
 app = typer.Typer(

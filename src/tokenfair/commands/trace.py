@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -15,7 +15,7 @@ trace_app = typer.Typer(help="Generate or convert trace files (JSONL, one reques
 console = Console(stderr=True)
 
 
-class TraceFormat(str, Enum):
+class TraceFormat(StrEnum):
     burstgpt = "burstgpt"
     azure = "azure"
     mooncake = "mooncake"
