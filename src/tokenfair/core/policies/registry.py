@@ -14,7 +14,9 @@ from tokenfair.core.policies.rpm import RPMPolicy
 from tokenfair.core.policies.sjf import SJFPolicy
 from tokenfair.core.policies.vtc import VTCPolicy
 
-DEFAULT_PREEMPT_THRESHOLD = 512.0
+# Tuned on the arena trace (docs/fairness.md): lower thresholds preempt more and cost
+# throughput in recomputation; higher ones rarely preempt at all.
+DEFAULT_PREEMPT_THRESHOLD = 3000.0
 
 
 class PolicyError(ValueError):
