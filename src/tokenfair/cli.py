@@ -145,9 +145,16 @@ def simulate(
         "steps": result.steps,
         "preemptions": result.preemptions,
         "swaps": result.swaps,
+        "preemptions_by_client": result.preemptions_by_client,
         "wall_s": round(wall, 3),
         "out": str(out) if out else None,
     }
+    if result.preemptions > 0.1 * len(result.results):
+        worst = max(result.preemptions_by_client, key=result.preemptions_by_client.get)
+        console.print(
+            f"[yellow]warning:[/yellow] {result.preemptions} preemptions for {len(result.results)} requests "
+            f"(most for {worst}): a sizing problem; give the KV pool more tokens or lower --max-num-seqs"
+        )
     print(json.dumps(summary))
 
 
