@@ -178,7 +178,9 @@ def test_metrics_names_a_bad_result_line(tmp_path):
     assert result.exit_code == 2 and "r.jsonl:1" in result.output
 
 
-@pytest.mark.parametrize("command", ["simulate", "metrics", "policies", "profiles", "demo"])
+@pytest.mark.parametrize(
+    "command", ["simulate", "metrics", "policies", "profiles", "demo", "generate", "profile"]
+)
 def test_every_command_has_help_with_an_example(command):
     result = runner.invoke(app, [command, "--help"])
     assert result.exit_code == 0
@@ -200,3 +202,27 @@ def test_policies_lists_every_policy():
         "vtc-preempt",
     ):
         assert name in result.stdout
+
+
+@pytest.mark.model
+def test_generate_with_the_builtin_model_is_deterministic_for_a_seed():
+    args = [
+        "generate",
+        "--prompt",
+        "Hello",
+        "--max-tokens",
+        "8",
+        "--temperature",
+        "0.8",
+        "--seed",
+        "3",
+    ]
+    first, second = runner.invoke(app, args), runner.invoke(app, args)
+    assert first.exit_code == 0, first.output
+    assert first.stdout == second.stdout and first.stdout.strip()
+
+
+def test_generate_names_a_missing_model_directory(tmp_path):
+    result = runner.invoke(app, ["generate", "--prompt", "x", "--model", str(tmp_path / "nope")])
+    assert result.exit_code == 2
+    assert "nope" in result.output

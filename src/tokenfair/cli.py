@@ -194,6 +194,75 @@ def metrics(
 
 
 @app.command()
+def generate(
+    prompt: Annotated[str, typer.Option(help="The prompt text.")],
+    model: Annotated[
+        str, typer.Option(help="builtin:tiny or a local transformers model directory.")
+    ] = "builtin:tiny",
+    max_tokens: Annotated[int, typer.Option(help="Most tokens to generate.")] = 64,
+    temperature: Annotated[float, typer.Option(help="0 for greedy.")] = 0.0,
+    seed: Annotated[int | None, typer.Option(help="Sampling seed.")] = None,
+    device: Annotated[
+        str | None, typer.Option(help="cpu or cuda (default: cuda when available).")
+    ] = None,
+    dtype: Annotated[
+        str | None, typer.Option(help="float32, bfloat16, float16 (default: the model's).")
+    ] = None,
+) -> None:
+    """Generate a completion with a real model on this machine (needs the [model] extra).
+
+    builtin:tiny is a small randomly initialised Llama-shaped model: its text is
+    meaningless; it exists to exercise the serving path without downloads.
+
+    Example: tokenfair generate --model builtin:tiny --prompt "Hello" --max-tokens 32 --seed 1
+    """
+    try:
+        from tokenfair.llm import generate_command
+    except ImportError as error:
+        raise fail(
+            f"real models need the model extra (pip install -e '.[model]'): {error}"
+        ) from None
+    try:
+        text = generate_command(model, prompt, max_tokens, temperature, seed, device, dtype)
+    except (OSError, ValueError) as error:
+        raise fail(str(error)) from None
+    print(text)
+
+
+@app.command("profile")
+def profile_command(
+    model: Annotated[
+        str, typer.Option(help="builtin:tiny or a local transformers model directory.")
+    ] = "builtin:tiny",
+    out: Annotated[Path | None, typer.Option(help="Write the fitted profile (JSON) here.")] = None,
+    name: Annotated[
+        str | None, typer.Option(help="Profile name (default: MODEL-measured).")
+    ] = None,
+    device: Annotated[str | None, typer.Option(help="cpu or cuda.")] = None,
+    dtype: Annotated[str | None, typer.Option(help="float32, bfloat16, float16.")] = None,
+) -> None:
+    """Measure engine step times over a grid of batch shapes and fit a simulator profile.
+
+    Example: tokenfair profile --model builtin:tiny --out tiny-cpu.json
+    then: tokenfair simulate --trace t.jsonl --profile tiny-cpu.json --preset engine
+    """
+    try:
+        from tokenfair.engine.hf.profile import measure_profile
+        from tokenfair.engine.sim.profile import save_profile
+    except ImportError as error:
+        raise fail(
+            f"real models need the model extra (pip install -e '.[model]'): {error}"
+        ) from None
+    try:
+        fitted = measure_profile(model, name=name, device=device, dtype=dtype)
+    except (OSError, ValueError) as error:
+        raise fail(str(error)) from None
+    if out is not None:
+        save_profile(fitted, out)
+    print(json.dumps(fitted.to_json()))
+
+
+@app.command()
 def policies() -> None:
     """List the scheduling policies by name.
 
