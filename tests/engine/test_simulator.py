@@ -128,3 +128,13 @@ def test_engine_preset_with_swap_and_roofline_profile_runs_the_arena(arena):
     assert all(r.finish_reason == "stop" for r in result.results)
     assert result.preemptions > 0 and result.swaps > 0
     assert {r.output_tokens for r in result.results} == {r.output_tokens for r in arena[:400]}
+
+
+def test_roofline_profile_is_memory_bound_in_decode_and_compute_bound_in_prefill():
+    h200 = load_profile("h200-llama-3-8b")
+    # Batch-1 decode at 1,000 context tokens: weights + KV over 80% of 4.8 TB/s, + 3 ms.
+    expected = 0.003 + (16.06e9 + 131072 * 1001) / (4.8e12 * 0.8)
+    assert h200.step_time(0, 1, 1000) == pytest.approx(expected)
+    # An 8k-token prefill: 2 x params FLOPs per token over 60% of 989 TFLOP/s, + 3 ms.
+    assert h200.step_time(8192, 0, 0) == pytest.approx(0.003 + 2 * 8.03e9 * 8192 / (989e12 * 0.6))
+    assert h200.step_time(0, 128, 128_000) > h200.step_time(0, 1, 1000)
