@@ -1,0 +1,95 @@
+"""Fine-grained time series for the figures (the metrics use only 19 ticks).
+
+The paper's figures plot service rate and response time as continuous curves, so the
+plots sample the same quantities as the metrics on a denser grid: service rate over a
+sliding window of w seconds (as in SPEC section 6), response time as the mean TTFT of
+requests arriving in short bins, accumulated service from the end of warm-up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from tokenfair.bench.results import ResultRecord
+from tokenfair.bench.service_curves import accumulated_service, service_spans
+
+# Points per curve: dense enough to look continuous, cheap for thousands of requests.
+GRID_POINTS = 120
+# Response-time bins are this fraction of the rate window: short enough to show a
+# client's queue building up within one ON period.
+TTFT_BIN_FRACTION = 0.25
+
+
+def rate_grid(duration_s: float, window_s: float) -> np.ndarray:
+    """Window centres from w/2 to T - w/2 (each window lies inside [0, T])."""
+    half = window_s / 2
+    if duration_s <= window_s:
+        return np.array([duration_s / 2])
+    return np.linspace(half, duration_s - half, GRID_POINTS)
+
+
+def service_rate_curves(
+    records: Sequence[ResultRecord], duration_s: float, window_s: float
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Per client, service received in [t - w/2, t + w/2] divided by w, at each centre t."""
+    centres = rate_grid(duration_s, window_s)
+    spans = service_spans(records)
+    lo, hi = centres - window_s / 2, centres + window_s / 2
+    return centres, {c: sp.service_between(lo, hi) / window_s for c, sp in spans.items()}
+
+
+def response_time_curves(
+    records: Sequence[ResultRecord], duration_s: float, window_s: float
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Per client, mean TTFT (s) of the requests arriving in each bin; NaN where none."""
+    width = max(window_s * TTFT_BIN_FRACTION, duration_s / GRID_POINTS)
+    edges = np.arange(0.0, duration_s + width, width)
+    centres = (edges[:-1] + edges[1:]) / 2
+    by_client: dict[str, list[tuple[float, float]]] = {}
+    for rec in records:
+        if rec.first_token_s is not None:
+            by_client.setdefault(rec.client, []).append((rec.arrival_s, rec.ttft_s or 0.0))
+    curves = {}
+    for client in sorted(by_client):
+        pairs = np.array(by_client[client])
+        index = np.digitize(pairs[:, 0], edges) - 1
+        sums = np.bincount(index, weights=pairs[:, 1], minlength=len(edges))[: len(centres)]
+        counts = np.bincount(index, minlength=len(edges))[: len(centres)]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            curves[client] = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+    return centres, curves
+
+
+def accumulated_difference_curve(
+    records: Sequence[ResultRecord],
+    clients: Sequence[str] | None,
+    duration_s: float,
+    warmup_s: float,
+    weights: Mapping[str, float] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """max_j A_j(t) - min_j A_j(t) over `clients` (None: all served), t from warmup to T.
+
+    A_j(t) is j's service (divided by its weight) in [warmup, t]. Returns times and the
+    curve; zeros when fewer than two clients are compared.
+    """
+    offsets = np.linspace(0.0, duration_s - warmup_s, GRID_POINTS)
+    spans = service_spans(records)
+    chosen = [c for c in (clients if clients is not None else spans) if c in spans]
+    if len(chosen) < 2:
+        return offsets + warmup_s, np.zeros_like(offsets)
+    acc = accumulated_service({c: spans[c] for c in chosen}, offsets.tolist(), warmup_s)
+    stacked = np.stack(
+        [np.asarray(acc[c]) / (weights.get(c, 1.0) if weights else 1.0) for c in chosen]
+    )
+    return offsets + warmup_s, stacked.max(axis=0) - stacked.min(axis=0)
+
+
+def busiest_clients(records: Sequence[ResultRecord], limit: int) -> list[str]:
+    """The `limit` clients asking for the most service (input + 2 x output tokens)."""
+    demand: dict[str, float] = {}
+    for rec in records:
+        demand[rec.client] = demand.get(rec.client, 0.0) + rec.input_tokens + 2 * rec.output_tokens
+    ranked = sorted(demand, key=lambda c: (-demand[c], c))
+    return sorted(ranked[:limit])

@@ -1,0 +1,277 @@
+"""The report's figures (matplotlib, Agg backend, PNG), shaped like the paper's.
+
+Per workload:
+- `<name>_service_rate.png`: service rate per client over time, one panel per featured
+  policy (FCFS, VTC, weighted VTC where it ran) sharing the y axis;
+- `<name>_response_time.png`: mean time to first token per client over time (by arrival);
+- `<name>_service_difference.png`: accumulated service difference over time, one line
+  per policy, with VTC's bound B when the curve is over backlogged clients.
+Plus `arena_table.png` (Max/Avg Diff and throughput beside the paper's) and
+`ablation.png` (VTC's accumulated service difference per KV pool and request length).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no display on servers and CI
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from tokenfair.bench.ablation import BASE_KV_TOKENS, BASE_LENGTH
+from tokenfair.bench.bounds import service_bound
+from tokenfair.bench.curves import (
+    accumulated_difference_curve,
+    busiest_clients,
+    response_time_curves,
+    service_rate_curves,
+)
+from tokenfair.bench.paper_table import PAPER_ARENA_TABLE, PAPER_LABEL
+from tokenfair.bench.runner import RunOutcome, Workload
+
+if TYPE_CHECKING:
+    from tokenfair.bench.experiment import ExperimentResult
+
+FIGURES_DIR = "figures"
+DPI = 110
+# Beyond this many clients the per-client panels show only the busiest ones: a legend
+# of 27 entries is unreadable.
+MAX_CLIENT_LINES = 8
+FEATURED_POLICIES = ("fcfs", "vtc", "wvtc")
+SERVICE_UNIT = "service (in + 2×out tokens)"
+
+
+@dataclass(frozen=True, slots=True)
+class Figure:
+    """A written figure: `path` is relative to the experiment's output folder."""
+
+    path: str
+    title: str
+    caption: str
+    workload: str
+
+
+def featured_policies(outcomes: Sequence[RunOutcome]) -> list[RunOutcome]:
+    """The runs the per-client panels show: FCFS vs (weighted) VTC, as in the paper."""
+    chosen = [o for name in FEATURED_POLICIES for o in outcomes if o.policy == name]
+    return chosen or list(outcomes[:3])
+
+
+def _client_colors(clients: Sequence[str]) -> dict[str, tuple]:
+    palette = plt.get_cmap("tab10")
+    return {client: palette(i % 10) for i, client in enumerate(clients)}
+
+
+def _shown_clients(workload: Workload, outcomes: Sequence[RunOutcome]) -> tuple[list[str], str]:
+    clients = workload.clients
+    if len(clients) <= MAX_CLIENT_LINES:
+        return clients, ""
+    shown = busiest_clients(outcomes[0].results, MAX_CLIENT_LINES)
+    return shown, f" ({len(shown)} busiest of {len(clients)} clients)"
+
+
+def _save(fig: plt.Figure, out_dir: Path, name: str) -> str:
+    relative = f"{FIGURES_DIR}/{name}"
+    (out_dir / FIGURES_DIR).mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_dir / relative, dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    return relative
+
+
+def _client_label(workload: Workload, client: str) -> str:
+    if workload.weights:
+        return f"{client} (weight {workload.weights.get(client, 1.0):g})"
+    return client
+
+
+def _panels(count: int, title: str) -> tuple[plt.Figure, list[plt.Axes]]:
+    fig, axes = plt.subplots(
+        1, count, figsize=(5.2 * count, 3.8), sharey=True, squeeze=False, layout="constrained"
+    )
+    fig.suptitle(title, fontsize=12)
+    return fig, list(axes[0])
+
+
+def plot_service_rate(workload: Workload, outcomes: Sequence[RunOutcome], out_dir: Path) -> Figure:
+    featured = featured_policies(outcomes)
+    clients, note = _shown_clients(workload, outcomes)
+    colors = _client_colors(clients)
+    fig, axes = _panels(len(featured), f"{workload.name}: service rate per client{note}")
+    for ax, outcome in zip(axes, featured, strict=True):
+        times, curves = service_rate_curves(outcome.results, workload.duration_s, workload.window_s)
+        for client in clients:
+            if client in curves:
+                ax.plot(
+                    times,
+                    curves[client],
+                    color=colors[client],
+                    label=_client_label(workload, client),
+                )
+        ax.set_title(outcome.policy)
+        ax.set_xlabel("time (s)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(f"service rate ({SERVICE_UNIT}/s)")
+    axes[-1].legend(fontsize=8, loc="best")
+    path = _save(fig, out_dir, f"{workload.name}_service_rate.png")
+    caption = (
+        f"Service each client receives per second, over a sliding {workload.window_s:g} s "
+        f"window, under {', '.join(o.policy for o in featured)}."
+    )
+    return Figure(path, f"{workload.name}: service rate", caption, workload.name)
+
+
+def plot_response_time(workload: Workload, outcomes: Sequence[RunOutcome], out_dir: Path) -> Figure:
+    featured = featured_policies(outcomes)
+    clients, note = _shown_clients(workload, outcomes)
+    colors = _client_colors(clients)
+    fig, axes = _panels(len(featured), f"{workload.name}: response time per client{note}")
+    positive: list[float] = []
+    for ax, outcome in zip(axes, featured, strict=True):
+        times, curves = response_time_curves(
+            outcome.results, workload.duration_s, workload.window_s
+        )
+        for client in clients:
+            if client in curves:
+                ax.plot(
+                    times,
+                    curves[client],
+                    color=colors[client],
+                    marker=".",
+                    markersize=3,
+                    label=_client_label(workload, client),
+                )
+                values = curves[client]
+                positive += values[np.isfinite(values) & (values > 0)].tolist()
+        ax.set_title(outcome.policy)
+        ax.set_xlabel("arrival time (s)")
+        ax.grid(alpha=0.3)
+    # FCFS's queueing delays dwarf VTC's: a log axis keeps both readable.
+    if positive and max(positive) / max(min(positive), 1e-3) > 50:
+        axes[0].set_yscale("log")
+    axes[0].set_ylabel("time to first token (s)")
+    axes[-1].legend(fontsize=8, loc="best")
+    path = _save(fig, out_dir, f"{workload.name}_response_time.png")
+    caption = (
+        "Mean time to first token of each client's requests, by arrival time "
+        f"(bins of {max(workload.window_s / 4, workload.duration_s / 120):g} s)."
+    )
+    return Figure(path, f"{workload.name}: response time", caption, workload.name)
+
+
+def _policy_style(policy: str) -> dict:
+    # Rate limiters reject work, so their curves mean something else: draw them dashed.
+    return {"linestyle": "--"} if policy.startswith("rpm") else {}
+
+
+def plot_service_difference(
+    workload: Workload, outcomes: Sequence[RunOutcome], out_dir: Path
+) -> Figure:
+    fig, ax = plt.subplots(figsize=(7.5, 4.2), layout="constrained")
+    scopes = set()
+    for outcome in outcomes:
+        backlogged = outcome.report["backlogged"]
+        clients = backlogged if len(backlogged) >= 2 else None
+        scopes.add("backlogged clients" if clients else "all served clients")
+        times, curve = accumulated_difference_curve(
+            outcome.results, clients, workload.duration_s, workload.warmup_s, workload.weights
+        )
+        ax.plot(times, curve, label=outcome.policy, linewidth=1.6, **_policy_style(outcome.policy))
+    if scopes == {"backlogged clients"}:
+        bound = service_bound(workload.records, outcomes[0].job.config.kv_tokens)
+        top = max(line.get_ydata().max() for line in ax.get_lines())
+        if bound <= 3 * top:  # a bound far above every curve would flatten them
+            ax.axhline(bound, color="black", linestyle=":", label=f"VTC bound B = {bound:,.0f}")
+    weighted = " / weight" if workload.weights else ""
+    ax.set_title(f"{workload.name}: accumulated service difference ({' / '.join(sorted(scopes))})")
+    ax.set_xlabel("time (s)")
+    ax.set_ylabel(f"max - min accumulated {SERVICE_UNIT}{weighted}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=2)
+    path = _save(fig, out_dir, f"{workload.name}_service_difference.png")
+    caption = (
+        "Largest minus smallest service received since the end of warm-up "
+        f"({workload.warmup_s:g} s), over the clients backlogged nearly throughout under "
+        "each policy (all served clients when fewer than two are)."
+    )
+    return Figure(path, f"{workload.name}: accumulated service difference", caption, workload.name)
+
+
+def plot_arena_table(outcomes: Sequence[RunOutcome], out_dir: Path) -> Figure:
+    """Max/Avg Diff and throughput per scheduler, simulated beside the paper's."""
+    policies = [o.policy for o in outcomes]
+    x = np.arange(len(policies))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), layout="constrained")
+    panels = (("max_diff", "Max Diff"), ("throughput_tok_s", "Throughput"))
+    for ax, (key, label) in zip(axes, panels, strict=True):
+        ours = [o.report[key] for o in outcomes]
+        paper = [
+            getattr(PAPER_ARENA_TABLE[p], key) if p in PAPER_ARENA_TABLE else np.nan
+            for p in policies
+        ]
+        ax.bar(x - 0.2, ours, width=0.4, label="tokenfair (simulated A10G)")
+        ax.bar(x + 0.2, paper, width=0.4, label=PAPER_LABEL, color="tab:gray")
+        ax.set_xticks(x, policies, rotation=30, ha="right")
+        ax.set_ylabel(f"{label} ({SERVICE_UNIT}/s)" if key == "max_diff" else "tokens/s")
+        ax.set_title(f"arena trace: {label}")
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    path = _save(fig, out_dir, "arena_table.png")
+    caption = "The real-trace table as bars: lower Max Diff is fairer; RPM buys it with throughput."
+    return Figure(path, "arena: Max Diff and throughput vs the paper", caption, "arena")
+
+
+def plot_ablation(outcomes: Sequence[RunOutcome], out_dir: Path) -> Figure:
+    """VTC's accumulated service difference over time per KV pool and request length."""
+    vtc = [o for o in outcomes if o.policy == "vtc"]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), layout="constrained")
+    sweeps = (
+        (axes[0], lambda o: o.workload.records[0].input_tokens == BASE_LENGTH, "KV pool"),
+        (axes[1], lambda o: o.job.config.kv_tokens == BASE_KV_TOKENS, "request length"),
+    )
+    for ax, keep, factor in sweeps:
+        for outcome in sorted(
+            filter(keep, vtc), key=lambda o: (o.job.config.kv_tokens, o.workload.name)
+        ):
+            kv, length = outcome.job.config.kv_tokens, outcome.workload.records[0].input_tokens
+            label = f"pool {kv:,} tokens" if factor == "KV pool" else f"{length}/{length} tokens"
+            times, curve = accumulated_difference_curve(
+                outcome.results, None, outcome.workload.duration_s, outcome.workload.warmup_s
+            )
+            ax.plot(times, curve, label=label, linewidth=1.6)
+        ax.set_title(f"VTC: accumulated service difference vs {factor}")
+        ax.set_xlabel("time (s)")
+        ax.set_ylabel(f"max - min accumulated {SERVICE_UNIT}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    path = _save(fig, out_dir, "ablation.png")
+    caption = (
+        "Two backlogged clients (3 and 6 req/s at 256/256 tokens, x 256/length for longer "
+        "requests); left: 256/256-token requests with a "
+        f"10k/35k/65k-token pool; right: {BASE_KV_TOKENS:,}-token pool, 256/512/768 tokens."
+    )
+    return Figure(path, "ablation: KV pool size and request length", caption, "ablation")
+
+
+def experiment_figures(result: ExperimentResult) -> list[Figure]:
+    """Every figure of an experiment, in report order."""
+    figures = []
+    out_dir = result.out_dir
+    arena = result.outcomes_for("arena")
+    if arena:
+        figures.append(plot_arena_table(arena, out_dir))
+    for workload in result.workloads:
+        outcomes = result.outcomes_for(workload.name)
+        if not outcomes:
+            continue
+        figures.append(plot_service_rate(workload, outcomes, out_dir))
+        figures.append(plot_response_time(workload, outcomes, out_dir))
+        figures.append(plot_service_difference(workload, outcomes, out_dir))
+    if result.ablation_outcomes:
+        figures.append(plot_ablation(result.ablation_outcomes, out_dir))
+    return figures
