@@ -20,7 +20,7 @@ from tokenfair.engine.hf.attention import ATTENTION_NAME, LAYOUT_KWARG
 from tokenfair.engine.hf.kv_pool import KVPool, KVShape, describe_kv_budget
 from tokenfair.engine.hf.paged_cache import PagedKVCache
 from tokenfair.engine.hf.sampler import Sampler
-from tokenfair.engine.hf.step_layout import StepLayout, build_layout
+from tokenfair.engine.hf.step_layout import StepLayout, build_layout, step_shape
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,7 @@ class HFExecutor:
         # Time spent inside the model's forward call, for overhead measurements.
         self.forward_s_total = 0.0
         self.last_forward_s = 0.0
+        self.last_shape = (0, 0, 0)  # (prefill tokens, decode requests, context tokens)
         log.info(describe_kv_budget(self.kv_shape, num_blocks, block_size))
 
     @property
@@ -106,6 +107,7 @@ class HFExecutor:
         self.pool.swap_out(batch.swap_out)
         self.pool.swap_in(batch.swap_in)
         output = ExecutorOutput()
+        self.last_shape = step_shape(batch)
         if batch.scheduled:
             layout = build_layout(batch, self.device)
             logits = self.forward(layout)

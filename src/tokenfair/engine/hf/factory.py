@@ -76,4 +76,6 @@ def make_hf_engine(
         attention=attention,
         seed=seed,
     )
-    return Engine(scheduler, executor, detokenizer=IncrementalDetokenizer(loaded.tokenizer))
+    # Without a tokenizer (token-id workloads, benchmarks) the engine produces no text.
+    detokenizer = IncrementalDetokenizer(loaded.tokenizer) if loaded.tokenizer else None
+    return Engine(scheduler, executor, detokenizer=detokenizer)

@@ -24,7 +24,7 @@ class ModelLoadError(ValueError):
 class LoadedModel:
     name: str
     model: torch.nn.Module
-    tokenizer: TextTokenizer
+    tokenizer: TextTokenizer | None  # None: token ids in, token ids out, no text
 
 
 _DTYPES = {

@@ -16,13 +16,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
-from tokenfair.core.batch import ExecutorOutput, SchedulerOutput
 from tokenfair.core.request import Request, SamplingParams
-from tokenfair.engine.executor import Executor
 from tokenfair.engine.hf.factory import make_hf_engine
 from tokenfair.engine.hf.kv_pool import KVPool
 from tokenfair.engine.hf.loader import LoadedModel, load_model
@@ -34,31 +31,6 @@ Sample = tuple[int, int, int, float]  # (prefill tokens, decode requests, contex
 
 DEFAULT_BATCH_SIZES = (1, 4, 16, 32)
 DEFAULT_PROMPT_LENGTHS = (16, 128, 384)
-
-
-def step_shape(batch: SchedulerOutput) -> tuple[int, int, int]:
-    """(prefill tokens, decode requests, context tokens) of a step, counted exactly as
-    the simulator's SimExecutor counts them, so a fitted profile means the same there."""
-    prefill = decode = context = 0
-    for s in batch.scheduled:
-        if s.num_new_tokens == 1 and s.start >= s.request.input_tokens:
-            decode += 1
-            context += s.start + 1
-        else:
-            prefill += s.num_new_tokens
-    return prefill, decode, context
-
-
-@dataclass(slots=True)
-class _ShapeRecorder:
-    """Wraps the executor to note the shape of the step being run."""
-
-    inner: Executor
-    last: tuple[int, int, int] = (0, 0, 0)
-
-    def execute(self, batch: SchedulerOutput) -> ExecutorOutput:
-        self.last = step_shape(batch)
-        return self.inner.execute(batch)
 
 
 def _workload(
@@ -95,9 +67,8 @@ def measure_steps(
         max_batched_tokens=max_batched_tokens,
         **engine_options,
     )
-    recorder = _ShapeRecorder(engine.executor)
-    engine.executor = recorder
-    vocab = engine.executor.inner.vocab_size
+    executor = engine.executor
+    vocab = executor.vocab_size
     samples: list[Sample] = []
     # The first workload warms up allocators and kernels; its timings are dropped.
     plan = [(min(batch_sizes), min(prompt_lengths), True)]
@@ -109,8 +80,8 @@ def measure_steps(
             began = time.perf_counter()
             engine.step()
             elapsed = time.perf_counter() - began
-            if not warmup and recorder.last != (0, 0, 0):
-                samples.append((*recorder.last, elapsed))
+            if not warmup and executor.last_shape != (0, 0, 0):
+                samples.append((*executor.last_shape, elapsed))
     return samples
 
 
