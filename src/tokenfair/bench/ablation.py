@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tokenfair.bench.bounds import backlogged_service_difference, service_bound
+from tokenfair.bench.bounds import accumulated_difference, service_bound
 from tokenfair.bench.runner import Job, RunOutcome, Workload
 from tokenfair.core.scheduler import SchedulerConfig
 from tokenfair.workloads.arrivals import Uniform
@@ -104,16 +104,16 @@ class AblationRow:
 
 
 def ablation_row(outcome: RunOutcome) -> AblationRow:
-    curve, scope = backlogged_service_difference(outcome.report)
+    curve = accumulated_difference(outcome)
     kv_tokens = outcome.job.config.kv_tokens
     return AblationRow(
         policy=outcome.policy,
         kv_tokens=kv_tokens,
         length=outcome.workload.records[0].input_tokens,
-        max_acc_diff=float(max(curve, default=0.0)),
-        mean_acc_diff=float(np.mean(curve)) if curve else 0.0,
+        max_acc_diff=curve.peak,
+        mean_acc_diff=float(np.mean(curve.values)) if curve.values.size else 0.0,
         bound=service_bound(outcome.workload.records, kv_tokens),
-        scope=scope,
+        scope=curve.scope,
         max_diff=outcome.report["max_diff"],
         throughput_tok_s=outcome.report["throughput_tok_s"],
     )

@@ -8,6 +8,7 @@ requests arriving in short bins, accumulated service from the end of warm-up.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -92,4 +93,17 @@ def busiest_clients(records: Sequence[ResultRecord], limit: int) -> list[str]:
     for rec in records:
         demand[rec.client] = demand.get(rec.client, 0.0) + rec.input_tokens + 2 * rec.output_tokens
     ranked = sorted(demand, key=lambda c: (-demand[c], c))
-    return sorted(ranked[:limit])
+    return sorted(ranked[:limit], key=natural_key)
+
+
+def service_in_interval(
+    records: Sequence[ResultRecord], start_s: float, end_s: float
+) -> dict[str, float]:
+    """Service each client received within [start_s, end_s] (uniform spread, as the metrics)."""
+    lo, hi = np.array([start_s]), np.array([end_s])
+    return {c: float(sp.service_between(lo, hi)[0]) for c, sp in service_spans(records).items()}
+
+
+def natural_key(name: str) -> tuple:
+    """Sort key putting client-2 before client-10."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))

@@ -154,7 +154,7 @@ def arena_workload(shared_dir: Path) -> Workload:
         name=ARENA,
         records=workload.records,
         duration_s=workload.duration_s,
-        description="the paper's real trace: " + workload.description,
+        description="The paper's real trace from Chatbot Arena, 27 clients over 600 s",
     )
 
 

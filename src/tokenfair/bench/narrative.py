@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tokenfair.bench.bounds import backlogged_service_difference, service_bound
+from tokenfair.bench.bounds import BACKLOGGED, accumulated_difference, service_bound
+from tokenfair.bench.curves import service_in_interval
 from tokenfair.bench.runner import RunOutcome, Workload
 
 # Throughput within this fraction of the baseline's counts as "the same".
@@ -28,16 +29,17 @@ def _pick(outcomes: Sequence[RunOutcome], names: Sequence[str], fallback: int) -
 def _compare(value: float, reference: float) -> str:
     if reference == 0:
         return "equal" if value == 0 else "above zero"
-    ratio = value / reference
-    if abs(ratio - 1) < 0.005:
-        return "the same as"
-    return f"{ratio:.2f}x" if ratio < 1 else f"{ratio:.2f}x (higher than)"
+    return f"{value / reference:.2f}x"
+
+
+def _name(outcome: RunOutcome) -> str:
+    return f"`{outcome.policy}`"
 
 
 def _diff_sentence(focus: RunOutcome, base: RunOutcome) -> str:
     f, b = focus.report, base.report
     return (
-        f"{focus.policy}'s Max Diff is {f['max_diff']:.1f} against {base.policy}'s "
+        f"{_name(focus)}'s Max Diff is {f['max_diff']:.1f} against {_name(base)}'s "
         f"{b['max_diff']:.1f} ({_compare(f['max_diff'], b['max_diff'])}) and its Avg Diff "
         f"{f['avg_diff']:.1f} against {b['avg_diff']:.1f} "
         f"({_compare(f['avg_diff'], b['avg_diff'])})."
@@ -52,7 +54,7 @@ def _fairest_sentence(outcomes: Sequence[RunOutcome]) -> str:
         return ""
     best = min(complete, key=lambda o: o.report["max_diff"])
     return (
-        f"Among policies that served every request, {best.policy} has the lowest Max Diff "
+        f"Among policies that served every request, {_name(best)} has the lowest Max Diff "
         f"({best.report['max_diff']:.1f})."
     )
 
@@ -62,64 +64,71 @@ def _throughput_sentence(outcomes: Sequence[RunOutcome], base: RunOutcome) -> st
     if reference <= 0:
         return ""
     lower = [
-        f"{o.policy} ({o.report['throughput_tok_s']:.0f}, {o.report['throughput_tok_s'] / reference:.2f}x)"
+        f"{_name(o)} ({o.report['throughput_tok_s']:.0f}, {o.report['throughput_tok_s'] / reference:.2f}x)"
         for o in outcomes
         if o.report["throughput_tok_s"] < (1 - SAME_THROUGHPUT) * reference
     ]
     if not lower:
         return (
-            f"Every policy keeps throughput within {SAME_THROUGHPUT:.0%} of {base.policy}'s "
+            f"Every policy keeps throughput within {SAME_THROUGHPUT:.0%} of {_name(base)}'s "
             f"{reference:.0f} tok/s or above."
         )
     return (
-        f"Throughput falls below {base.policy}'s {reference:.0f} tok/s for "
+        f"Throughput falls below {_name(base)}'s {reference:.0f} tok/s for "
         + ", ".join(lower)
         + "."
     )
 
 
 def _backlog_sentence(workload: Workload, focus: RunOutcome, base: RunOutcome) -> str:
-    f_curve, f_scope = backlogged_service_difference(focus.report)
-    b_curve, b_scope = backlogged_service_difference(base.report)
-    if f_scope != "backlogged clients" or b_scope != "backlogged clients":
+    ours, theirs = accumulated_difference(focus), accumulated_difference(base)
+    if ours.scope != BACKLOGGED or theirs.scope != BACKLOGGED:
         return ""
     bound = service_bound(workload.records, focus.job.config.kv_tokens)
-    relation = "within" if max(f_curve) <= bound else "above"
+    relation = "within" if ours.peak <= bound else "above"
     return (
         f"The clients backlogged throughout ({', '.join(focus.report['backlogged'])}) end "
-        f"{f_curve[-1]:,.0f} service units apart under {focus.policy} (peak "
-        f"{max(f_curve):,.0f}, {relation} VTC's bound B = {bound:,.0f}) and "
-        f"{b_curve[-1]:,.0f} apart under {base.policy}."
+        f"{ours.final:,.0f} service units apart at T under {_name(focus)} (peak "
+        f"{ours.peak:,.0f}, {relation} VTC's bound B = {bound:,.0f}) and "
+        f"{theirs.final:,.0f} apart under {_name(base)}."
     )
 
 
 def _light_client_sentence(focus: RunOutcome, base: RunOutcome) -> str:
+    # Only meaningful for a client asking for less than its share, i.e. one the focus
+    # policy does not keep waiting.
     clients = focus.report["clients"]
     if len(clients) < 2:
         return ""
     demand = {c: v["requests"]["total"] for c, v in clients.items()}
     lightest = min(demand, key=lambda c: (demand[c], c))
+    if lightest in focus.report["backlogged"]:
+        return ""
     f_p90 = clients[lightest]["ttft_s"]["p90"]
     b_p90 = base.report["clients"].get(lightest, {}).get("ttft_s", {}).get("p90")
     if f_p90 is None or b_p90 is None:
         return ""
     return (
-        f"The client sending the fewest requests, {lightest}, waits {f_p90:.1f} s for its "
-        f"first token at p90 under {focus.policy} and {b_p90:.1f} s under {base.policy}."
+        f"The client sending the fewest requests, {lightest}, is not kept waiting under "
+        f"{_name(focus)}: it waits {f_p90:.1f} s for its "
+        f"first token at p90 under {_name(focus)} and {b_p90:.1f} s under {_name(base)}."
     )
 
 
 def _weighted_sentence(workload: Workload, focus: RunOutcome) -> str:
     if not workload.weights:
         return ""
-    total = sum(workload.weights.values())
+    # Shares within [warmup, T]: over the whole run, which drains every backlog after T,
+    # each client ends up with what it asked for.
+    served = service_in_interval(focus.results, workload.warmup_s, workload.duration_s)
+    served_total = sum(served.values()) or 1.0
+    weight_total = sum(workload.weights.values())
     shares = ", ".join(
-        f"{c} {focus.report['clients'][c]['service_share']:.2f} (weight share "
-        f"{workload.weights[c] / total:.2f})"
+        f"{c} {served.get(c, 0.0) / served_total:.2f} (weight share "
+        f"{workload.weights[c] / weight_total:.2f})"
         for c in sorted(workload.weights)
-        if c in focus.report["clients"]
     )
-    return f"Under {focus.policy} the service shares are {shares}."
+    return f"Between {workload.warmup_s:g} s and T, {_name(focus)}'s service shares are {shares}."
 
 
 def workload_paragraph(workload: Workload, outcomes: Sequence[RunOutcome]) -> str:
@@ -145,4 +154,5 @@ def workload_paragraph(workload: Workload, outcomes: Sequence[RunOutcome]) -> st
             _light_client_sentence(focus, base),
         ]
     sentences.append(_weighted_sentence(workload, focus))
-    return " ".join(s for s in sentences if s)
+    text = " ".join(s for s in sentences if s)
+    return text[:1].upper() + text[1:]

@@ -25,10 +25,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from tokenfair.bench.ablation import BASE_KV_TOKENS, BASE_LENGTH
-from tokenfair.bench.bounds import service_bound
+from tokenfair.bench.bounds import BACKLOGGED, accumulated_difference, service_bound
 from tokenfair.bench.curves import (
-    accumulated_difference_curve,
     busiest_clients,
+    natural_key,
     response_time_curves,
     service_rate_curves,
 )
@@ -44,7 +44,7 @@ DPI = 110
 # of 27 entries is unreadable.
 MAX_CLIENT_LINES = 8
 FEATURED_POLICIES = ("fcfs", "vtc", "wvtc")
-SERVICE_UNIT = "service (in + 2×out tokens)"
+SERVICE_UNIT = "in + 2×out tokens"
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +69,7 @@ def _client_colors(clients: Sequence[str]) -> dict[str, tuple]:
 
 
 def _shown_clients(workload: Workload, outcomes: Sequence[RunOutcome]) -> tuple[list[str], str]:
-    clients = workload.clients
+    clients = sorted(workload.clients, key=natural_key)
     if len(clients) <= MAX_CLIENT_LINES:
         return clients, ""
     shown = busiest_clients(outcomes[0].results, MAX_CLIENT_LINES)
@@ -116,7 +116,7 @@ def plot_service_rate(workload: Workload, outcomes: Sequence[RunOutcome], out_di
         ax.set_title(outcome.policy)
         ax.set_xlabel("time (s)")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel(f"service rate ({SERVICE_UNIT}/s)")
+    axes[0].set_ylabel(f"service rate ({SERVICE_UNIT} / s)")
     axes[-1].legend(fontsize=8, loc="best")
     path = _save(fig, out_dir, f"{workload.name}_service_rate.png")
     caption = (
@@ -175,14 +175,11 @@ def plot_service_difference(
     fig, ax = plt.subplots(figsize=(7.5, 4.2), layout="constrained")
     scopes = set()
     for outcome in outcomes:
-        backlogged = outcome.report["backlogged"]
-        clients = backlogged if len(backlogged) >= 2 else None
-        scopes.add("backlogged clients" if clients else "all served clients")
-        times, curve = accumulated_difference_curve(
-            outcome.results, clients, workload.duration_s, workload.warmup_s, workload.weights
-        )
-        ax.plot(times, curve, label=outcome.policy, linewidth=1.6, **_policy_style(outcome.policy))
-    if scopes == {"backlogged clients"}:
+        curve = accumulated_difference(outcome)
+        scopes.add(curve.scope)
+        style = _policy_style(outcome.policy)
+        ax.plot(curve.times, curve.values, label=outcome.policy, linewidth=1.6, **style)
+    if scopes == {BACKLOGGED}:
         bound = service_bound(workload.records, outcomes[0].job.config.kv_tokens)
         top = max(line.get_ydata().max() for line in ax.get_lines())
         if bound <= 3 * top:  # a bound far above every curve would flatten them
@@ -190,7 +187,7 @@ def plot_service_difference(
     weighted = " / weight" if workload.weights else ""
     ax.set_title(f"{workload.name}: accumulated service difference ({' / '.join(sorted(scopes))})")
     ax.set_xlabel("time (s)")
-    ax.set_ylabel(f"max - min accumulated {SERVICE_UNIT}{weighted}")
+    ax.set_ylabel(f"accumulated service difference ({SERVICE_UNIT}{weighted})")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, ncol=2)
     path = _save(fig, out_dir, f"{workload.name}_service_difference.png")
@@ -217,7 +214,9 @@ def plot_arena_table(outcomes: Sequence[RunOutcome], out_dir: Path) -> Figure:
         ax.bar(x - 0.2, ours, width=0.4, label="tokenfair (simulated A10G)")
         ax.bar(x + 0.2, paper, width=0.4, label=PAPER_LABEL, color="tab:gray")
         ax.set_xticks(x, policies, rotation=30, ha="right")
-        ax.set_ylabel(f"{label} ({SERVICE_UNIT}/s)" if key == "max_diff" else "tokens/s")
+        ax.set_ylabel(
+            f"Max Diff ({SERVICE_UNIT} / s)" if key == "max_diff" else "throughput (tokens / s)"
+        )
         ax.set_title(f"arena trace: {label}")
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend(fontsize=8)
@@ -240,13 +239,11 @@ def plot_ablation(outcomes: Sequence[RunOutcome], out_dir: Path) -> Figure:
         ):
             kv, length = outcome.job.config.kv_tokens, outcome.workload.records[0].input_tokens
             label = f"pool {kv:,} tokens" if factor == "KV pool" else f"{length}/{length} tokens"
-            times, curve = accumulated_difference_curve(
-                outcome.results, None, outcome.workload.duration_s, outcome.workload.warmup_s
-            )
-            ax.plot(times, curve, label=label, linewidth=1.6)
+            curve = accumulated_difference(outcome)
+            ax.plot(curve.times, curve.values, label=label, linewidth=1.6)
         ax.set_title(f"VTC: accumulated service difference vs {factor}")
         ax.set_xlabel("time (s)")
-        ax.set_ylabel(f"max - min accumulated {SERVICE_UNIT}")
+        ax.set_ylabel(f"accumulated service difference ({SERVICE_UNIT})")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     path = _save(fig, out_dir, "ablation.png")

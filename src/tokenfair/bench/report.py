@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tokenfair.bench.ablation import AblationRow, length_sweep, pool_sweep
+from tokenfair.bench.bounds import BACKLOGGED
 from tokenfair.bench.document import (
     Block,
     Bullets,
@@ -110,7 +111,7 @@ def workload_table(outcomes: Sequence[RunOutcome]) -> Table:
                 _ratios(row, base)[0],
                 fmt(row["ttft_p90_s"], 1),
                 fmt(row["jain_per_tick_mean"], 3),
-                f"{row['acc_diff_final']:,.0f}",
+                f"{row['acc_diff_final']:,.0f}" if row["acc_diff_scope"] == BACKLOGGED else "–",
                 str(row["rejected"]),
                 str(row["preemptions"]),
             )
@@ -129,8 +130,10 @@ def workload_table(outcomes: Sequence[RunOutcome]) -> Table:
         "preemptions",
     )
     caption = (
-        "acc. service diff at T: accumulated service difference at the last tick, over "
-        "the clients backlogged throughout (all served clients when fewer than two are)."
+        "acc. service diff at T: max − min service received in [warmup, T] among the "
+        "clients backlogged throughout (– when fewer than two are). Jain: mean over the "
+        "ticks of Jain's index among clients backlogged in the tick's window (– when no "
+        "window has two)."
     )
     return Table(header, tuple(rows), caption)
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tokenfair.bench.bounds import backlogged_service_difference
+from tokenfair.bench.bounds import accumulated_difference
 from tokenfair.bench.runner import RunOutcome
 
 
 def summary_row(outcome: RunOutcome) -> dict[str, Any]:
     """The paper's table columns plus what explains them (rejections, preemptions, TTFT)."""
     report = outcome.report
-    curve, scope = backlogged_service_difference(report)
+    difference = accumulated_difference(outcome)
     rejected = sum(c["requests"]["rejected"] for c in report["clients"].values())
     return {
         "workload": outcome.workload.name,
@@ -32,9 +32,9 @@ def summary_row(outcome: RunOutcome) -> dict[str, Any]:
         "ttft_p99_s": report["ttft_s"]["p99"],
         "jain_per_tick_mean": report["jain_per_tick_mean"],
         "backlogged": report["backlogged"],
-        "acc_diff_max": float(max(curve, default=0.0)),
-        "acc_diff_final": float(curve[-1]) if curve else 0.0,
-        "acc_diff_scope": scope,
+        "acc_diff_max": difference.peak,
+        "acc_diff_final": difference.final,
+        "acc_diff_scope": difference.scope,
         "sim_wall_s": outcome.wall_s,
     }
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tokenfair.bench.bounds import backlogged_service_difference, service_bound
+from tokenfair.bench.bounds import accumulated_difference, service_bound
 from tokenfair.bench.runner import RunOutcome
 from tokenfair.bench.summary import find
 
@@ -70,11 +70,9 @@ def overload_checks(outcomes: Sequence[RunOutcome]) -> list[TargetCheck]:
     if fcfs is None:
         checks.append(TargetCheck("overload-fcfs-linear", target, "not run", None))
     else:
-        curve, scope = backlogged_service_difference(fcfs.report)
-        slope, r2 = linear_fit(fcfs.report["ticks"], curve)
-        measured = (
-            f"slope {slope:.1f} per s, R² {r2:.3f}, {curve[-1]:.0f} at the last tick ({scope})"
-        )
+        curve = accumulated_difference(fcfs)
+        slope, r2 = linear_fit(curve.times, curve.values)
+        measured = f"slope {slope:.1f} per s, R² {r2:.3f}, {curve.final:.0f} at T ({curve.scope})"
         checks.append(
             TargetCheck("overload-fcfs-linear", target, measured, slope > 0 and r2 >= LINEAR_R2)
         )
@@ -84,10 +82,10 @@ def overload_checks(outcomes: Sequence[RunOutcome]) -> list[TargetCheck]:
     if vtc is None:
         checks.append(TargetCheck("overload-vtc-bound", target, "not run", None))
     else:
-        curve, scope = backlogged_service_difference(vtc.report)
+        curve = accumulated_difference(vtc)
         bound = service_bound(vtc.workload.records, vtc.job.config.kv_tokens)
-        peak = max(curve, default=0.0)
-        measured = f"peak {peak:.0f} vs B = {bound:.0f} ({peak / bound:.2f} B, {scope})"
+        peak = curve.peak
+        measured = f"peak {peak:.0f} vs B = {bound:.0f} ({peak / bound:.2f} B, {curve.scope})"
         checks.append(TargetCheck("overload-vtc-bound", target, measured, peak <= bound))
     return checks
 

@@ -1,0 +1,219 @@
+"""`tokenfair experiment`: the paper's experiments and policy comparisons on any trace.
+
+Registered in the main CLI with `app.add_typer(experiment_app, name="experiment")`.
+`run_demo` is what `make demo` runs: the quick paper experiment, its table, the report.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tokenfair.bench.experiment import ARENA, ExperimentResult, run_compare, run_paper_experiment
+from tokenfair.bench.paper_table import PAPER_ARENA_TABLE, PAPER_LABEL
+from tokenfair.bench.runner import DEFAULT_PROFILE, DEFAULT_WORKERS, ProgressFn
+from tokenfair.bench.summary import ratio
+from tokenfair.core.policies import PolicyError, make_policy
+
+experiment_app = typer.Typer(
+    help="Reproduce the paper's experiments and compare policies on a trace (simulated).",
+    no_args_is_help=True,
+)
+console = Console(stderr=True)
+
+DEFAULT_SHARED = Path("../shared")
+
+
+def _fail(message: str) -> typer.Exit:
+    console.print(f"[red]error:[/red] {message}")
+    return typer.Exit(code=2)
+
+
+@contextmanager
+def progress_bar(description: str) -> Iterator[ProgressFn]:
+    """A rich progress bar on stderr, advanced by the experiment's progress callback."""
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("[dim]{task.fields[last]}"),
+    )
+    with Progress(*columns, console=console, transient=False) as bar:
+        task = bar.add_task(description, total=None, last="")
+
+        def advance(done: int, total: int, label: str) -> None:
+            bar.update(task, completed=done, total=total, last=label)
+
+        yield advance
+
+
+def _ratio_text(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
+def results_table(result: ExperimentResult, workload: str) -> Table:
+    """One workload's rows; on the arena trace with the paper's numbers beside ours."""
+    rows = result.rows_for(workload)
+    fcfs = next((r for r in rows if r["policy"] == "fcfs"), None)
+    with_paper = workload == ARENA
+    columns = [
+        "scheduler",
+        "Max Diff",
+        "Avg Diff",
+        "Diff Var",
+        "tok/s",
+        "Max ÷ FCFS",
+        "tok/s ÷ FCFS",
+    ]
+    if with_paper:
+        columns += [f"{PAPER_LABEL}: Max / Avg / tok/s"]
+    table = Table(*columns, title=f"{workload}: fairness and throughput (simulated)")
+    for row in rows:
+        cells = [
+            row["policy"],
+            f"{row['max_diff']:.2f}",
+            f"{row['avg_diff']:.2f}",
+            f"{row['diff_var']:.2f}",
+            f"{row['throughput_tok_s']:.0f}",
+            _ratio_text(ratio(row["max_diff"], fcfs["max_diff"]) if fcfs else None),
+            _ratio_text(ratio(row["throughput_tok_s"], fcfs["throughput_tok_s"]) if fcfs else None),
+        ]
+        if with_paper:
+            paper = PAPER_ARENA_TABLE.get(row["policy"])
+            cells.append(
+                f"{paper.max_diff:.2f} / {paper.avg_diff:.2f} / {paper.throughput_tok_s:.0f}"
+                if paper
+                else "–"
+            )
+        table.add_row(*cells)
+    return table
+
+
+def print_summary(result: ExperimentResult, workload: str) -> None:
+    out = Console()
+    out.print(results_table(result, workload))
+    if result.targets:
+        met = sum(t.passed is True for t in result.targets)
+        evaluated = sum(t.passed is not None for t in result.targets)
+        out.print(f"Targets of issue 3 met: {met} of {evaluated}")
+        for check in result.targets:
+            if check.passed is False:
+                out.print(f"  [yellow]not met[/yellow]: {check.target}: {check.measured}")
+    out.print(f"Report: {result.report_md} (and {result.report_html.name}), {result.wall_s:.0f} s")
+
+
+def _check_policies(policies: list[str]) -> None:
+    for name in policies:
+        try:
+            make_policy(name, weights={"_": 1.0})
+        except (PolicyError, ValueError) as error:
+            raise _fail(str(error)) from None
+
+
+@experiment_app.command()
+def paper(
+    out: Annotated[Path, typer.Option(help="Folder for the report, figures and results.")] = Path(
+        "experiments/paper"
+    ),
+    quick: Annotated[
+        bool,
+        typer.Option(
+            help="Suites and ablation under fewer policies (the arena table stays complete)."
+        ),
+    ] = False,
+    shared: Annotated[
+        Path, typer.Option(help="The shared/ folder holding traces/arena_vtc_600s.jsonl.")
+    ] = DEFAULT_SHARED,
+    workers: Annotated[int, typer.Option(help="Simulations run in parallel.")] = DEFAULT_WORKERS,
+) -> None:
+    """Run the paper's experiments: every synthetic suite and the arena trace under FCFS, LCF, VTC (+predict, +oracle), RPM(5/20/30), vtc-preempt and weighted VTC, plus the KV pool / request length ablation; write OUT/report.md and OUT/report.html with figures.
+
+    Example: tokenfair experiment paper --quick --out experiments/paper --shared ../shared
+    """
+    if not (shared / "traces" / "arena_vtc_600s.jsonl").exists():
+        raise _fail(f"no arena trace under {shared}/traces: pass --shared DIR")
+    with progress_bar("paper experiment") as advance:
+        result = run_paper_experiment(out, quick, shared, advance, workers=workers)
+    print_summary(result, ARENA)
+
+
+@experiment_app.command()
+def compare(
+    trace: Annotated[Path, typer.Option(help="Trace file (JSONL, one request a line).")],
+    policies: Annotated[
+        str, typer.Option(help="Comma-separated policies, e.g. fcfs,vtc,rpm:20.")
+    ] = "fcfs,vtc",
+    out: Annotated[Path, typer.Option(help="Folder for the report, figures and results.")] = Path(
+        "experiments/compare"
+    ),
+    profile: Annotated[str, typer.Option(help="Step-time profile name or JSON file.")] = (
+        DEFAULT_PROFILE
+    ),
+    duration: Annotated[
+        float | None, typer.Option(help="T in seconds (default: the last arrival).")
+    ] = None,
+    window: Annotated[float, typer.Option(help="w: the rate window in seconds.")] = 60.0,
+    warmup: Annotated[float, typer.Option(help="Seconds skipped at the start.")] = 30.0,
+    weights: Annotated[
+        Path | None, typer.Option(help="JSON {client: weight}; adds wvtc to the policies.")
+    ] = None,
+    workers: Annotated[int, typer.Option(help="Simulations run in parallel.")] = DEFAULT_WORKERS,
+) -> None:
+    """Replay a trace under several policies (the paper's system, simulated) and write the same report, figures and per-request results as `experiment paper`.
+
+    Example: tokenfair experiment compare --trace ../shared/traces/arena_vtc_600s.jsonl --policies fcfs,vtc,rpm:20 --out cmp
+    """
+    chosen = [p.strip() for p in policies.split(",") if p.strip()]
+    if not chosen:
+        raise _fail("--policies is empty: name at least one policy, e.g. fcfs,vtc")
+    _check_policies(chosen)
+    client_weights = _read_weights(weights)
+    try:
+        with progress_bar(f"compare {trace.name}") as advance:
+            result = run_compare(
+                trace,
+                chosen,
+                out,
+                profile=profile,
+                duration_s=duration,
+                window_s=window,
+                warmup_s=warmup,
+                weights=client_weights,
+                workers=workers,
+                progress=advance,
+            )
+    except (OSError, ValueError) as error:
+        raise _fail(str(error)) from None
+    print_summary(result, result.workloads[0].name)
+
+
+def _read_weights(path: Path | None) -> dict[str, float] | None:
+    if path is None:
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise _fail(f"cannot read weights file {path}: {error}") from None
+    if not isinstance(data, dict) or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in data.values()
+    ):
+        raise _fail(f"weights file {path}: expected a JSON object {{client: number > 0}}")
+    return {str(k): float(v) for k, v in data.items()}
+
+
+def run_demo(shared_dir: Path, out_dir: Path) -> None:
+    """What `make demo` runs: the quick paper experiment, the arena table, the report path."""
+    if not (shared_dir / "traces" / "arena_vtc_600s.jsonl").exists():
+        raise _fail(f"no arena trace under {shared_dir}/traces: pass --shared DIR")
+    with progress_bar("paper experiment (quick)") as advance:
+        result = run_paper_experiment(out_dir, True, shared_dir, advance)
+    print_summary(result, ARENA)
