@@ -3,6 +3,8 @@ the batching, chunking, preemption or cancellation around it; the pool ends empt
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from .hf_models import assert_pool_free, engine_for, greedy_request, random_prompt, reference
@@ -127,3 +129,56 @@ def test_masked_attention_mode_matches_too():
     for request, prompt in zip(requests, prompts, strict=True):
         assert request.output_token_ids == reference(family, prompt, 10)
     assert_pool_free(engine)
+
+
+def test_sliding_window_model_matches_generate():
+    """Mistral attends within a window: contexts longer than it must be cut the same way."""
+    import torch
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from tokenfair.engine.hf.factory import make_hf_engine
+    from tokenfair.engine.hf.loader import LoadedModel
+
+    torch.manual_seed(0)
+    config = MistralConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=24,
+    )
+    model = MistralForCausalLM(config).eval()
+    prompts = [random_prompt(n, seed=700 + n) for n in (5, 30, 90)]
+    expected = []
+    for prompt in prompts:
+        out = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=20,
+            min_new_tokens=20,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+        expected.append(out[0, len(prompt) :].tolist())
+    engine = make_hf_engine(
+        LoadedModel("mistral", model, None), kv_tokens=2048, max_batched_tokens=40
+    )
+    requests = [greedy_request(f"r{i}", p, 20) for i, p in enumerate(prompts)]
+    run(engine, requests)
+    assert [r.output_token_ids for r in requests] == expected
+    assert_pool_free(engine)
+
+
+def test_decode_groups_bound_padding():
+    from tokenfair.engine.hf.step_layout import GROUP_SPREAD, MAX_GROUPS, _split_groups
+
+    lens = sorted([600, 590, 420, 400, 390, 260, 100, 99, 40, 17, 3, 1], reverse=True)
+    groups = _split_groups(lens)
+    assert groups[0][0] == 0 and groups[-1][1] == len(lens) and len(groups) <= MAX_GROUPS
+    for (_, end), (begin, _) in itertools.pairwise(groups):
+        assert end == begin
+    for begin, end in groups[:-1]:
+        assert lens[begin] <= GROUP_SPREAD * lens[end - 1]
+    assert _split_groups([]) == [] and _split_groups([5]) == [(0, 1)]

@@ -4,8 +4,9 @@
 the model calls in place of its stock attention, attends each request over its own
 context only:
 
-- all single-query requests (decodes) in one SDPA call, their contexts gathered into a
-  padded `[B, kv_heads, max_context, head_dim]` batch with a validity mask;
+- single-query requests (decodes) one SDPA call per decode group (see step_layout),
+  their contexts gathered into a padded `[B, kv_heads, width, head_dim]` batch with a
+  validity mask;
 - each multi-token prefill chunk in its own SDPA call over its cached prefix plus its
   new tokens, causally.
 
@@ -59,25 +60,19 @@ def paged_attention(
             sliding_window=sliding_window,
             **kwargs,
         )
-    single_mask, chunk_masks = layout.masks(sliding_window)
+    group_masks, chunk_masks = layout.masks(sliding_window)
     kv_heads, _, head_dim = key.shape
     outputs: list[torch.Tensor] = []
 
-    if layout.num_single:
-        b, width = layout.num_single, layout.single_max_context
-        q = query[0, :, :b].transpose(0, 1).unsqueeze(2)  # [B, heads, 1, D]
-        k = (
-            key.index_select(1, layout.single_slots)
-            .view(kv_heads, b, width, head_dim)
-            .transpose(0, 1)
-        )
-        v = (
-            value.index_select(1, layout.single_slots)
-            .view(kv_heads, b, width, head_dim)
-            .transpose(0, 1)
-        )
+    for group, mask in zip(layout.groups, group_masks, strict=True):
+        b, width = group.size, group.width
+        q = (
+            query[0, :, group.row_begin : group.row_end].transpose(0, 1).unsqueeze(2)
+        )  # [B, H, 1, D]
+        k = key.index_select(1, group.slots).view(kv_heads, b, width, head_dim).transpose(0, 1)
+        v = value.index_select(1, group.slots).view(kv_heads, b, width, head_dim).transpose(0, 1)
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=single_mask, scale=scaling, enable_gqa=True
+            q, k, v, attn_mask=mask, scale=scaling, enable_gqa=True
         )
         outputs.append(out.squeeze(2)[None])  # [1, B, heads, D]
 

@@ -2,14 +2,19 @@
 
 Every scheduled request contributes its new tokens to a single packed sequence (batch
 dimension 1). Requests that run a single token (decodes, and 1-token prefill chunks)
-come first, so attention can treat them as one padded batch of single queries; longer
-prefill chunks follow, each attended on its own. The layout holds, once per step, every
-index and mask that the attention of every layer needs:
+come first, longest context first, split into a few *decode groups* of similar context
+length; attention runs each group as one padded batch of single queries. Padding every
+decode to the longest context in the step would waste up to half the gather and
+attention work when lengths are mixed; groups bound the waste (each group's shortest
+context is at least 1/GROUP_SPREAD of its longest) at the price of one more attention
+call per group. Longer prefill chunks follow, each attended on its own.
+
+The layout holds, once per step, every index and mask that every layer's attention
+needs:
 
 - `new_slots`: the pool slot of each packed token, where its K/V is written;
-- for the single-query group, a padded `[B, max_context]` table of context slots and
-  its validity mask;
-- for each chunk, the slots of its whole context (cached prefix + new tokens);
+- per decode group, a padded `[B, width]` table of context slots and its validity mask;
+- per chunk, the slots of its whole context (cached prefix + new tokens);
 - `sample_rows`: the packed row of the last token of every request that samples.
 
 Nothing here runs the model; it only turns block tables into tensors.
@@ -23,6 +28,24 @@ import torch
 
 from tokenfair.core.batch import ScheduledRequest, SchedulerOutput
 
+GROUP_SPREAD = 1.5  # a decode group's longest context / its shortest, at most
+MAX_GROUPS = 4  # beyond this, the last group takes every shorter context
+
+
+@dataclass(slots=True)
+class DecodeGroup:
+    """Single-query requests at packed rows [row_begin, row_end), contexts padded to `width`."""
+
+    row_begin: int
+    row_end: int
+    width: int
+    context_lens: torch.Tensor  # [B] context length, including the new token
+    slots: torch.Tensor  # [B * width] padded context slots, row-major
+
+    @property
+    def size(self) -> int:
+        return self.row_end - self.row_begin
+
 
 @dataclass(slots=True)
 class Chunk:
@@ -34,30 +57,28 @@ class Chunk:
     context_slots: torch.Tensor  # [start + n] slots of positions 0 .. start+n-1
 
 
+Masks = tuple[list[torch.Tensor], list[torch.Tensor | None]]
+
+
 @dataclass(slots=True)
 class StepLayout:
     input_ids: torch.Tensor  # [1, Q]
     position_ids: torch.Tensor  # [1, Q]
     new_slots: torch.Tensor  # [Q]
-    num_single: int  # packed rows [0, num_single) are single-query requests
-    single_context_lens: torch.Tensor  # [B] context length (incl. the new token)
-    single_slots: torch.Tensor  # [B * max_context] flattened padded context slots
-    single_max_context: int
+    groups: list[DecodeGroup]
     chunks: list[Chunk]
     sample_rows: torch.Tensor  # [S] packed rows whose logits are sampled
     samplers: list[ScheduledRequest]  # the requests behind sample_rows, same order
     device: torch.device
-    _masks: dict[int | None, tuple[torch.Tensor | None, list[torch.Tensor | None]]] = field(
-        default_factory=dict
-    )
+    _masks: dict[int | None, Masks] = field(default_factory=dict)
     _packed_slots: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
         return self.input_ids.shape[1]
 
-    def masks(self, window: int | None) -> tuple[torch.Tensor | None, list[torch.Tensor | None]]:
-        """Boolean masks (True = attend) for the single-query group and for each chunk.
+    def masks(self, window: int | None) -> Masks:
+        """Boolean masks (True = attend) for each decode group and each chunk.
 
         `window` is the layer's sliding window (None for full attention): a query at
         position q sees keys k with q - window < k <= q, as in transformers. Built once
@@ -66,20 +87,18 @@ class StepLayout:
         """
         if window not in self._masks:
             self._masks[window] = (
-                self._single_mask(window),
+                [self._group_mask(g, window) for g in self.groups],
                 [self._chunk_mask(c, window) for c in self.chunks],
             )
         return self._masks[window]
 
-    def _single_mask(self, window: int | None) -> torch.Tensor | None:
-        if self.num_single == 0:
-            return None
-        cols = torch.arange(self.single_max_context, device=self.device)
-        lens = self.single_context_lens[:, None]
+    def _group_mask(self, group: DecodeGroup, window: int | None) -> torch.Tensor:
+        cols = torch.arange(group.width, device=self.device)
+        lens = group.context_lens[:, None]
         mask = cols < lens
         if window is not None:
             mask &= cols > lens - 1 - window
-        return mask[:, None, None, :]  # [B, 1 head, 1 query, max_context]
+        return mask[:, None, None, :]  # [B, 1 head, 1 query, width]
 
     def _chunk_mask(self, chunk: Chunk, window: int | None) -> torch.Tensor | None:
         n = chunk.q_end - chunk.q_begin
@@ -96,9 +115,11 @@ class StepLayout:
     def _packed_spans(self) -> list[tuple[int, int, torch.Tensor]]:
         """(q_begin, q_end, context slots) of every request, in packing order."""
         spans = []
-        table = self.single_slots.view(self.num_single, -1) if self.num_single else None
-        for row, length in enumerate(self.single_context_lens.tolist()):
-            spans.append((row, row + 1, table[row, :length]))
+        for group in self.groups:
+            table = group.slots.view(group.size, group.width)
+            for i, length in enumerate(group.context_lens.tolist()):
+                row = group.row_begin + i
+                spans.append((row, row + 1, table[i, :length]))
         spans.extend((c.q_begin, c.q_end, c.context_slots) for c in self.chunks)
         return spans
 
@@ -139,10 +160,40 @@ def _context_slots(block_ids: list[int], length: int, block_size: int) -> torch.
     return slots.flatten()[:length]
 
 
+def _split_groups(lens: list[int]) -> list[tuple[int, int]]:
+    """[begin, end) ranges over `lens` (sorted longest first) forming the decode groups."""
+    ranges: list[tuple[int, int]] = []
+    begin = 0
+    for i, length in enumerate(lens):
+        if length * GROUP_SPREAD < lens[begin] and len(ranges) < MAX_GROUPS - 1:
+            ranges.append((begin, i))
+            begin = i
+    if lens:
+        ranges.append((begin, len(lens)))
+    return ranges
+
+
+def _decode_group(
+    row_begin: int, lens: list[int], tables: list[list[int]], block_size: int, device: torch.device
+) -> DecodeGroup:
+    width = lens[0]  # longest first
+    blocks = -(-width // block_size)
+    padded = torch.tensor([t + [0] * (blocks - len(t)) for t in tables], dtype=torch.long)
+    cols = torch.arange(width)
+    slots = (padded[:, cols // block_size] * block_size + cols % block_size).flatten()
+    return DecodeGroup(
+        row_begin,
+        row_begin + len(lens),
+        width,
+        torch.tensor(lens, dtype=torch.long).to(device),
+        slots.to(device),
+    )
+
+
 def build_layout(batch: SchedulerOutput, device: torch.device) -> StepLayout:
     """Pack a scheduler step into tensors on `device`."""
     bs = batch.block_size
-    singles = [s for s in batch.scheduled if s.num_new_tokens == 1]
+    singles = sorted((s for s in batch.scheduled if s.num_new_tokens == 1), key=lambda s: -s.start)
     multis = [s for s in batch.scheduled if s.num_new_tokens > 1]
 
     token_ids: list[int] = []
@@ -154,9 +205,8 @@ def build_layout(batch: SchedulerOutput, device: torch.device) -> StepLayout:
     context_lens: list[int] = []
     tables: list[list[int]] = []
     for s in singles:
-        all_ids = s.request.all_token_ids()
         pos = s.start
-        token_ids.append(all_ids[pos])
+        token_ids.append(s.request.all_token_ids()[pos])
         positions.append(pos)
         new_slots.append(s.block_ids[pos // bs] * bs + pos % bs)
         context_lens.append(pos + 1)
@@ -164,15 +214,10 @@ def build_layout(batch: SchedulerOutput, device: torch.device) -> StepLayout:
         if s.samples:
             sample_rows.append(len(token_ids) - 1)
             samplers.append(s)
-
-    single_max = max(context_lens, default=0)
-    if singles:
-        width = -(-single_max // bs)
-        padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
-        cols = torch.arange(single_max)
-        single_slots = (padded[:, cols // bs] * bs + cols % bs).flatten()
-    else:
-        single_slots = torch.empty(0, dtype=torch.long)
+    groups = [
+        _decode_group(begin, context_lens[begin:end], tables[begin:end], bs, device)
+        for begin, end in _split_groups(context_lens)
+    ]
 
     chunks: list[Chunk] = []
     for s in multis:
@@ -195,10 +240,7 @@ def build_layout(batch: SchedulerOutput, device: torch.device) -> StepLayout:
         input_ids=on_device(token_ids)[None],
         position_ids=on_device(positions)[None],
         new_slots=on_device(new_slots),
-        num_single=len(singles),
-        single_context_lens=on_device(context_lens),
-        single_slots=single_slots.to(device),
-        single_max_context=single_max,
+        groups=groups,
         chunks=chunks,
         sample_rows=on_device(sample_rows),
         samplers=samplers,
