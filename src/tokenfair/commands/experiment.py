@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -65,41 +66,35 @@ def results_table(result: ExperimentResult, workload: str) -> Table:
     rows = result.rows_for(workload)
     fcfs = next((r for r in rows if r["policy"] == "fcfs"), None)
     with_paper = workload == ARENA
-    columns = [
-        "scheduler",
-        "Max Diff",
-        "Avg Diff",
-        "Diff Var",
-        "tok/s",
-        "Max ÷ FCFS",
-        "tok/s ÷ FCFS",
-    ]
+    columns = ["scheduler", "Max Diff", "Avg Diff", "Diff Var", "tok/s", "Max÷FCFS", "tok/s÷FCFS"]
     if with_paper:
-        columns += [f"{PAPER_LABEL}: Max / Avg / tok/s"]
-    table = Table(*columns, title=f"{workload}: fairness and throughput (simulated)")
+        columns += ["paper Max", "paper Avg", "paper tok/s"]
+    title = f"{workload}: simulated" + (f" vs {PAPER_LABEL}" if with_paper else "")
+    table = Table(*columns, title=title, box=box.SIMPLE_HEAD)
     for row in rows:
         cells = [
             row["policy"],
-            f"{row['max_diff']:.2f}",
-            f"{row['avg_diff']:.2f}",
-            f"{row['diff_var']:.2f}",
+            f"{row['max_diff']:.1f}",
+            f"{row['avg_diff']:.1f}",
+            f"{row['diff_var']:.0f}",
             f"{row['throughput_tok_s']:.0f}",
             _ratio_text(ratio(row["max_diff"], fcfs["max_diff"]) if fcfs else None),
             _ratio_text(ratio(row["throughput_tok_s"], fcfs["throughput_tok_s"]) if fcfs else None),
         ]
         if with_paper:
             paper = PAPER_ARENA_TABLE.get(row["policy"])
-            cells.append(
-                f"{paper.max_diff:.2f} / {paper.avg_diff:.2f} / {paper.throughput_tok_s:.0f}"
+            cells += (
+                [f"{paper.max_diff:.1f}", f"{paper.avg_diff:.1f}", f"{paper.throughput_tok_s:.0f}"]
                 if paper
-                else "–"
+                else ["–", "–", "–"]
             )
         table.add_row(*cells)
     return table
 
 
 def print_summary(result: ExperimentResult, workload: str) -> None:
-    out = Console()
+    # Wide enough for the arena table even when piped (rich falls back to 80 columns).
+    out = Console(width=None if Console().is_terminal else 132)
     out.print(results_table(result, workload))
     if result.targets:
         met = sum(t.passed is True for t in result.targets)
