@@ -30,10 +30,14 @@ MEASURED_THROUGHPUT = 777.0
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shared", type=Path, default=Path(__file__).resolve().parents[2] / "shared")
+    parser.add_argument(
+        "--shared", type=Path, default=Path(__file__).resolve().parents[2] / "shared"
+    )
     args = parser.parse_args()
     trace = read_trace(args.shared / "traces" / "arena_vtc_600s.jsonl")
-    measured = read_measured_reference(args.shared / "reference" / "a10g_llama7b_fcfs_arena_measured.jsonl")
+    measured = read_measured_reference(
+        args.shared / "reference" / "a10g_llama7b_fcfs_arena_measured.jsonl"
+    )
     profile = load_profile("a10g-llama-7b")
     figures: dict[str, object] = {"benchmark": "validate_a10g"}
     runs = {}
