@@ -12,8 +12,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tokenfair.commands.experiment import experiment_app
 from tokenfair.commands.trace import trace_app
-from tokenfair.core.policies import POLICY_HELP, PolicyError, make_policy
+from tokenfair.core.policies import POLICY_HELP, make_policy
 from tokenfair.core.scheduler import ConfigError, SchedulerConfig
 
 app = typer.Typer(
@@ -24,6 +25,7 @@ app = typer.Typer(
 )
 console = Console(stderr=True)
 app.add_typer(trace_app, name="trace")
+app.add_typer(experiment_app, name="experiment")
 
 DEFAULT_SHARED = Path("../shared")
 
@@ -290,63 +292,17 @@ def profiles() -> None:
 
 @app.command()
 def demo(
-    shared: Annotated[
-        Path, typer.Option(help="The shared/ folder holding traces/.")
-    ] = DEFAULT_SHARED,
-    policies: Annotated[str, typer.Option(help="Comma-separated policies to compare.")] = (
-        "fcfs,lcf,vtc,vtc-predict,vtc-oracle,rpm:5,rpm:20,rpm:30,vtc-preempt"
-    ),
+    shared: Annotated[Path, typer.Option(help="The shared/ folder holding traces/.")] = DEFAULT_SHARED,
+    out: Annotated[Path, typer.Option(help="Where the report and figures go.")] = Path("out/demo"),
 ) -> None:
-    """Replay the paper's arena trace under several policies and print the fairness table.
+    """Run the paper experiment (quick): every paper suite and the arena trace under every
+    policy, then print the arena table and where the report (markdown, HTML, PNG) is.
 
-    Example: tokenfair demo --shared ../shared
+    Example: tokenfair demo --shared ../shared --out out/demo
     """
-    from tokenfair.bench.metrics import fairness_report
-    from tokenfair.engine.sim.profile import load_profile
-    from tokenfair.engine.sim.simulator import simulate as run_simulation
-    from tokenfair.workloads.trace import read_trace
+    from tokenfair.commands.experiment import run_demo
 
-    trace_path = shared / "traces" / "arena_vtc_600s.jsonl"
-    if not trace_path.exists():
-        raise fail(f"no trace at {trace_path}: pass --shared DIR")
-    records = read_trace(trace_path)
-    profile = load_profile("a10g-llama-7b")
-    table = Table(
-        "scheduler",
-        "Max Diff",
-        "Avg Diff",
-        "Diff Var",
-        "Throughput (tok/s)",
-        "makespan (s)",
-        title="Arena trace (1,500 requests, 27 clients), simulated A10G Llama-7B, 10k-token pool",
-    )
-    rows = []
-    for name in [p.strip() for p in policies.split(",") if p.strip()]:
-        try:
-            policy = make_policy(name)
-        except PolicyError as error:
-            raise fail(str(error)) from None
-        result = run_simulation(records, policy, profile, SchedulerConfig.paper())
-        report = fairness_report(result.results)
-        row = {
-            "scheduler": name,
-            "max_diff": report["max_diff"],
-            "avg_diff": report["avg_diff"],
-            "diff_var": report["diff_var"],
-            "throughput_tok_s": report["throughput_tok_s"],
-            "makespan_s": result.makespan_s,
-        }
-        rows.append(row)
-        table.add_row(
-            name,
-            f"{row['max_diff']:.2f}",
-            f"{row['avg_diff']:.2f}",
-            f"{row['diff_var']:.2f}",
-            f"{row['throughput_tok_s']:.0f}",
-            f"{row['makespan_s']:.1f}",
-        )
-    Console().print(table)
-    print(json.dumps(rows))
+    run_demo(shared, out)
 
 
 def main() -> None:  # pragma: no cover - console entry
