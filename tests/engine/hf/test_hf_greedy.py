@@ -118,6 +118,7 @@ def test_prefix_cache_hits_give_the_same_tokens():
     assert engine.scheduler.kv.prefix_hit_tokens > 0
     for request, prompt in zip(requests, prompts, strict=True):
         assert request.output_token_ids == reference(family, prompt, 12)
+    assert_pool_free(engine)  # cached blocks stay hashed but count as free
 
 
 def test_masked_attention_mode_matches_too():
