@@ -173,19 +173,23 @@ def plot_service_difference(
     workload: Workload, outcomes: Sequence[RunOutcome], out_dir: Path
 ) -> Figure:
     fig, ax = plt.subplots(figsize=(7.5, 4.2), layout="constrained")
-    scopes = set()
+    curves = {o.policy: accumulated_difference(o) for o in outcomes}
+    scopes = {curve.scope for curve in curves.values()}
     for outcome in outcomes:
-        curve = accumulated_difference(outcome)
-        scopes.add(curve.scope)
+        curve = curves[outcome.policy]
+        # When policies differ in which clients stay backlogged, say so on each line:
+        # a curve over all served clients also counts clients that asked for less.
+        label = outcome.policy if len(scopes) == 1 else f"{outcome.policy} ({curve.scope})"
         style = _policy_style(outcome.policy)
-        ax.plot(curve.times, curve.values, label=outcome.policy, linewidth=1.6, **style)
+        ax.plot(curve.times, curve.values, label=label, linewidth=1.6, **style)
     if scopes == {BACKLOGGED}:
         bound = service_bound(workload.records, outcomes[0].job.config.kv_tokens)
         top = max(line.get_ydata().max() for line in ax.get_lines())
         if bound <= 3 * top:  # a bound far above every curve would flatten them
             ax.axhline(bound, color="black", linestyle=":", label=f"VTC bound B = {bound:,.0f}")
     weighted = " / weight" if workload.weights else ""
-    ax.set_title(f"{workload.name}: accumulated service difference ({' / '.join(sorted(scopes))})")
+    scope = f" ({next(iter(scopes))})" if len(scopes) == 1 else ""
+    ax.set_title(f"{workload.name}: accumulated service difference{scope}")
     ax.set_xlabel("time (s)")
     ax.set_ylabel(f"accumulated service difference ({SERVICE_UNIT}{weighted})")
     ax.grid(alpha=0.3)

@@ -154,9 +154,9 @@ def target_blocks(targets: Sequence[TargetCheck]) -> list[Block]:
 
 def _trend(values: Sequence[float]) -> str:
     if all(b > a for a, b in itertools.pairwise(values)):
-        return "grows with each step"
+        return "grows"
     if all(b < a for a, b in itertools.pairwise(values)):
-        return "shrinks with each step"
+        return "shrinks"
     return "does not change monotonically"
 
 
@@ -197,18 +197,22 @@ def ablation_blocks(rows: Sequence[AblationRow], figures: Sequence[Any]) -> list
     if len(pools) > 1:
         text.append(
             f"With 256/256-token requests, VTC's peak accumulated service difference "
-            f"{_trend([r.max_acc_diff for r in pools])} of the KV pool "
+            f"{_trend([r.max_acc_diff for r in pools])} with the KV pool "
             f"({', '.join(f'{r.max_acc_diff:,.0f} at {r.kv_tokens:,}' for r in pools)})."
         )
     if len(lengths) > 1:
         text.append(
             f"With the {lengths[0].kv_tokens:,}-token pool it "
-            f"{_trend([r.max_acc_diff for r in lengths])} of request length "
+            f"{_trend([r.max_acc_diff for r in lengths])} with request length "
             f"({', '.join(f'{r.max_acc_diff:,.0f} at {r.length}' for r in lengths)})."
         )
     within = sum(r.max_acc_diff <= r.bound for r in rows if r.policy == "vtc")
     total = sum(r.policy == "vtc" for r in rows)
     text.append(f"VTC stays within its bound B in {within} of {total} settings.")
+    fcfs = [r for r in rows if r.policy == "fcfs"]
+    if fcfs:
+        low, high = min(r.ratio_to_bound for r in fcfs), max(r.ratio_to_bound for r in fcfs)
+        text.append(f"FCFS's peak is {low:.2f} to {high:.2f} times B in the same settings.")
     others = sorted(r for r in {r.policy for r in rows} if r != "vtc")
     blocks: list[Block] = [
         Heading("Ablation: KV pool size and request length"),
