@@ -117,7 +117,7 @@ def _check_policies(policies: list[str]) -> None:
 @experiment_app.command()
 def paper(
     out: Annotated[Path, typer.Option(help="Folder for the report, figures and results.")] = Path(
-        "experiments/paper"
+        "out/paper"
     ),
     quick: Annotated[
         bool,
@@ -148,7 +148,7 @@ def compare(
         str, typer.Option(help="Comma-separated policies, e.g. fcfs,vtc,rpm:20.")
     ] = "fcfs,vtc",
     out: Annotated[Path, typer.Option(help="Folder for the report, figures and results.")] = Path(
-        "experiments/compare"
+        "out/compare"
     ),
     profile: Annotated[str, typer.Option(help="Step-time profile name or JSON file.")] = (
         DEFAULT_PROFILE
