@@ -95,7 +95,7 @@ def main() -> None:
         "--batch", type=int, default=32, help="engine max_num_seqs and static batch size"
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--skip-generate-batch", action="store_true")
     args = parser.parse_args()
