@@ -9,6 +9,9 @@
 
 All prompts go into one engine at once and run with continuous batching under the
 engine's scheduler; completions come back in prompt order.
+
+`builtin:tiny` has random weights: its text is meaningless bytes. It is there to run the
+serving path anywhere; pass a local transformers model directory for real text.
 """
 
 from __future__ import annotations
