@@ -295,8 +295,9 @@ def demo(
     shared: Annotated[Path, typer.Option(help="The shared/ folder holding traces/.")] = DEFAULT_SHARED,
     out: Annotated[Path, typer.Option(help="Where the report and figures go.")] = Path("out/demo"),
 ) -> None:
-    """Run the paper experiment (quick): every paper suite and the arena trace under every
-    policy, then print the arena table and where the report (markdown, HTML, PNG) is.
+    """Run the paper experiment (quick): the arena trace under every policy, each paper
+    suite under FCFS and VTC (weighted VTC on the weighted suite) and the ablation, then
+    print the arena table and where the report (markdown, HTML, PNG) is.
 
     Example: tokenfair demo --shared ../shared --out out/demo
     """
