@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
-from tokenfair.core.batch import ExecutorOutput, SchedulerOutput
 from tokenfair.core.request import FinishReason, Request, SamplingParams
-from tokenfair.engine.executor import Executor
 
 Prompt = str | list[int]
 
@@ -35,20 +33,6 @@ class Completion:
     text: str
     finish_reason: str | None
     logprobs: list[dict[int, float]] | None = None
-
-
-@dataclass(slots=True)
-class _LogprobRecorder:
-    """Wraps the executor to keep the logprobs it returns (the engine does not carry them)."""
-
-    inner: Executor
-    logprobs: dict[str, list[dict[int, float]]] = field(default_factory=dict)
-
-    def execute(self, batch: SchedulerOutput) -> ExecutorOutput:
-        result = self.inner.execute(batch)
-        for request_id, entries in (result.logprobs or {}).items():
-            self.logprobs.setdefault(request_id, []).extend(entries)
-        return result
 
 
 class LLM:
@@ -68,8 +52,6 @@ class LLM:
         self.loaded = model if isinstance(model, LoadedModel) else load_model(model, device, dtype)
         self.tokenizer = self.loaded.tokenizer
         self.engine = make_hf_engine(self.loaded, **engine_options)
-        self._recorder = _LogprobRecorder(self.engine.executor)
-        self.engine.executor = self._recorder
         self._ids = itertools.count()
 
     def generate(
@@ -94,9 +76,15 @@ class LLM:
                     f"prompt of {request.input_tokens} tokens + max_tokens {request.max_tokens} "
                     "can never fit in the KV pool; raise kv_tokens or lower max_tokens"
                 )
+        logprobs: dict[str, list[dict[int, float]]] = {}
         while self.engine.has_unfinished():
-            self.engine.step()
-        return [self._completion(p, r) for p, r in zip(prompts, requests, strict=True)]
+            for output in self.engine.step():
+                if output.logprobs:
+                    logprobs.setdefault(output.request_id, []).extend(output.logprobs)
+        return [
+            self._completion(p, r, logprobs.get(r.request_id))
+            for p, r in zip(prompts, requests, strict=True)
+        ]
 
     def chat(
         self, messages: list[dict[str, str]], sampling: SamplingParams | None = None
@@ -119,7 +107,9 @@ class LLM:
             eos_token_ids=self.tokenizer.eos_token_ids,
         )
 
-    def _completion(self, prompt: Prompt, request: Request) -> Completion:
+    def _completion(
+        self, prompt: Prompt, request: Request, logprobs: list[dict[int, float]] | None
+    ) -> Completion:
         reason = request.finish_reason
         return Completion(
             prompt=prompt,
@@ -127,7 +117,7 @@ class LLM:
             token_ids=list(request.output_token_ids),
             text=request.output_text,
             finish_reason=reason.value if isinstance(reason, FinishReason) else None,
-            logprobs=self._recorder.logprobs.pop(request.request_id, None),
+            logprobs=logprobs,
         )
 
 

@@ -138,3 +138,15 @@ def test_roofline_profile_is_memory_bound_in_decode_and_compute_bound_in_prefill
     # An 8k-token prefill: 2 x params FLOPs per token over 60% of 989 TFLOP/s, + 3 ms.
     assert h200.step_time(8192, 0, 0) == pytest.approx(0.003 + 2 * 8.03e9 * 8192 / (989e12 * 0.6))
     assert h200.step_time(0, 128, 128_000) > h200.step_time(0, 1, 1000)
+
+
+def test_profile_fit_drops_a_negative_term_and_refits_the_rest():
+    # Times that fall with context tokens cannot mean negative seconds per token:
+    # the context term is dropped and the others refitted without it.
+    samples = [(0, d, c, 0.010 + 0.001 * d - 1e-7 * c) for d in (1, 8, 32) for c in (100, 5000)]
+    samples += [(p, 0, 0, 0.010 + 0.02 + 0.0002 * p) for p in (64, 512, 2048)]
+    fitted = fit_linear_profile(samples, "test")
+    assert fitted.context_token_s == 0.0
+    assert min(fitted.base_s, fitted.prefill_base_s, fitted.prefill_token_s, fitted.decode_request_s) >= 0
+    assert fitted.prefill_token_s == pytest.approx(0.0002, rel=0.05)
+    assert fitted.decode_request_s == pytest.approx(0.001, rel=0.2)

@@ -48,13 +48,21 @@ class SchedulerOutput:
     swap_in: list[tuple[int, int]] = field(default_factory=list)
     block_size: int = 16
 
-    @property
-    def num_prefill_tokens(self) -> int:
-        return sum(s.num_new_tokens for s in self.scheduled if s.is_prefill)
+    def step_shape(self) -> tuple[int, int, int]:
+        """(prefill tokens, decode requests, context tokens the decodes attend to).
 
-    @property
-    def num_decode_requests(self) -> int:
-        return sum(1 for s in self.scheduled if not s.is_prefill)
+        The one definition of a step's shape: the simulator times steps by it and
+        `tokenfair profile` fits real step times against it, so a profile means the
+        same in both. A decode computes one token past the prompt.
+        """
+        prefill = decode = context = 0
+        for s in self.scheduled:
+            if s.num_new_tokens == 1 and s.start >= s.request.input_tokens:
+                decode += 1
+                context += s.start + 1
+            else:
+                prefill += s.num_new_tokens
+        return prefill, decode, context
 
     @property
     def is_empty(self) -> bool:

@@ -22,6 +22,9 @@ class RequestOutput:
     new_token_ids: list[int]
     new_text: str = ""
     finished: bool = False
+    # Per new token, {token id: logprob} (the sampled one and the top alternatives),
+    # when the request asked for logprobs and the executor provides them.
+    logprobs: list[dict[int, float]] | None = None
 
     @property
     def request_id(self) -> str:
@@ -84,9 +87,13 @@ class Engine:
         produced = scheduler.update(batch, result, end)
         if not emit:
             return outputs
+        logprobs = result.logprobs or {}
         for request in produced:
             output = RequestOutput(
-                request, request.output_token_ids[-1:], finished=request.is_finished
+                request,
+                request.output_token_ids[-1:],
+                finished=request.is_finished,
+                logprobs=logprobs.get(request.request_id),
             )
             if self.detokenizer is not None:
                 self._detokenize(output, end)

@@ -20,7 +20,7 @@ from tokenfair.engine.hf.attention import ATTENTION_NAME, LAYOUT_KWARG
 from tokenfair.engine.hf.kv_pool import KVPool, KVShape, describe_kv_budget
 from tokenfair.engine.hf.paged_cache import PagedKVCache
 from tokenfair.engine.hf.sampler import Sampler
-from tokenfair.engine.hf.step_layout import StepLayout, build_layout, step_shape
+from tokenfair.engine.hf.step_layout import StepLayout, build_layout
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class HFExecutor:
         self.pool.swap_out(batch.swap_out)
         self.pool.swap_in(batch.swap_in)
         output = ExecutorOutput()
-        self.last_shape = step_shape(batch)
+        self.last_shape = batch.step_shape()
         if batch.scheduled:
             layout = build_layout(batch, self.device)
             logits = self.forward(layout)

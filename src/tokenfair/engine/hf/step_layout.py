@@ -246,16 +246,3 @@ def build_layout(batch: SchedulerOutput, device: torch.device) -> StepLayout:
         samplers=samplers,
         device=device,
     )
-
-
-def step_shape(batch: SchedulerOutput) -> tuple[int, int, int]:
-    """(prefill tokens, decode requests, context tokens) of a step, counted exactly as
-    the simulator's SimExecutor counts them, so a fitted profile means the same there."""
-    prefill = decode = context = 0
-    for s in batch.scheduled:
-        if s.num_new_tokens == 1 and s.start >= s.request.input_tokens:
-            decode += 1
-            context += s.start + 1
-        else:
-            prefill += s.num_new_tokens
-    return prefill, decode, context

@@ -17,23 +17,17 @@ class SimExecutor:
         self.busy_s = 0.0
 
     def execute(self, batch: SchedulerOutput) -> ExecutorOutput:
-        prefill_tokens = decode_requests = context_tokens = 0
         sampled: dict[str, int] = {}
         for s in batch.scheduled:
             request = s.request
-            n = s.num_new_tokens
-            if n == 1 and s.start >= request.input_tokens:
-                decode_requests += 1
-                context_tokens += s.start + 1
-            else:
-                prefill_tokens += n
-            if s.start + n == request.input_tokens + len(request.output_token_ids):
+            outputs = len(request.output_token_ids)
+            if s.start + s.num_new_tokens == request.input_tokens + outputs:
                 target = request.target_output_tokens
-                done = target is not None and len(request.output_token_ids) + 1 >= target
+                done = target is not None and outputs + 1 >= target
                 sampled[request.request_id] = SIM_EOS if done else SIM_TOKEN
         elapsed = 0.0
         if batch.scheduled:
-            elapsed = self.profile.step_time(prefill_tokens, decode_requests, context_tokens)
+            elapsed = self.profile.step_time(*batch.step_shape())
         copied = len(batch.swap_out) + len(batch.swap_in)
         if copied:
             elapsed += copied * batch.block_size * self.profile.swap_token_s

@@ -93,18 +93,27 @@ def fit_linear_profile(
     description: str = "",
     swap_token_s: float = 0.0,
 ) -> LinearStepProfile:
-    """Least-squares fit of the linear form to (prefill, decode, context, seconds) samples."""
+    """Least-squares fit of the linear form to (prefill, decode, context, seconds) samples.
+
+    Every coefficient is a time and must be >= 0: a term that comes out negative is
+    dropped and the rest refitted without it (an active-set non-negative fit), rather
+    than clipped after the fact, which would leave the others fitted for a term that
+    is not there.
+    """
     import numpy as np
 
     rows = [(1.0, 1.0 if p else 0.0, p, d, c) for p, d, c, _ in samples]
     design = np.array(rows, dtype=float)
     seconds = np.array([s for *_, s in samples], dtype=float)
-    # Columns that never vary cannot be fitted: leave them at zero.
-    used = [j for j in range(design.shape[1]) if np.ptp(design[:, j]) > 0 or j == 0]
+    # Columns that never vary cannot be fitted (the constant aside): leave them at zero.
+    active = [j for j in range(design.shape[1]) if j == 0 or np.ptp(design[:, j]) > 0]
     coef = np.zeros(design.shape[1])
-    solution, *_ = np.linalg.lstsq(design[:, used], seconds, rcond=None)
-    coef[used] = solution
-    coef = np.maximum(coef, 0.0)  # a negative time per token is a fitting artefact
+    while active:
+        solution, *_ = np.linalg.lstsq(design[:, active], seconds, rcond=None)
+        if (solution >= 0).all():
+            coef[active] = solution
+            break
+        del active[int(np.argmin(solution))]
     base, prefill_base, prefill_token, decode_request, context_token = (float(x) for x in coef)
     return LinearStepProfile(
         name,
