@@ -36,23 +36,16 @@ def fail(message: str) -> typer.Exit:
 
 
 def read_weights(path: Path | None) -> dict[str, float] | None:
-    """A JSON object {client: weight > 0}."""
+    """A JSON object {client: weight > 0}, or None without a file."""
+    from tokenfair.workloads.weights import WeightsError
+    from tokenfair.workloads.weights import read_weights as read_weights_file
+
     if path is None:
         return None
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise fail(f"cannot read weights file {path}: {error}") from None
-    if not isinstance(data, dict):
-        raise fail(f"weights file {path}: expected a JSON object mapping client to weight")
-    weights = {}
-    for client, weight in data.items():
-        if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0:
-            raise fail(
-                f"weights file {path}: weight of {client!r} must be a number > 0, got {weight!r}"
-            )
-        weights[str(client)] = float(weight)
-    return weights
+        return read_weights_file(path)
+    except WeightsError as error:
+        raise fail(str(error)) from None
 
 
 def build_config(
@@ -292,7 +285,9 @@ def profiles() -> None:
 
 @app.command()
 def demo(
-    shared: Annotated[Path, typer.Option(help="The shared/ folder holding traces/.")] = DEFAULT_SHARED,
+    shared: Annotated[
+        Path, typer.Option(help="The shared/ folder holding traces/.")
+    ] = DEFAULT_SHARED,
     out: Annotated[Path, typer.Option(help="Where the report and figures go.")] = Path("out/demo"),
 ) -> None:
     """Run the paper experiment (quick): the arena trace under every policy, each paper

@@ -33,7 +33,7 @@ from tokenfair.workloads.jsonl import (
     check_int,
     check_optional_float,
     check_str,
-    iter_json_objects,
+    parse_records,
     read_lines,
     require,
     show,
@@ -152,23 +152,7 @@ def record_from_json(obj: Mapping[str, Any]) -> ResultRecord:
 
 def parse_result_lines(lines: Iterable[str], source: str = "<results>") -> list[ResultRecord]:
     """Parse result lines in file order; request ids must be unique."""
-    records: list[ResultRecord] = []
-    first_line_of: dict[str, int] = {}
-    for number, obj in iter_json_objects(lines, source, ResultError):
-        try:
-            record = record_from_json(obj)
-        except FieldError as exc:
-            raise ResultError(source, number, str(exc)) from None
-        if record.request_id in first_line_of:
-            raise ResultError(
-                source,
-                number,
-                f"duplicate request_id {record.request_id!r} "
-                f"(first used on line {first_line_of[record.request_id]})",
-            )
-        first_line_of[record.request_id] = number
-        records.append(record)
-    return records
+    return parse_records(lines, source, ResultError, lambda obj, number: record_from_json(obj))
 
 
 def read_results(path: str | Path) -> list[ResultRecord]:

@@ -6,7 +6,6 @@ Registered in the main CLI with `app.add_typer(experiment_app, name="experiment"
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +22,7 @@ from tokenfair.bench.paper_table import PAPER_ARENA_TABLE, PAPER_LABEL
 from tokenfair.bench.runner import DEFAULT_PROFILE, DEFAULT_WORKERS, ProgressFn
 from tokenfair.bench.summary import ratio
 from tokenfair.core.policies import PolicyError, make_policy
+from tokenfair.workloads.weights import WeightsError, read_weights
 
 experiment_app = typer.Typer(
     help="Reproduce the paper's experiments and compare policies on a trace (simulated).",
@@ -195,14 +195,9 @@ def _read_weights(path: Path | None) -> dict[str, float] | None:
     if path is None:
         return None
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise _fail(f"cannot read weights file {path}: {error}") from None
-    if not isinstance(data, dict) or not all(
-        isinstance(v, int | float) and not isinstance(v, bool) and v > 0 for v in data.values()
-    ):
-        raise _fail(f"weights file {path}: expected a JSON object {{client: number > 0}}")
-    return {str(k): float(v) for k, v in data.items()}
+        return read_weights(path)
+    except WeightsError as error:
+        raise _fail(str(error)) from None
 
 
 def run_demo(shared_dir: Path, out_dir: Path) -> None:

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+R = TypeVar("R")
 
 
 class FieldError(ValueError):
@@ -120,6 +122,36 @@ def iter_json_objects(
         if not isinstance(obj, dict):
             raise error(source, number, f"expected a JSON object, got {type(obj).__name__}")
         yield number, obj
+
+
+def parse_records(
+    lines: Iterable[str],
+    source: str,
+    error: type[JsonlLineError],
+    build: Callable[[dict[str, Any], int], R],
+) -> list[R]:
+    """Build one record per non-blank line with `build(object, line_number)`.
+
+    A FieldError from `build` becomes `error` naming the line, and so does a
+    `request_id` already used on an earlier line.
+    """
+    records: list[R] = []
+    first_line_of: dict[str, int] = {}
+    for number, obj in iter_json_objects(lines, source, error):
+        try:
+            record = build(obj, number)
+        except FieldError as exc:
+            raise error(source, number, str(exc)) from None
+        request_id = record.request_id  # type: ignore[attr-defined]
+        if request_id in first_line_of:
+            raise error(
+                source,
+                number,
+                f"duplicate request_id {request_id!r} (first used on line {first_line_of[request_id]})",
+            )
+        first_line_of[request_id] = number
+        records.append(record)
+    return records
 
 
 def read_lines(path: str | Path) -> list[str]:

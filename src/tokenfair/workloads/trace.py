@@ -24,13 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from tokenfair.workloads.jsonl import (
-    FieldError,
     JsonlLineError,
     check_float,
     check_int,
     check_optional_float,
     check_str,
-    iter_json_objects,
+    parse_records,
     read_lines,
     require,
     write_objects,
@@ -116,22 +115,9 @@ def record_from_json(obj: Mapping[str, Any], default_id: str) -> TraceRecord:
 
 def parse_trace_lines(lines: Iterable[str], source: str = "<trace>") -> list[TraceRecord]:
     """Parse trace lines into records sorted by arrival (stable for equal arrivals)."""
-    records: list[TraceRecord] = []
-    first_line_of: dict[str, int] = {}
-    for number, obj in iter_json_objects(lines, source, TraceError):
-        try:
-            record = record_from_json(obj, default_id=f"r{number - 1}")
-        except FieldError as exc:
-            raise TraceError(source, number, str(exc)) from None
-        if record.request_id in first_line_of:
-            raise TraceError(
-                source,
-                number,
-                f"duplicate request_id {record.request_id!r} "
-                f"(first used on line {first_line_of[record.request_id]})",
-            )
-        first_line_of[record.request_id] = number
-        records.append(record)
+    records = parse_records(
+        lines, source, TraceError, lambda obj, number: record_from_json(obj, f"r{number - 1}")
+    )
     records.sort(key=lambda r: r.arrival_s)
     return records
 

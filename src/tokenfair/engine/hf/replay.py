@@ -18,6 +18,7 @@ from tokenfair.bench.results import ResultRecord
 from tokenfair.core.request import Request, SamplingParams
 from tokenfair.engine.engine import Engine
 from tokenfair.engine.sim.simulator import result_from_request
+from tokenfair.engine.trace_driver import drive_trace
 from tokenfair.workloads.trace import TraceRecord
 
 
@@ -54,7 +55,8 @@ def replay_trace(
     engine: Engine, trace: Sequence[TraceRecord], vocab_size: int, seed: int = 0
 ) -> ReplayResult:
     """Run the trace in real time: each request is added once the engine's clock reaches
-    its arrival (offset so the first arrival is now); idle gaps are slept through."""
+    its arrival (offset so the first arrival is now), clients give up after their
+    `cancel_after_s`, and idle gaps are slept through."""
     requests = trace_requests(trace, vocab_size, seed)
     if not requests:
         return ReplayResult([], 0.0, 0, 0.0)
@@ -62,16 +64,12 @@ def replay_trace(
     for request in requests:
         request.arrival_s += offset
     steps_before, busy_before = engine.num_steps, engine.busy_s
-    pending = 0
-    while pending < len(requests) or engine.has_unfinished():
-        now = engine.clock.now()
-        while pending < len(requests) and requests[pending].arrival_s <= now:
-            engine.add_request(requests[pending])
-            pending += 1
-        if engine.has_unfinished():
-            engine.step()
-        elif pending < len(requests):
-            time.sleep(max(0.0, requests[pending].arrival_s - engine.clock.now()))
+
+    def sleep_until(t: float) -> None:
+        time.sleep(max(0.0, t - engine.clock.now()))
+
+    patience = [record.cancel_after_s for record in sorted(trace, key=lambda r: r.arrival_s)]
+    drive_trace(engine, requests, patience, sleep_until)
     finishes = [r.finish_s for r in requests if r.finish_s is not None]
     return ReplayResult(
         results=[result_from_request(r) for r in requests],

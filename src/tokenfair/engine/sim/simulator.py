@@ -1,13 +1,12 @@
 """Replay a trace through the real engine and scheduler on a virtual clock.
 
-Arrivals and client cancellations are events in time; between them the engine steps,
-each step taking the time the profile says. When nothing is left to run the clock
-jumps to the next event, so idle time costs nothing to simulate.
+Arrivals and client cancellations are events in time (engine/trace_driver.py); between
+them the engine steps, each step taking the time the profile says. When nothing is
+left to run the clock jumps to the next event, so idle time costs nothing to simulate.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -19,6 +18,7 @@ from tokenfair.engine.clock import VirtualClock
 from tokenfair.engine.engine import Engine
 from tokenfair.engine.sim.executor import SIM_EOS_IDS, SimExecutor
 from tokenfair.engine.sim.profile import StepTimeProfile
+from tokenfair.engine.trace_driver import drive_trace
 from tokenfair.workloads.trace import TraceRecord
 
 
@@ -78,34 +78,8 @@ def simulate(
     engine = Engine(scheduler, SimExecutor(profile), clock)
     ordered = sorted(trace, key=lambda r: r.arrival_s)
     requests = [request_from_trace(r) for r in ordered]
-    cancels: list[tuple[float, int, str]] = []  # (deadline, order, request id)
-    next_arrival = 0
-    while next_arrival < len(requests) or engine.has_unfinished():
-        now = clock.now()
-        while next_arrival < len(requests) and requests[next_arrival].arrival_s <= now:
-            request = requests[next_arrival]
-            engine.add_request(request)
-            patience = ordered[next_arrival].cancel_after_s
-            if patience is not None:
-                heapq.heappush(
-                    cancels, (request.arrival_s + patience, next_arrival, request.request_id)
-                )
-            next_arrival += 1
-        while cancels and cancels[0][0] <= now:
-            engine.abort(heapq.heappop(cancels)[2])
-        steps_before = engine.num_steps
-        if engine.has_unfinished():
-            engine.step(emit=False)
-        if engine.num_steps == steps_before:
-            # Nothing could run: jump to the next event.
-            upcoming = [requests[next_arrival].arrival_s] if next_arrival < len(requests) else []
-            if cancels:
-                upcoming.append(cancels[0][0])
-            if not upcoming:
-                if engine.has_unfinished():
-                    raise RuntimeError("simulation stalled: requests wait but none can be admitted")
-                break
-            clock.jump_to(min(upcoming))
+    patience = [r.cancel_after_s for r in ordered]
+    drive_trace(engine, requests, patience, clock.jump_to, emit=False)
     results = [result_from_request(r) for r in requests]
     finishes = [r.finish_s for r in requests if r.finish_s is not None]
     makespan = (max(finishes) - requests[0].arrival_s) if finishes else 0.0
