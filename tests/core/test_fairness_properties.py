@@ -121,9 +121,15 @@ PROPERTY_SETTINGS = settings(
 )
 
 
+# The two bounds are the paper's, proved without preemption: reserve admission never
+# preempts. With optimistic admission a recompute-preempted request's client rejoins the
+# waiting set carrying the charges of the tokens it already produced, which can exceed B
+# a little (docs/fairness.md).
+
+
 @PROPERTY_SETTINGS
-@given(workloads(), st.sampled_from(["optimistic", "reserve"]), st.booleans())
-def test_vtc_counters_of_waiting_clients_stay_within_bound(workload, admission, charge_first):
+@given(workloads(), st.booleans())
+def test_vtc_counters_of_waiting_clients_stay_within_bound(workload, charge_first):
     limit = bound(workload)
     worst = []
 
@@ -134,8 +140,9 @@ def test_vtc_counters_of_waiting_clients_stay_within_bound(workload, admission, 
             values = [counters[c] for c in waiting]
             worst.append(max(values) - min(values))
 
-    config = engine_config(workload, admission=admission, charge_first_token=charge_first)
-    replay(workload, "vtc", config, observe)
+    config = engine_config(workload, admission="reserve", charge_first_token=charge_first)
+    scheduler = replay(workload, "vtc", config, observe)
+    assert scheduler.num_preemptions == 0
     assert max(worst, default=0.0) <= limit
 
 
@@ -149,7 +156,8 @@ def test_vtc_backlogged_clients_service_differs_by_at_most_twice_the_bound(workl
         waiting = {r.client for r in scheduler.policy.waiting_requests()}
         history.append((waiting, service(made, charge_first)))
 
-    replay(workload, "vtc", engine_config(workload, charge_first_token=charge_first), observe)
+    config = engine_config(workload, admission="reserve", charge_first_token=charge_first)
+    replay(workload, "vtc", config, observe)
     assert widest_backlogged_gap(workload, history) <= limit
 
 

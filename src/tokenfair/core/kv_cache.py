@@ -44,7 +44,8 @@ class KVCacheManager:
         self._block_hash: list[int | None] = [None] * num_blocks
         self._cached: dict[int, int] = {}
         self._evictable: OrderedDict[int, None] = OrderedDict()  # block ids, oldest first
-        self._hashed_blocks: dict[str, int] = {}  # request id -> its leading hashed blocks
+        # request id -> (how many leading blocks are hashed, the chain hash after them)
+        self._hashed_blocks: dict[str, tuple[int, int]] = {}
         # Swap area.
         self._swap_free: list[int] = list(range(num_swap_blocks - 1, -1, -1))
         self.swap_tables: dict[str, list[int]] = {}
@@ -147,12 +148,17 @@ class KVCacheManager:
                 del self._evictable[block]
             self._ref_count[block] += 1
             table.append(block)
+        # The chain hash after the last hit (not `parent`, which may be the miss's).
+        parent = self._block_hash[table[-1]] if table else 0
         self.block_tables[request.request_id] = table
-        self._hashed_blocks[request.request_id] = len(table)
-        hit = len(table) * self.block_size
-        self.prefix_hit_tokens += hit
-        self.prefix_query_tokens += request.num_tokens
-        return hit
+        self._hashed_blocks[request.request_id] = (len(table), parent)
+        return len(table) * self.block_size
+
+    def count_prefix_query(self, hit_tokens: int, total_tokens: int) -> None:
+        """Record an admitted request's prefix-cache hit, for hit-rate metrics."""
+        if self.enable_prefix_caching:
+            self.prefix_hit_tokens += hit_tokens
+            self.prefix_query_tokens += total_tokens
 
     def cache_full_blocks(self, request: Request) -> None:
         """Hash the request's blocks that its computed tokens have filled."""
@@ -161,13 +167,14 @@ class KVCacheManager:
         table = self.block_tables.get(request.request_id)
         if not table:
             return
-        done = self._hashed_blocks.get(request.request_id, 0)
+        done, parent = self._hashed_blocks.get(request.request_id, (0, 0))
         full = min(request.num_computed_tokens // self.block_size, len(table))
         if full <= done:
             return
         tokens = request.all_token_ids()
-        parent = self._block_hash[table[done - 1]] if done else 0
         for index in range(done, full):
+            # The chain continues through every block, cached here or not, so later
+            # blocks of this request stay findable.
             parent = hash((parent, self._block_key(request, index, tokens)))
             block = table[index]
             if parent in self._cached:
@@ -176,7 +183,7 @@ class KVCacheManager:
                 continue
             self._block_hash[block] = parent
             self._cached[parent] = block
-        self._hashed_blocks[request.request_id] = full
+        self._hashed_blocks[request.request_id] = (full, parent)
 
     # --- swap ---
     def can_swap_out(self, request: Request) -> bool:

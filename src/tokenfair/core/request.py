@@ -49,6 +49,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if any(not stop for stop in self.stop):
+            raise ValueError("stop strings must not be empty")
 
 
 @dataclass(slots=True, eq=False)
@@ -83,6 +85,7 @@ class Request:
     first_token_s: float | None = None
     finish_s: float | None = None
     output_text: str = ""  # detokenized output (real models only)
+    streamed_chars: int = 0  # how much of output_text has been handed out
     charged_output: int = 0  # output tokens already charged to the client's counter
     predicted_charge: int = 0  # vtc-predict: output tokens charged in advance
 

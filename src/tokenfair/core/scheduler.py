@@ -26,7 +26,6 @@ per admission, and the first output token (made by the prefill) left uncharged.
 
 from __future__ import annotations
 
-import itertools
 from collections import deque
 from dataclasses import dataclass, fields
 from typing import Literal
@@ -126,9 +125,10 @@ class Scheduler:
         self.requests: dict[str, Request] = {}  # every unfinished request
         self.running: list[Request] = []  # admission order
         self.swapped: deque[Request] = deque()  # swap-out order
-        self._admit_seq = itertools.count()
+        self._next_admit_seq = 0
         self._forget: list[str] = []  # ids the executor should drop at the next step
-        self._pending_swap_out: list[tuple[int, int]] = []
+        # Swap-out copies from force_preempt, delivered with the next step, by request.
+        self._pending_swap_out: dict[str, list[tuple[int, int]]] = {}
         self._steps_since_admission = 0
         self.num_preemptions = 0
         self.num_swaps = 0
@@ -157,18 +157,23 @@ class Scheduler:
         request = self.requests.get(request_id)
         if request is None:
             return False
-        if request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+        status = request.status
+        if status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
             self.policy.remove(request)
             self.kv.free(request)
-        elif request.status is RequestStatus.RUNNING:
+        elif status is RequestStatus.RUNNING:
             self.running.remove(request)
             self.kv.free(request)
-            self.policy.on_finish(request)
-        elif request.status is RequestStatus.SWAPPED:
+        elif status is RequestStatus.SWAPPED:
             self.swapped.remove(request)
             self.kv.free_swap(request)
-            self.policy.on_finish(request)
+            # Copies queued by force_preempt would write into swap blocks now free.
+            self._pending_swap_out.pop(request_id, None)
         self._finish(request, reason, now)
+        if request.ever_admitted:
+            # After _finish, so the policy sees the finish reason (length predictors
+            # learn from stops); a preempted request may hold a predicted charge too.
+            self.policy.on_finish(request)
         return True
 
     def _finish(self, request: Request, reason: FinishReason, now: float) -> None:
@@ -190,7 +195,8 @@ class Scheduler:
     def schedule(self, now: float) -> SchedulerOutput:
         out = SchedulerOutput(block_size=self.config.block_size)
         if self._pending_swap_out:  # from force_preempt between steps
-            out.swap_out, self._pending_swap_out = self._pending_swap_out, []
+            out.swap_out = [copy for copies in self._pending_swap_out.values() for copy in copies]
+            self._pending_swap_out = {}
         budget = self.config.max_batched_tokens
         if self.config.separate_prefill:
             self._schedule_separate_prefill(out, now)
@@ -269,6 +275,7 @@ class Scheduler:
         admitted = 0
         if self.swapped:
             return 0  # swapped requests come back before anyone new is let in
+        admitted_before = self._next_admit_seq  # requests admitted from here on are this step's
         while budget > 0:
             head = policy.peek()
             if head is None:
@@ -289,18 +296,24 @@ class Scheduler:
             if not fits:
                 kv.free(head)  # give back any prefix blocks it took while it waits
                 head.num_computed_tokens = 0
-                victim = policy.preempt_for(head, self.running) if n > 0 else None
+                victim = None
+                if n > 0:
+                    # Never push out a request admitted in this very step: it has not run.
+                    settled = [r for r in self.running if r.admit_seq < admitted_before]
+                    victim = policy.preempt_for(head, settled) if settled else None
                 if victim is None:
                     break
                 self._preempt(victim, out, mode="recompute")
                 continue
             policy.pop()
+            kv.count_prefix_query(head.num_computed_tokens, head.num_tokens)
             kv.allocate(head, booked)
             budget -= n
             first_time = not head.ever_admitted
             head.ever_admitted = True
             head.status = RequestStatus.RUNNING
-            head.admit_seq = next(self._admit_seq)
+            head.admit_seq = self._next_admit_seq
+            self._next_admit_seq += 1
             if head.scheduled_s is None:
                 head.scheduled_s = now
             self.running.append(head)
@@ -323,10 +336,12 @@ class Scheduler:
         spans.sort(reverse=True)
         held = 0
         limit = self.kv.num_blocks
-        rounding = 0 if block_size == 1 else 1  # each request may waste part of a block
+        # Rounded per request, `alive` requests take at most alive - 1 blocks more than
+        # their tokens rounded together (each wastes less than one block).
+        rounding = 0 if block_size == 1 else 1
         for alive, (growth, tokens) in enumerate(spans, start=1):
             held += tokens
-            if -(-(held + alive * growth) // block_size) + alive * rounding > limit:
+            if -(-(held + alive * growth) // block_size) + (alive - 1) * rounding > limit:
                 return False
         return True
 
@@ -378,7 +393,7 @@ class Scheduler:
         out = SchedulerOutput(block_size=self.config.block_size)
         self._preempt(request, out, mode)
         if out.swap_out:
-            self._pending_swap_out.extend(out.swap_out)
+            self._pending_swap_out[request_id] = out.swap_out
 
     # --- after the step ---
     def update(self, out: SchedulerOutput, result: ExecutorOutput, now: float) -> list[Request]:

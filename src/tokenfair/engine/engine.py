@@ -60,6 +60,8 @@ class Engine:
         request = self.scheduler.requests.get(request_id)
         if request is None or not self.scheduler.abort(request_id, self.clock.now()):
             return False
+        if self.detokenizer is not None:
+            self.detokenizer.forget(request_id)
         self._aborted.append(request)
         return True
 
@@ -101,27 +103,43 @@ class Engine:
         return outputs
 
     def _detokenize(self, output: RequestOutput, now: float) -> None:
-        """Add the new text; end the request at a stop string, which is not returned."""
+        """Add the new text; end the request at a stop string, which is never returned.
+
+        While a request runs, the last len(longest stop) - 1 characters are held back
+        from the stream: they may turn out to be the start of a stop string. They are
+        released when more text rules that out, or when the request finishes.
+        """
         request = output.request
-        text = self.detokenizer.new_text(request.request_id, request.output_token_ids)  # type: ignore[union-attr]
+        detokenizer = self.detokenizer
+        assert detokenizer is not None
+        before = len(request.output_text)
+        request.output_text += detokenizer.new_text(request.request_id, request.output_token_ids)
         stops = request.sampling.stop
-        if stops and not request.is_finished:
-            # A stop string may straddle tokens: search the tail of the text so far.
-            tail = request.output_text[-max(map(len, stops)) :] + text
-            for stop in stops:
-                at = tail.find(stop)
-                if at >= 0:
-                    keep = at - (len(tail) - len(text))
-                    text = text[: max(keep, 0)]
-                    if keep < 0:
-                        request.output_text = request.output_text[: len(request.output_text) + keep]
+        held_back = 0
+        if stops:
+            longest = max(map(len, stops))
+            # A match not found before must end in the new text, so it starts here at the
+            # earliest; among all stops, the earliest match wins.
+            search_from = max(0, before - longest + 1)
+            found = [
+                at
+                for at in (request.output_text.find(stop, search_from) for stop in stops)
+                if at >= 0
+            ]
+            if found:
+                request.output_text = request.output_text[: min(found)]
+                if request.is_finished:
+                    request.finish_reason = FinishReason.STOP  # stop string and EOS/length at once
+                else:
                     self.scheduler.finish(request.request_id, FinishReason.STOP, now)
-                    output.finished = True
-                    break
-        request.output_text += text
-        output.new_text = text
+                output.finished = True
+            elif not request.is_finished:
+                held_back = longest - 1
+        release_to = max(request.streamed_chars, len(request.output_text) - held_back)
+        output.new_text = request.output_text[request.streamed_chars : release_to]
+        request.streamed_chars = release_to
         if request.is_finished:
-            self.detokenizer.forget(request.request_id)  # type: ignore[union-attr]
+            detokenizer.forget(request.request_id)
 
     def run_until_done(self, max_steps: int | None = None) -> None:
         """Step until nothing is left (offline use and tests)."""

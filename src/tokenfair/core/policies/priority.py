@@ -24,5 +24,7 @@ class PriorityPolicy(KeyedPolicy):
 
     def preempt_for(self, head: Request, running: Sequence[Request]) -> Request | None:
         # A strictly more important request may push out the least important one.
+        if not running:
+            return None
         worst = self.victim(running)
         return worst if worst.priority > head.priority else None

@@ -73,10 +73,10 @@ def simulate(
     profile: StepTimeProfile,
     config: SchedulerConfig,
 ) -> SimulationResult:
-    clock = VirtualClock(trace[0].arrival_s if trace else 0.0)
+    ordered = sorted(trace, key=lambda r: r.arrival_s)
+    clock = VirtualClock(ordered[0].arrival_s if ordered else 0.0)
     scheduler = Scheduler(config, policy)
     engine = Engine(scheduler, SimExecutor(profile), clock)
-    ordered = sorted(trace, key=lambda r: r.arrival_s)
     requests = [request_from_trace(r) for r in ordered]
     patience = [r.cancel_after_s for r in ordered]
     drive_trace(engine, requests, patience, clock.jump_to, emit=False)

@@ -1,0 +1,124 @@
+"""Edge cases found in review: each test pins one fixed behaviour."""
+
+from tokenfair.core.policies import make_policy
+from tokenfair.core.policies.priority import PriorityPolicy
+from tokenfair.core.request import FinishReason
+from tokenfair.core.scheduler import Scheduler, SchedulerConfig
+
+from .helpers import fake_step, make_request
+
+
+def test_reserve_admits_a_request_that_needs_the_whole_pool():
+    config = SchedulerConfig(kv_tokens=64, block_size=16, admission="reserve")
+    scheduler = Scheduler(config, make_policy("fcfs"))
+    whole = make_request(input_tokens=32, output_tokens=32)
+    tiny = make_request(input_tokens=1, output_tokens=1)
+    assert scheduler.add_request(whole, 0) and scheduler.add_request(tiny, 0)
+    out = fake_step(scheduler)
+    assert whole in [s.request for s in out.scheduled]
+    for step in range(1, 100):
+        if not scheduler.has_unfinished():
+            break
+        fake_step(scheduler, step)
+    assert whole.finish_reason is FinishReason.STOP and tiny.finish_reason is FinishReason.STOP
+
+
+def test_priority_never_preempts_from_an_empty_batch():
+    assert PriorityPolicy().preempt_for(make_request(priority=-5), []) is None
+
+
+def test_aborting_a_preempted_request_refunds_its_predicted_charge():
+    config = SchedulerConfig(kv_tokens=256, block_size=4)
+    scheduler = Scheduler(config, make_policy("vtc-predict"))
+    r = make_request(client="a", input_tokens=10, output_tokens=100, predicted=200, max_tokens=200)
+    scheduler.add_request(r, 0)
+    for step in range(3):
+        fake_step(scheduler, step)
+    scheduler.force_preempt(r.request_id, "recompute")
+    scheduler.abort(r.request_id, 3)
+    # Charged for the prompt and the 3 tokens it produced; the unused prediction is back.
+    assert scheduler.policy.counters()["a"] == 10 + 2 * 3
+
+
+def test_requests_ended_by_a_stop_string_teach_the_length_predictor():
+    scheduler = Scheduler(SchedulerConfig(kv_tokens=256, block_size=4), make_policy("vtc-predict"))
+    r = make_request(client="a", output_tokens=50, max_tokens=100)
+    scheduler.add_request(r, 0)
+    for step in range(7):
+        fake_step(scheduler, step)
+    scheduler.finish(r.request_id, FinishReason.STOP, 7)
+    probe = make_request(client="a", max_tokens=100)
+    assert scheduler.policy.predictor.predict(probe) == 7
+
+
+def test_swap_copies_of_an_aborted_request_are_dropped():
+    config = SchedulerConfig(kv_tokens=256, block_size=4, swap_tokens=64, preemption="swap")
+    scheduler = Scheduler(config, make_policy("fcfs"))
+    gone, kept = (
+        make_request(input_tokens=8, output_tokens=50),
+        make_request(input_tokens=8, output_tokens=50),
+    )
+    scheduler.add_request(gone, 0)
+    scheduler.add_request(kept, 0)
+    fake_step(scheduler)
+    scheduler.force_preempt(gone.request_id, "swap")
+    scheduler.abort(gone.request_id, 1)
+    scheduler.force_preempt(kept.request_id, "swap")
+    kept_blocks = len(scheduler.kv.swap_tables[kept.request_id])
+    out = scheduler.schedule(2)
+    swap_blocks = [swap for _, swap in out.swap_out]
+    # Only kept's copies: none of them lands twice in one swap block.
+    assert len(swap_blocks) == len(set(swap_blocks)) == kept_blocks
+
+
+def test_prefix_chain_survives_a_block_cached_by_someone_else():
+    from tokenfair.core.kv_cache import KVCacheManager
+
+    kv = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
+    first, second = make_request(input_tokens=12), make_request(input_tokens=17)
+    first.prompt_token_ids = list(range(12))
+    second.prompt_token_ids = list(range(4)) + [100 + i for i in range(13)]
+    for r in (first, second):
+        kv.allocate(r, r.input_tokens)
+    # Both compute the same first block in the same step: only one copy is cached.
+    for r in (first, second):
+        r.num_computed_tokens = 4
+        kv.cache_full_blocks(r)
+    for r in (first, second):
+        r.num_computed_tokens = r.input_tokens
+        kv.cache_full_blocks(r)
+    kv.free(second)
+    assert kv.match_prefix(second) == 16  # all four full blocks, not just the first
+
+
+def test_prefix_hit_statistics_count_admitted_requests_only():
+    config = SchedulerConfig(kv_tokens=64, block_size=4, max_num_seqs=1, enable_prefix_caching=True)
+    scheduler = Scheduler(config, make_policy("fcfs"))
+    first, waiting = (
+        make_request(input_tokens=8, output_tokens=10),
+        make_request(input_tokens=33, output_tokens=1),
+    )
+    scheduler.add_request(first, 0)
+    scheduler.add_request(waiting, 0)
+    for step in range(5):
+        fake_step(scheduler, step)  # `waiting` is blocked by max_num_seqs all along
+    assert scheduler.kv.prefix_query_tokens == 8
+
+
+def test_vtc_preempt_never_pushes_out_a_request_admitted_in_the_same_step():
+    config = SchedulerConfig(kv_tokens=4096, block_size=4, max_num_seqs=2)
+    scheduler = Scheduler(config, make_policy("vtc-preempt:0"))
+    victims = []
+    preempt = scheduler._preempt
+
+    def recording_preempt(victim, out, mode=None):
+        victims.append(victim.num_computed_tokens)
+        preempt(victim, out, mode)
+
+    scheduler._preempt = recording_preempt
+    for client in ("a", "b", "c", "d"):
+        scheduler.add_request(make_request(client=client, input_tokens=50, output_tokens=30), 0)
+    for step in range(60):
+        fake_step(scheduler, step)
+    assert victims, "threshold 0 must preempt"
+    assert all(computed > 0 for computed in victims)  # every victim had run a step
