@@ -258,7 +258,7 @@ def test_paper_preset_admits_every_ten_decode_steps_in_separate_prefill_steps():
         out = fake_step(scheduler, t)
         kinds.append(
             "prefill"
-            if any(s.request is late and s.is_prefill for s in out.scheduled)
+            if any(s.request is late and s.start < late.input_tokens for s in out.scheduled)
             else "decode"
         )
     assert kinds.index("prefill") == 10  # after ten decode steps

@@ -31,10 +31,6 @@ class ScheduledRequest:
     def samples(self) -> bool:
         return self.start + self.num_new_tokens == self.request.num_tokens
 
-    @property
-    def is_prefill(self) -> bool:
-        return self.num_new_tokens > 1 or self.start < self.request.input_tokens
-
 
 @dataclass(slots=True)
 class SchedulerOutput:

@@ -86,8 +86,9 @@ class Request:
     finish_s: float | None = None
     output_text: str = ""  # detokenized output (real models only)
     streamed_chars: int = 0  # how much of output_text has been handed out
-    charged_output: int = 0  # output tokens already charged to the client's counter
-    predicted_charge: int = 0  # vtc-predict: output tokens charged in advance
+    # Output tokens already charged to the client's counter (ahead of generation
+    # under length prediction).
+    charged_output: int = 0
 
     def __post_init__(self) -> None:
         if self.input_tokens < 1:

@@ -275,7 +275,6 @@ class Scheduler:
         admitted = 0
         if self.swapped:
             return 0  # swapped requests come back before anyone new is let in
-        admitted_before = self._next_admit_seq  # requests admitted from here on are this step's
         while budget > 0:
             head = policy.peek()
             if head is None:
@@ -298,8 +297,9 @@ class Scheduler:
                 head.num_computed_tokens = 0
                 victim = None
                 if n > 0:
-                    # Never push out a request admitted in this very step: it has not run.
-                    settled = [r for r in self.running if r.admit_seq < admitted_before]
+                    # Never push out a request admitted in this very step: it has not
+                    # run. Admissions append to `running`, so they are its tail.
+                    settled = self.running[:-admitted] if admitted else self.running
                     victim = policy.preempt_for(head, settled) if settled else None
                 if victim is None:
                     break

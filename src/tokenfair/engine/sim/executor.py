@@ -14,7 +14,6 @@ SIM_EOS_IDS = frozenset({SIM_EOS})
 class SimExecutor:
     def __init__(self, profile: StepTimeProfile):
         self.profile = profile
-        self.busy_s = 0.0
 
     def execute(self, batch: SchedulerOutput) -> ExecutorOutput:
         sampled: dict[str, int] = {}
@@ -31,5 +30,4 @@ class SimExecutor:
         copied = len(batch.swap_out) + len(batch.swap_in)
         if copied:
             elapsed += copied * batch.block_size * self.profile.swap_token_s
-        self.busy_s += elapsed
         return ExecutorOutput(sampled=sampled, elapsed_s=elapsed)
