@@ -103,10 +103,10 @@ def simulate(
 
     Example: tokenfair simulate --trace ../shared/traces/arena_vtc_600s.jsonl --policy vtc --out vtc.jsonl
     """
-    from tokenfair.bench.results import write_results
     from tokenfair.core.cost import make_cost
     from tokenfair.engine.sim.profile import load_profile
     from tokenfair.engine.sim.simulator import simulate as run_simulation
+    from tokenfair.results import write_results
     from tokenfair.workloads.trace import read_trace
 
     try:
@@ -168,8 +168,8 @@ def metrics(
 
     Example: tokenfair metrics vtc.jsonl --duration 600 --window 60 --warmup 30
     """
-    from tokenfair.bench.metrics import fairness_report
-    from tokenfair.bench.results import read_results
+    from tokenfair.fairness.report import fairness_report
+    from tokenfair.results import read_results
 
     try:
         records = read_results(results)
@@ -182,10 +182,7 @@ def metrics(
         )
     except (OSError, ValueError) as error:
         raise fail(str(error)) from None
-    if not full:
-        for key in ("service_rate", "demand_rate", "jain_per_tick"):
-            report.pop(key, None)
-    print(json.dumps(report, indent=2))
+    print(json.dumps(report.to_json(full), indent=2))
 
 
 @app.command()

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tokenfair.bench.results import ResultRecord
+from tokenfair.results import ResultRecord
 
 
 def compare_with_measured(
