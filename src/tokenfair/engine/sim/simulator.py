@@ -8,7 +8,7 @@ left to run the clock jumps to the next event, so idle time costs nothing to sim
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tokenfair.bench.results import ResultRecord
 from tokenfair.core.policies.base import Policy
@@ -16,7 +16,7 @@ from tokenfair.core.request import Request, SamplingParams
 from tokenfair.core.scheduler import Scheduler, SchedulerConfig
 from tokenfair.engine.clock import VirtualClock
 from tokenfair.engine.engine import Engine
-from tokenfair.engine.sim.executor import SIM_EOS_IDS, SimExecutor
+from tokenfair.engine.sim.executor import SimExecutor
 from tokenfair.engine.sim.profile import StepTimeProfile
 from tokenfair.engine.trace_driver import drive_trace
 from tokenfair.workloads.trace import TraceRecord
@@ -32,6 +32,11 @@ class SimulationResult:
     swaps: int
     counters: dict[str, float]
     preemptions_by_client: dict[str, int]
+    # `preemptions` split by cause: the pool was short (a sizing problem), or the
+    # policy chose to admit a waiting request (vtc-preempt, priority).
+    memory_preemptions: int = 0
+    policy_preemptions: int = 0
+    memory_preemptions_by_client: dict[str, int] = field(default_factory=dict)
 
     @property
     def generated_tokens(self) -> int:
@@ -47,7 +52,6 @@ def request_from_trace(record: TraceRecord) -> Request:
         sampling=SamplingParams(max_tokens=record.max_tokens or record.output_tokens),
         priority=record.priority,
         target_output_tokens=record.output_tokens,
-        eos_token_ids=SIM_EOS_IDS,
     )
 
 
@@ -92,4 +96,7 @@ def simulate(
         swaps=scheduler.num_swaps,
         counters=policy.counters(),
         preemptions_by_client=dict(scheduler.preemptions_by_client),
+        memory_preemptions=scheduler.num_memory_preemptions,
+        policy_preemptions=scheduler.num_policy_preemptions,
+        memory_preemptions_by_client=dict(scheduler.memory_preemptions_by_client),
     )
