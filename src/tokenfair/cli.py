@@ -143,14 +143,17 @@ def simulate(
         "preemptions": result.preemptions,
         "swaps": result.swaps,
         "preemptions_by_client": result.preemptions_by_client,
+        "policy_preemptions": result.policy_preemptions,
         "wall_s": round(wall, 3),
         "out": str(out) if out else None,
     }
-    if result.preemptions > 0.1 * len(result.results):
-        worst = max(result.preemptions_by_client, key=result.preemptions_by_client.get)
+    if result.memory_preemptions > 0.1 * len(result.results):
+        by_client = result.memory_preemptions_by_client
+        worst = max(by_client, key=by_client.__getitem__)
         console.print(
-            f"[yellow]warning:[/yellow] {result.preemptions} preemptions for {len(result.results)} requests "
-            f"(most for {worst}): a sizing problem; give the KV pool more tokens or lower --max-num-seqs"
+            f"[yellow]warning:[/yellow] {result.memory_preemptions} preemptions under memory pressure "
+            f"for {len(result.results)} requests (most for {worst}): a sizing problem; give the "
+            "KV pool more tokens or lower --max-num-seqs"
         )
     print(json.dumps(summary))
 

@@ -28,6 +28,11 @@ class ReplayResult:
     swaps: int = 0
     counters: dict[str, float] = field(default_factory=dict)  # the policy's, at the end
     preemptions_by_client: dict[str, int] = field(default_factory=dict)
+    # `preemptions` split by cause: the pool was short (a sizing problem), or the
+    # policy chose to admit a waiting request (vtc-preempt, priority).
+    memory_preemptions: int = 0
+    policy_preemptions: int = 0
+    memory_preemptions_by_client: dict[str, int] = field(default_factory=dict)
 
     @property
     def generated_tokens(self) -> int:
@@ -49,6 +54,8 @@ def replay(
     steps, busy = engine.num_steps, engine.busy_s
     preemptions, swaps = scheduler.num_preemptions, scheduler.num_swaps
     by_client = dict(scheduler.preemptions_by_client)
+    memory, chosen = scheduler.num_memory_preemptions, scheduler.num_policy_preemptions
+    memory_by_client = dict(scheduler.memory_preemptions_by_client)
     drive_trace(engine, requests, patience, wait_until, emit)
     finishes = [r.finish_s for r in requests if r.finish_s is not None]
     makespan = (max(finishes) - requests[0].arrival_s) if finishes else 0.0
@@ -67,6 +74,13 @@ def replay(
             client: count - by_client.get(client, 0)
             for client, count in scheduler.preemptions_by_client.items()
             if count > by_client.get(client, 0)
+        },
+        memory_preemptions=scheduler.num_memory_preemptions - memory,
+        policy_preemptions=scheduler.num_policy_preemptions - chosen,
+        memory_preemptions_by_client={
+            client: count - memory_by_client.get(client, 0)
+            for client, count in scheduler.memory_preemptions_by_client.items()
+            if count > memory_by_client.get(client, 0)
         },
     )
 

@@ -2,8 +2,9 @@
 `tokenfair.engine.sim.simulator.simulate`.
 
 Each trace request becomes random prompt tokens of its input length and generates
-exactly its output length (EOS ignored, max_tokens = output length), which is what the
-simulator assumes, so the two makespans are comparable.
+exactly its output length (EOS ignored; the scheduler stops it at the trace's
+`output_tokens`), with the trace's `max_tokens` as its limit, which is what the
+simulator does, so the two makespans are comparable.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ def trace_requests(trace: Sequence[TraceRecord], vocab_size: int, seed: int = 0)
     requests = []
     for record in sorted(trace, key=lambda r: r.arrival_s):
         prompt = torch.randint(0, vocab_size, (record.input_tokens,), generator=generator).tolist()
-        sampling = SamplingParams(max_tokens=record.output_tokens, ignore_eos=True)
+        limit = record.max_tokens or record.output_tokens
+        sampling = SamplingParams(max_tokens=limit, ignore_eos=True)
         requests.append(
             Request(
                 record.request_id,
@@ -35,6 +37,7 @@ def trace_requests(trace: Sequence[TraceRecord], vocab_size: int, seed: int = 0)
                 sampling,
                 prompt_token_ids=prompt,
                 priority=record.priority,
+                target_output_tokens=record.output_tokens,
             )
         )
     return requests

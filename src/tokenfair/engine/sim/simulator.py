@@ -14,7 +14,7 @@ from tokenfair.core.request import Request, SamplingParams
 from tokenfair.core.scheduler import Scheduler, SchedulerConfig
 from tokenfair.engine.clock import VirtualClock
 from tokenfair.engine.engine import Engine
-from tokenfair.engine.sim.executor import SIM_EOS_IDS, SimExecutor
+from tokenfair.engine.sim.executor import SimExecutor
 from tokenfair.engine.sim.profile import StepTimeProfile
 from tokenfair.engine.trace_driver import ReplayResult, replay
 from tokenfair.workloads.trace import TraceRecord
@@ -29,7 +29,6 @@ def request_from_trace(record: TraceRecord) -> Request:
         sampling=SamplingParams(max_tokens=record.max_tokens or record.output_tokens),
         priority=record.priority,
         target_output_tokens=record.output_tokens,
-        eos_token_ids=SIM_EOS_IDS,
     )
 
 
