@@ -208,7 +208,9 @@ def test_config_errors_speak_of_options(tmp_path: Path) -> None:
 def test_metrics_window_and_warmup_errors(tmp_path: Path) -> None:
     results = results_file(tmp_path)
     assert "must exceed the warm-up" in error_line(["metrics", str(results), "--warmup", "100"])
-    assert "window must be > 0" in error_line(["metrics", str(results), "--window", "0", "--warmup", "1"])
+    assert "window must be > 0" in error_line(
+        ["metrics", str(results), "--window", "0", "--warmup", "1"]
+    )
 
 
 def test_unknown_suite_and_missing_out(tmp_path: Path) -> None:
