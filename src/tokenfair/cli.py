@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tokenfair.commands.experiment import experiment_app
+from tokenfair.commands.serve import serve
 from tokenfair.commands.tenants import tenants_app
 from tokenfair.commands.trace import trace_app
 from tokenfair.core.policies import POLICY_HELP, make_policy
@@ -28,6 +29,7 @@ console = Console(stderr=True)
 app.add_typer(trace_app, name="trace")
 app.add_typer(experiment_app, name="experiment")
 app.add_typer(tenants_app, name="tenants")
+app.command("serve")(serve)
 
 DEFAULT_SHARED = Path("../shared")
 
