@@ -13,6 +13,7 @@ from tokenfair import __version__
 from tokenfair.commands.experiment import experiment_app
 from tokenfair.commands.metrics import metrics
 from tokenfair.commands.model import generate, profile
+from tokenfair.commands.serve import serve
 from tokenfair.commands.simulate import simulate
 from tokenfair.commands.tenants import tenants_app
 from tokenfair.commands.trace import trace_app
@@ -33,6 +34,7 @@ app.command("profile")(profile)
 app.add_typer(trace_app, name="trace")
 app.add_typer(experiment_app, name="experiment")
 app.add_typer(tenants_app, name="tenants")
+app.command("serve")(serve)
 
 DEFAULT_SHARED = Path("../shared")
 
