@@ -99,7 +99,9 @@ class KVCacheManager:
         if self._free:
             return self._free.pop()
         block, _ = self._evictable.popitem(last=False)  # evict the least recently freed
-        del self._cached[self._block_hash[block]]  # type: ignore[index]
+        digest = self._block_hash[block]
+        if digest is not None:  # an evictable block is full, so it always has a hash
+            del self._cached[digest]
         self._block_hash[block] = None
         return block
 
@@ -149,7 +151,7 @@ class KVCacheManager:
             self._ref_count[block] += 1
             table.append(block)
         # The chain hash after the last hit (not `parent`, which may be the miss's).
-        parent = self._block_hash[table[-1]] if table else 0
+        parent = (self._block_hash[table[-1]] or 0) if table else 0
         self.block_tables[request.request_id] = table
         self._hashed_blocks[request.request_id] = (len(table), parent)
         return len(table) * self.block_size

@@ -25,8 +25,12 @@ from typing import Protocol
 
 
 class StepTimeProfile(Protocol):
-    name: str
-    swap_token_s: float
+    # Read-only members, so the frozen dataclasses below (and a property) satisfy them.
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def swap_token_s(self) -> float: ...
 
     def step_time(
         self, prefill_tokens: int, decode_requests: int, context_tokens: int

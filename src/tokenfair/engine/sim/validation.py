@@ -23,6 +23,8 @@ def compare_with_measured(
     for sim, real in zip(simulated, measured, strict=True):
         if sim.first_token_s is None or sim.finish_s is None:
             continue
+        if real.first_token_s is None or real.finish_s is None:
+            continue
         ttft_err.append(
             abs((sim.first_token_s - sim.arrival_s) - (real.first_token_s - real.arrival_s))
         )
