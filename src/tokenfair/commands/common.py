@@ -52,11 +52,12 @@ def describe_os_error(error: OSError) -> str:
 @contextmanager
 def user_errors(*extra: type[Exception]) -> Iterator[None]:
     """Turn the errors a user's input can cause into one line and exit status 2."""
+    caught: tuple[type[Exception], ...] = (ValueError, *extra)
     try:
         yield
     except OSError as error:
         fail(describe_os_error(error))
-    except (ValueError, *extra) as error:
+    except caught as error:
         fail(str(error))
 
 

@@ -12,6 +12,7 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
+from tokenfair.core.cost import DEFAULT_COST
 from tokenfair.experiments.ablation import AblationRow, length_sweep, pool_sweep
 from tokenfair.experiments.experiment import ExperimentResult
 from tokenfair.experiments.paper_table import PAPER_ARENA_TABLE, PAPER_LABEL
@@ -265,7 +266,7 @@ def intro_blocks(result: ExperimentResult) -> list[Block]:
             f"{suite_policies}, and `wvtc` on the weighted suite."
         )
     lines.append(
-        "Metrics (SPEC section 6): service = input + 2 × output tokens; ticks "
+        f"Metrics (SPEC section 6): service = {DEFAULT_COST.unit}; ticks "
         "x_i = (T − warmup)/20 · i, i = 1..19, window w and warmup per workload (T = 600 s "
         "for the arena trace, the suite's duration otherwise; w = 60 s, warmup = 30 s). "
         "Throughput counts input + output tokens from the first arrival to the last finish."
