@@ -51,7 +51,7 @@ def flood_servers(server_dir) -> Iterator[dict[str, Server]]:
             "--max-waiting",
             "4096",
             tenants=FLOOD_TENANTS,
-        )  # fmt: skip
+        )
         for policy in ("vtc", "fcfs")
     }
     yield servers
