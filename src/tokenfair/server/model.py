@@ -22,6 +22,9 @@ from tokenfair.server.sim_model import (
     sim_profile,
 )
 
+# sim: has no position limit of its own; the KV pool and the tenant bound apply.
+SIM_MAX_CONTEXT = 1 << 30
+
 
 class ModelTokenizer(Protocol):
     eos_token_ids: frozenset[int]
@@ -95,7 +98,7 @@ def build_served_model(
             name=name,
             engine=engine,
             tokenizer=SimTokenizer(),
-            max_context=config.kv_tokens,
+            max_context=SIM_MAX_CONTEXT,
             vocab_size=None,
             has_chat_template=True,
             keeps_token_ids=False,
