@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tokenfair.commands.experiment import experiment_app
+from tokenfair.commands.gateway import gateway as gateway_command
 from tokenfair.commands.trace import trace_app
 from tokenfair.core.policies import POLICY_HELP, make_policy
 from tokenfair.core.scheduler import ConfigError, SchedulerConfig
@@ -26,6 +27,7 @@ app = typer.Typer(
 console = Console(stderr=True)
 app.add_typer(trace_app, name="trace")
 app.add_typer(experiment_app, name="experiment")
+app.command("gateway")(gateway_command)
 
 DEFAULT_SHARED = Path("../shared")
 
