@@ -14,6 +14,7 @@ from rich.table import Table
 
 from tokenfair.commands.experiment import experiment_app
 from tokenfair.commands.gateway import gateway as gateway_command
+from tokenfair.commands.tenants import tenants_app
 from tokenfair.commands.trace import trace_app
 from tokenfair.core.policies import POLICY_HELP, make_policy
 from tokenfair.core.scheduler import ConfigError, SchedulerConfig
@@ -28,6 +29,7 @@ console = Console(stderr=True)
 app.add_typer(trace_app, name="trace")
 app.add_typer(experiment_app, name="experiment")
 app.command("gateway")(gateway_command)
+app.add_typer(tenants_app, name="tenants")
 
 DEFAULT_SHARED = Path("../shared")
 
@@ -105,10 +107,10 @@ def simulate(
 
     Example: tokenfair simulate --trace ../shared/traces/arena_vtc_600s.jsonl --policy vtc --out vtc.jsonl
     """
-    from tokenfair.bench.results import write_results
     from tokenfair.core.cost import make_cost
     from tokenfair.engine.sim.profile import load_profile
     from tokenfair.engine.sim.simulator import simulate as run_simulation
+    from tokenfair.results import write_results
     from tokenfair.workloads.trace import read_trace
 
     try:
@@ -143,14 +145,17 @@ def simulate(
         "preemptions": result.preemptions,
         "swaps": result.swaps,
         "preemptions_by_client": result.preemptions_by_client,
+        "policy_preemptions": result.policy_preemptions,
         "wall_s": round(wall, 3),
         "out": str(out) if out else None,
     }
-    if result.preemptions > 0.1 * len(result.results):
-        worst = max(result.preemptions_by_client, key=result.preemptions_by_client.get)
+    if result.memory_preemptions > 0.1 * len(result.results):
+        by_client = result.memory_preemptions_by_client
+        worst = max(by_client, key=by_client.__getitem__)
         console.print(
-            f"[yellow]warning:[/yellow] {result.preemptions} preemptions for {len(result.results)} requests "
-            f"(most for {worst}): a sizing problem; give the KV pool more tokens or lower --max-num-seqs"
+            f"[yellow]warning:[/yellow] {result.memory_preemptions} preemptions under memory pressure "
+            f"for {len(result.results)} requests (most for {worst}): a sizing problem; give the "
+            "KV pool more tokens or lower --max-num-seqs"
         )
     print(json.dumps(summary))
 
@@ -170,8 +175,8 @@ def metrics(
 
     Example: tokenfair metrics vtc.jsonl --duration 600 --window 60 --warmup 30
     """
-    from tokenfair.bench.metrics import fairness_report
-    from tokenfair.bench.results import read_results
+    from tokenfair.fairness.report import fairness_report
+    from tokenfair.results import read_results
 
     try:
         records = read_results(results)
@@ -184,10 +189,7 @@ def metrics(
         )
     except (OSError, ValueError) as error:
         raise fail(str(error)) from None
-    if not full:
-        for key in ("service_rate", "demand_rate", "jain_per_tick"):
-            report.pop(key, None)
-    print(json.dumps(report, indent=2))
+    print(json.dumps(report.to_json(full), indent=2))
 
 
 @app.command()

@@ -111,9 +111,9 @@ def test_vtc_preempt_never_pushes_out_a_request_admitted_in_the_same_step():
     victims = []
     preempt = scheduler._preempt
 
-    def recording_preempt(victim, out, mode=None):
+    def recording_preempt(victim, out, mode=None, cause="memory"):
         victims.append(victim.num_computed_tokens)
-        preempt(victim, out, mode)
+        return preempt(victim, out, mode, cause)
 
     scheduler._preempt = recording_preempt
     for client in ("a", "b", "c", "d"):

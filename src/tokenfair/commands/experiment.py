@@ -17,11 +17,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from tokenfair.bench.experiment import ARENA, ExperimentResult, run_compare, run_paper_experiment
-from tokenfair.bench.paper_table import PAPER_ARENA_TABLE, PAPER_LABEL
-from tokenfair.bench.runner import DEFAULT_PROFILE, DEFAULT_WORKERS, ProgressFn
-from tokenfair.bench.summary import ratio
 from tokenfair.core.policies import PolicyError, make_policy
+from tokenfair.experiments.experiment import ExperimentResult, run_compare, run_paper_experiment
+from tokenfair.experiments.paper_table import PAPER_ARENA_TABLE, PAPER_LABEL
+from tokenfair.experiments.runner import DEFAULT_PROFILE, DEFAULT_WORKERS, ProgressFn
+from tokenfair.experiments.summary import ratio
+from tokenfair.experiments.workloads import ARENA
+from tokenfair.report.experiment_report import publish
 from tokenfair.workloads.weights import WeightsError, read_weights
 
 experiment_app = typer.Typer(
@@ -138,6 +140,7 @@ def paper(
         raise _fail(f"no arena trace under {shared}/traces: pass --shared DIR")
     with progress_bar("paper experiment") as advance:
         result = run_paper_experiment(out, quick, shared, advance, workers=workers)
+    publish(result)
     print_summary(result, ARENA)
 
 
@@ -186,6 +189,7 @@ def compare(
                 workers=workers,
                 progress=advance,
             )
+        publish(result)
     except (OSError, ValueError) as error:
         raise _fail(str(error)) from None
     print_summary(result, result.workloads[0].name)
@@ -206,4 +210,5 @@ def run_demo(shared_dir: Path, out_dir: Path) -> None:
         raise _fail(f"no arena trace under {shared_dir}/traces: pass --shared DIR")
     with progress_bar("paper experiment (quick)") as advance:
         result = run_paper_experiment(out_dir, True, shared_dir, advance)
+    publish(result)
     print_summary(result, ARENA)

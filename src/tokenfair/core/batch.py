@@ -1,8 +1,8 @@
 """What the scheduler hands the executor for one step, and what comes back.
 
 The executor never decides anything: it runs the tokens it is given, writes their KV
-into the blocks it is told, copies blocks for swaps, forgets requests that are gone,
-and samples one token for each request whose scheduled tokens reach its end.
+into the blocks it is told, copies blocks for swaps, and samples one token for each
+request whose scheduled tokens reach its end.
 """
 
 from __future__ import annotations
@@ -35,9 +35,6 @@ class ScheduledRequest:
 @dataclass(slots=True)
 class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
-    # Requests the executor should forget (finished, aborted, preempted by recompute)
-    # since the previous step: drop per-request state such as RNGs or detokenizers.
-    finished_request_ids: list[str] = field(default_factory=list)
     # Block copies to run before the forward pass: (device block, swap block) for
     # swap-out, (swap block, device block) for swap-in.
     swap_out: list[tuple[int, int]] = field(default_factory=list)

@@ -65,29 +65,30 @@ class KVCacheManager:
     def num_free_swap_blocks(self) -> int:
         return len(self._swap_free)
 
-    @property
-    def usage(self) -> float:
-        return self.num_used_blocks / self.num_blocks
-
     def blocks_for(self, num_tokens: int) -> int:
+        """Blocks that hold `num_tokens` tokens (the one rounding rule)."""
         return -(-num_tokens // self.block_size)
 
     def blocks_needed(self, request: Request, num_tokens: int) -> int:
         """Blocks `request` must add to hold `num_tokens` tokens in total."""
         have = len(self.block_tables.get(request.request_id, ()))
-        return max(0, -(-num_tokens // self.block_size) - have)
+        return max(0, self.blocks_for(num_tokens) - have)
 
     # --- allocation ---
     def allocate(self, request: Request, num_tokens: int) -> bool:
-        """Grow the request's table to hold `num_tokens` tokens; False if the pool is short."""
+        """Grow the request's table to hold `num_tokens` tokens; False if the pool is short.
+
+        The one place that decides whether blocks are available: the scheduler asks
+        here and preempts or stops admitting on False. Nothing is taken on False.
+        """
         table = self.block_tables.get(request.request_id)
+        need = self.blocks_for(num_tokens) - (len(table) if table is not None else 0)
+        if need > self.num_free_blocks:
+            return False
         if table is None:
             table = self.block_tables[request.request_id] = []
-        need = -(-num_tokens // self.block_size) - len(table)
         if need <= 0:
             return True
-        if need > len(self._free) + len(self._evictable):
-            return False
         ref_count = self._ref_count
         for _ in range(need):
             block = self._free.pop() if self._free else self._take_free_block()
@@ -99,7 +100,9 @@ class KVCacheManager:
         if self._free:
             return self._free.pop()
         block, _ = self._evictable.popitem(last=False)  # evict the least recently freed
-        del self._cached[self._block_hash[block]]  # type: ignore[index]
+        key = self._block_hash[block]
+        assert key is not None  # evictable blocks are the hashed ones
+        del self._cached[key]
         self._block_hash[block] = None
         return block
 
@@ -149,7 +152,7 @@ class KVCacheManager:
             self._ref_count[block] += 1
             table.append(block)
         # The chain hash after the last hit (not `parent`, which may be the miss's).
-        parent = self._block_hash[table[-1]] if table else 0
+        parent = (self._block_hash[table[-1]] or 0) if table else 0
         self.block_tables[request.request_id] = table
         self._hashed_blocks[request.request_id] = (len(table), parent)
         return len(table) * self.block_size
@@ -200,13 +203,16 @@ class KVCacheManager:
         self.swap_tables[request.request_id] = swap_table
         return mapping
 
-    def can_swap_in(self, request: Request) -> bool:
-        return len(self.swap_tables.get(request.request_id, ())) <= self.num_free_blocks
+    def swap_in(self, request: Request, num_tokens: int = 0) -> list[tuple[int, int]] | None:
+        """Bring the request's blocks back and grow them to hold `num_tokens` tokens.
 
-    def swap_in(self, request: Request) -> list[tuple[int, int]] | None:
-        """Bring the request's blocks back: (swap, device) copies, or None if the pool is short."""
+        Returns the (swap, device) copies, or None (nothing moved) if the pool cannot
+        hold the swapped blocks plus the growth.
+        """
         swap_table = self.swap_tables.get(request.request_id)
-        if swap_table is None or not self.can_swap_in(request):
+        if swap_table is None:
+            return None
+        if max(len(swap_table), self.blocks_for(num_tokens)) > self.num_free_blocks:
             return None
         del self.swap_tables[request.request_id]
         table = []
@@ -216,7 +222,9 @@ class KVCacheManager:
             table.append(block)
         self.block_tables[request.request_id] = table
         self._swap_free.extend(reversed(swap_table))
-        return list(zip(swap_table, table, strict=True))
+        copies = list(zip(swap_table, table, strict=True))
+        self.allocate(request, num_tokens)  # fits: checked above
+        return copies
 
     def free_swap(self, request: Request) -> None:
         swap_table = self.swap_tables.pop(request.request_id, None)

@@ -57,9 +57,11 @@ class SamplingParams:
 class Request:
     """One generation request.
 
-    `prompt_token_ids` is None in the simulator, where only lengths matter; the
-    simulator instead knows `target_output_tokens`, the length the real model would
-    generate before its EOS (the trace's output length).
+    `prompt_token_ids` is None in the simulator, where only lengths matter. Trace
+    replays (simulated or on a real model) set `target_output_tokens`, the length the
+    model would generate before its EOS (the trace's output length): the scheduler
+    ends the request there (STOP) in its model's stead, while `max_tokens` stays the
+    request's limit (what reserve admission reserves).
     """
 
     request_id: str
@@ -69,7 +71,7 @@ class Request:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     prompt_token_ids: list[int] | None = None
     priority: int = 0  # lower runs first (vLLM's convention)
-    target_output_tokens: int | None = None  # simulator only: true output length
+    target_output_tokens: int | None = None  # trace replays: the natural output length
     predicted_output_tokens: int | None = None  # optional length hint for sjf/vtc-predict
     eos_token_ids: frozenset[int] = frozenset()
 

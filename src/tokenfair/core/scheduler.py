@@ -20,95 +20,27 @@ on shortage (vLLM's behaviour).
 
 The `paper` preset reproduces the S-LoRA/LightLLM router that produced the paper's
 numbers: admission only when nothing runs or every `admission_interval_steps` decode
-steps, admitted prompts prefilled in a step of their own, a cap on new prompt tokens
-per admission, and the first output token (made by the prefill) left uncharged.
+steps (retried at every step after a failed attempt), admitted prompts prefilled in a
+step of their own, a cap on new prompt tokens per admission, the first output token
+(made by the prefill) left uncharged, and that router's exact peak-memory check: a
+running request peaks at prompt + max_tokens - 1 (its last token is never written to
+the cache), the peak must stay strictly below the pool, and every distinct client in
+the batch holds `adapter_tokens_per_client` tokens of the pool for its LoRA adapter.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, fields
 from typing import Literal
 
 from tokenfair.core.batch import ExecutorOutput, ScheduledRequest, SchedulerOutput
 from tokenfair.core.kv_cache import KVCacheManager
 from tokenfair.core.policies.base import Policy
 from tokenfair.core.request import FinishReason, Request, RequestStatus
+from tokenfair.core.reserve import reserve_peak_fits
+from tokenfair.core.scheduler_config import PAPER_ADAPTER_TOKENS, ConfigError, SchedulerConfig
 
-
-class ConfigError(ValueError):
-    """A scheduler setting that cannot work; the message names the key."""
-
-
-@dataclass(slots=True)
-class SchedulerConfig:
-    max_num_seqs: int = 256
-    max_batched_tokens: int = 8192
-    kv_tokens: int = 100_000
-    block_size: int = 16
-    swap_tokens: int = 0
-    admission: Literal["reserve", "optimistic"] = "optimistic"
-    preemption: Literal["recompute", "swap"] = "recompute"
-    enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = False
-    # The paper's router (see the module docstring); 0 / False / None turn them off.
-    admission_interval_steps: int = 0
-    separate_prefill: bool = False
-    max_prefill_tokens: int | None = None
-    charge_first_token: bool = True
-
-    def __post_init__(self) -> None:
-        for key in ("max_num_seqs", "max_batched_tokens", "kv_tokens", "block_size"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)}")
-        if self.swap_tokens < 0:
-            raise ConfigError(f"swap_tokens must be >= 0, got {self.swap_tokens}")
-        if self.kv_tokens < self.block_size:
-            raise ConfigError(f"kv_tokens ({self.kv_tokens}) is smaller than one block")
-        if self.admission not in ("reserve", "optimistic"):
-            raise ConfigError(
-                f"admission must be 'reserve' or 'optimistic', got {self.admission!r}"
-            )
-        if self.preemption not in ("recompute", "swap"):
-            raise ConfigError(f"preemption must be 'recompute' or 'swap', got {self.preemption!r}")
-        if self.admission_interval_steps < 0:
-            raise ConfigError("admission_interval_steps must be >= 0")
-        if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
-            raise ConfigError("max_prefill_tokens must be >= 1 when set")
-
-    @property
-    def num_blocks(self) -> int:
-        return self.kv_tokens // self.block_size
-
-    @property
-    def num_swap_blocks(self) -> int:
-        return self.swap_tokens // self.block_size
-
-    @classmethod
-    def paper(cls, kv_tokens: int = 10_000, **overrides: object) -> SchedulerConfig:
-        """The S-LoRA/LightLLM router behind the paper's reference numbers (SPEC 5)."""
-        settings: dict[str, object] = dict(
-            kv_tokens=kv_tokens,
-            block_size=1,  # LightLLM allocates KV per token
-            admission="reserve",
-            max_num_seqs=1000,
-            max_batched_tokens=max(kv_tokens // 6, 3072),
-            admission_interval_steps=10,
-            separate_prefill=True,
-            max_prefill_tokens=max(kv_tokens // 6, 3072),
-            enable_chunked_prefill=False,
-            charge_first_token=False,
-        )
-        settings.update(overrides)
-        return cls(**settings)  # type: ignore[arg-type]
-
-    @classmethod
-    def from_dict(cls, values: dict[str, object]) -> SchedulerConfig:
-        known = {f.name for f in fields(cls)}
-        for key in values:
-            if key not in known:
-                raise ConfigError(f"unknown scheduler setting {key!r}; known: {sorted(known)}")
-        return cls(**values)  # type: ignore[arg-type]
+__all__ = ["PAPER_ADAPTER_TOKENS", "ConfigError", "Scheduler", "SchedulerConfig"]
 
 
 class Scheduler:
@@ -126,11 +58,16 @@ class Scheduler:
         self.running: list[Request] = []  # admission order
         self.swapped: deque[Request] = deque()  # swap-out order
         self._next_admit_seq = 0
-        self._forget: list[str] = []  # ids the executor should drop at the next step
         # Swap-out copies from force_preempt, delivered with the next step, by request.
         self._pending_swap_out: dict[str, list[tuple[int, int]]] = {}
         self._steps_since_admission = 0
-        self.num_preemptions = 0
+        self.num_preemptions = 0  # all causes
+        # The pool could not hold the running requests' next tokens (a sizing problem)...
+        self.num_memory_preemptions = 0
+        self.memory_preemptions_by_client: dict[str, int] = {}
+        # ...versus the policy's own choice, to admit a waiting request (vtc-preempt,
+        # priority); the rest were forced by an operator.
+        self.num_policy_preemptions = 0
         self.num_swaps = 0
         self.preemptions_by_client: dict[str, int] = {}
 
@@ -180,8 +117,7 @@ class Scheduler:
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         request.finish_s = now
-        if self.requests.pop(request.request_id, None) is not None:
-            self._forget.append(request.request_id)
+        self.requests.pop(request.request_id, None)
 
     # --- queries ---
     @property
@@ -204,7 +140,6 @@ class Scheduler:
             budget = self._schedule_running(out, budget)
             budget = self._schedule_swapped_in(out, budget)
             self._admit(out, budget, now)
-        out.finished_request_ids, self._forget = self._forget, []
         return out
 
     def _plan_chunk(self, request: Request, budget: int) -> int:
@@ -221,8 +156,8 @@ class Scheduler:
         # This loop runs for every running request on every step: keep it plain.
         while True:
             plan: list[tuple[Request, int]] = []
-            need = 0
             left = budget
+            short = False
             for request in self.running:
                 start = request.num_computed_tokens
                 n = request.input_tokens + len(request.output_token_ids) - start
@@ -231,19 +166,18 @@ class Scheduler:
                 if n:
                     left -= n
                     plan.append((request, n))
-                    extra = -(-(start + n) // block_size) - len(tables[request.request_id])
-                    if extra > 0:
-                        need += extra
-            if need <= kv.num_free_blocks or not self.running:
+                    # Blocks kept by a request preempted below are freed with it.
+                    grows = start + n > len(tables[request.request_id]) * block_size
+                    if grows and not kv.allocate(request, start + n):
+                        short = True
+                        break
+            if not short:
                 break
-            self._preempt(self.policy.victim(self.running), out)
+            self._preempt(self.policy.victim(self.running), out, cause="memory")
         scheduled = out.scheduled
         for request, n in plan:
             start = request.num_computed_tokens
-            table = tables[request.request_id]
-            if start + n > len(table) * block_size:
-                kv.allocate(request, start + n)
-            scheduled.append(ScheduledRequest(request, n, start, table))
+            scheduled.append(ScheduledRequest(request, n, start, tables[request.request_id]))
         return left
 
     def _schedule_swapped_in(self, out: SchedulerOutput, budget: int) -> int:
@@ -252,12 +186,11 @@ class Scheduler:
         while self.swapped and len(self.running) < self.config.max_num_seqs:
             request = self.swapped[0]
             n = self._plan_chunk(request, budget)
-            tokens = request.num_computed_tokens + n
-            if n == 0 or kv.blocks_for(tokens) > kv.num_free_blocks:
+            copies = kv.swap_in(request, request.num_computed_tokens + n) if n else None
+            if copies is None:
                 break
             self.swapped.popleft()
-            out.swap_in.extend(kv.swap_in(request) or ())
-            kv.allocate(request, tokens)
+            out.swap_in.extend(copies)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             out.scheduled.append(self._scheduled(request, n))
@@ -289,8 +222,11 @@ class Scheduler:
             fits = (
                 n > 0
                 and len(self.running) < config.max_num_seqs
-                and kv.blocks_needed(head, booked) <= kv.num_free_blocks
-                and (config.admission != "reserve" or self._peak_fits(head))
+                and (
+                    config.admission != "reserve"
+                    or reserve_peak_fits([*self.running, head], self.kv, config)
+                )
+                and kv.allocate(head, booked)  # last: it takes the blocks when they fit
             )
             if not fits:
                 kv.free(head)  # give back any prefix blocks it took while it waits
@@ -303,11 +239,11 @@ class Scheduler:
                     victim = policy.preempt_for(head, settled) if settled else None
                 if victim is None:
                     break
-                self._preempt(victim, out, mode="recompute")
+                # The victim's tokens in this step go back to the budget.
+                budget += self._preempt(victim, out, mode="recompute", cause="policy")
                 continue
             policy.pop()
             kv.count_prefix_query(head.num_computed_tokens, head.num_tokens)
-            kv.allocate(head, booked)
             budget -= n
             first_time = not head.ever_admitted
             head.ever_admitted = True
@@ -322,54 +258,47 @@ class Scheduler:
             admitted += 1
         return admitted
 
-    def _peak_fits(self, head: Request) -> bool:
-        """Reserve mode: can the pool hold the running requests and `head` at their peak?
-
-        Each request holds its tokens and grows by up to its remaining max_tokens.
-        Sorted by remaining growth, longest first, the moment the i-th request ends is
-        when requests 1..i are all still alive and have grown by its growth; usage
-        is highest at one of those moments.
-        """
-        block_size = self.kv.block_size
-        spans = [(r.max_tokens - r.num_output_tokens, r.num_tokens) for r in self.running]
-        spans.append((head.max_tokens - head.num_output_tokens, head.num_tokens))
-        spans.sort(reverse=True)
-        held = 0
-        limit = self.kv.num_blocks
-        # Rounded per request, `alive` requests take at most alive - 1 blocks more than
-        # their tokens rounded together (each wastes less than one block).
-        rounding = 0 if block_size == 1 else 1
-        for alive, (growth, tokens) in enumerate(spans, start=1):
-            held += tokens
-            if -(-(held + alive * growth) // block_size) + (alive - 1) * rounding > limit:
-                return False
-        return True
-
     def _schedule_separate_prefill(self, out: SchedulerOutput, now: float) -> None:
         """The paper's router: a step is either new prompts only, or decode for all."""
         config = self.config
         if len(self.policy) and (
             not self.running or self._steps_since_admission >= config.admission_interval_steps
         ):
-            self._steps_since_admission = 0
+            if not config.retry_admission_every_step:
+                self._steps_since_admission = 0  # a failed attempt waits a full interval
             budget = config.max_prefill_tokens or config.max_batched_tokens
             if self._admit(out, budget, now):
+                self._steps_since_admission = 0
                 return
         self._steps_since_admission += 1
         budget = self._schedule_running(out, config.max_batched_tokens)
         self._schedule_swapped_in(out, budget)
 
     # --- preemption ---
-    def _preempt(self, victim: Request, out: SchedulerOutput, mode: str | None = None) -> None:
+    def _preempt(
+        self,
+        victim: Request,
+        out: SchedulerOutput,
+        mode: str | None = None,
+        cause: Literal["memory", "policy", "operator"] = "memory",
+    ) -> int:
+        """Push `victim` out; return the tokens it had scheduled in this step."""
         mode = mode or self.config.preemption
         self.running.remove(victim)
         self.num_preemptions += 1
         victim.preemptions += 1
-        self.preemptions_by_client[victim.client] = (
-            self.preemptions_by_client.get(victim.client, 0) + 1
-        )
+        client = victim.client
+        self.preemptions_by_client[client] = self.preemptions_by_client.get(client, 0) + 1
+        if cause == "memory":
+            self.num_memory_preemptions += 1
+            by_client = self.memory_preemptions_by_client
+            by_client[client] = by_client.get(client, 0) + 1
+        elif cause == "policy":
+            self.num_policy_preemptions += 1
         # Drop the victim from this step's batch if it was already scheduled.
-        out.scheduled = [s for s in out.scheduled if s.request is not victim]
+        returned = sum(s.num_new_tokens for s in out.scheduled if s.request is victim)
+        if returned:
+            out.scheduled = [s for s in out.scheduled if s.request is not victim]
         if (
             mode == "swap"
             and victim.num_computed_tokens
@@ -379,11 +308,12 @@ class Scheduler:
             victim.status = RequestStatus.SWAPPED
             self.swapped.append(victim)
             self.num_swaps += 1
-            return
+            return returned
         self.kv.free(victim)
         victim.num_computed_tokens = 0
         victim.status = RequestStatus.PREEMPTED
         self.policy.requeue(victim)
+        return returned
 
     def force_preempt(self, request_id: str, mode: Literal["recompute", "swap"]) -> None:
         """Preempt a running request now (tests and operators); effective next step."""
@@ -391,7 +321,7 @@ class Scheduler:
         if request.status is not RequestStatus.RUNNING:
             raise ValueError(f"request {request_id!r} is not running")
         out = SchedulerOutput(block_size=self.config.block_size)
-        self._preempt(request, out, mode)
+        self._preempt(request, out, mode, cause="operator")
         if out.swap_out:
             self._pending_swap_out[request_id] = out.swap_out
 
@@ -403,7 +333,7 @@ class Scheduler:
         caching = kv.enable_prefix_caching
         sampled = result.sampled
         produced: list[Request] = []
-        finished = False
+        ended: list[Request] = []  # finished in this step
         for s in out.scheduled:
             request = s.request
             if request.status is not RequestStatus.RUNNING:
@@ -420,14 +350,24 @@ class Scheduler:
             if charges:
                 policy.on_output(request)
             produced.append(request)
+            reason = None
+            generated = len(request.output_token_ids)
             if token in request.eos_token_ids and not request.sampling.ignore_eos:
-                self._finish_running(request, FinishReason.STOP, now)
-                finished = True
-            elif len(request.output_token_ids) >= request.sampling.max_tokens:
-                self._finish_running(request, FinishReason.LENGTH, now)
-                finished = True
-        if finished:
+                reason = FinishReason.STOP
+            elif (target := request.target_output_tokens) is not None and generated >= target:
+                reason = FinishReason.STOP  # a replay's stand-in for the model's own stop
+            elif generated >= request.sampling.max_tokens:
+                reason = FinishReason.LENGTH
+            if reason is not None:
+                self._finish_running(request, reason, now)
+                ended.append(request)
+        if ended:
             self.running = [r for r in self.running if r.status is RequestStatus.RUNNING]
+            if policy.charges_batch_on_finish:
+                stepped = [
+                    s.request for s in out.scheduled if s.request.status is RequestStatus.RUNNING
+                ]
+                policy.on_batch_finish(stepped + ended)
         return produced
 
     def _finish_running(self, request: Request, reason: FinishReason, now: float) -> None:

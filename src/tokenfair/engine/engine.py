@@ -78,7 +78,7 @@ class Engine:
         batch = scheduler.schedule(start)
         outputs = [RequestOutput(r, [], finished=True) for r in self._aborted]
         self._aborted = []
-        if batch.is_empty and not batch.finished_request_ids:
+        if batch.is_empty:
             return outputs
         result = self.executor.execute(batch)
         if result.elapsed_s is not None:

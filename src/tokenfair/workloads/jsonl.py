@@ -60,6 +60,11 @@ def check_int(name: str, value: Any, minimum: int | None = None) -> int:
     return value
 
 
+def check_optional_int(name: str, value: Any, minimum: int | None = None) -> int | None:
+    """Like check_int, but JSON null (None) is allowed and returned as None."""
+    return None if value is None else check_int(name, value, minimum)
+
+
 def check_float(
     name: str, value: Any, minimum: float | None = None, *, strict: bool = False
 ) -> float:

@@ -24,6 +24,8 @@ class Policy:
     # The paper's system does not charge the first output token, which comes out of the
     # prefill step; the scheduler sets this from its configuration.
     charge_first_token = True
+    # True when on_batch_finish must be called (the paper artifact's charging quirk).
+    charges_batch_on_finish = False
 
     # --- the waiting queue ---
     def add(self, request: Request, now: float) -> None:
@@ -65,6 +67,10 @@ class Policy:
 
     def on_finish(self, request: Request) -> None:
         """`request` left the system (finished or aborted while admitted)."""
+
+    def on_batch_finish(self, batch: Sequence[Request]) -> None:
+        """Some request of this step's batch finished; `batch` is every request the
+        step ran, the finished ones included. Called only if charges_batch_on_finish."""
 
     # --- preemption ---
     def victim(self, running: Sequence[Request]) -> Request:

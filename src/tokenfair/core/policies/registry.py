@@ -31,7 +31,9 @@ POLICY_HELP: dict[str, str] = {
     "lcf": "least counter first: VTC without the lift",
     "vtc": "Virtual Token Counter with the paper's lift rule",
     "wvtc": "weighted VTC: service shared in proportion to client weights (needs weights)",
-    "vtc-artifact": "VTC with the authors' artifact lift (no lift when nobody else waits)",
+    "vtc-artifact": "the paper artifact's VTC queue exactly: its lift (none when nobody else "
+    "waits), ties to the client seen first, and an extra output charge for the whole batch "
+    "whenever one of its requests finishes",
     "vtc-predict": "VTC charging a per-client moving-average output prediction up front",
     "vtc-oracle": "VTC charging the true output length up front (experiments only)",
     "vtc-preempt[:threshold]": "VTC that preempts an over-served client's newest request "
@@ -68,7 +70,12 @@ def make_policy(
         "vtc": lambda: VTCPolicy(name="vtc", weights=weights, cost=cost),
         "wvtc": lambda: _weighted(spec, weights, cost),
         "vtc-artifact": lambda: VTCPolicy(
-            name="vtc-artifact", weights=weights, cost=cost, lift="artifact"
+            name="vtc-artifact",
+            weights=weights,
+            cost=cost,
+            lift="artifact",
+            ties_to_first_seen=True,
+            charge_batch_on_finish=True,
         ),
         "vtc-predict": lambda: VTCPolicy(
             name="vtc-predict", weights=weights, cost=cost, predictor=OutputLengthPredictor()

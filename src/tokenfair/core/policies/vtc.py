@@ -14,10 +14,14 @@ Variants, all this one class:
   beyond it, refunding the unused part at finish (predict = moving average per
   client, oracle = the true length);
 - preemption: when the head client's counter is more than `preempt_threshold` below a
-  running client's, that client's newest request is pushed out to make room.
+  running client's, that client's newest request is pushed out to make room;
+- the artifact's queue exactly (`vtc-artifact`): its lift, ties between equal counters
+  going to the client seen first (its counters live in a dict in first-arrival order),
+  and its charging quirk: whenever a request of the batch finishes, every request of
+  that batch is charged one more output token.
 
 The smallest waiting counter comes from a heap with one live entry per waiting
-client. Counters mostly grow, so a stale entry (stored counter below the real one) is
+client, ordered by (counter, tie rank, push order). Counters mostly grow, so a stale entry (stored counter below the real one) is
 re-pushed when it reaches the top; a counter that shrinks (a refund) pushes a fresh
 entry and retires the old one. Each decision is O(log n) in the number of clients.
 """
@@ -50,6 +54,8 @@ class VTCPolicy(Policy):
         lift: LiftRule = "paper",
         predictor: OutputLengthPredictor | None = None,
         preempt_threshold: float | None = None,
+        ties_to_first_seen: bool = False,
+        charge_batch_on_finish: bool = False,
     ):
         if lift not in ("paper", "artifact", "none"):
             raise ValueError(f"unknown lift rule {lift!r}: expected paper, artifact or none")
@@ -65,9 +71,15 @@ class VTCPolicy(Policy):
         self.lift = lift
         self.predictor = predictor
         self.preempt_threshold = preempt_threshold
+        self.ties_to_first_seen = ties_to_first_seen
+        self.charges_batch_on_finish = charge_batch_on_finish
         self._counter: dict[str, float] = {}
+        # Tie rank: the order clients were first seen, or 0 for all (ties then go to
+        # the client whose heap entry is oldest: the one already waiting).
+        self._rank: dict[str, int] = {}
         self._queues: dict[str, deque[Request]] = {}  # only clients with waiting requests
-        self._heap: list[tuple[float, int, str]] = []  # (counter when pushed, seq, client)
+        # (counter when pushed, tie rank, seq, client)
+        self._heap: list[tuple[float, int, int, str]] = []
         self._live_entry: dict[str, int] = {}  # client -> seq of its one valid heap entry
         self._seq = itertools.count()
         self._last_admitted: str | None = None
@@ -77,24 +89,31 @@ class VTCPolicy(Policy):
     def _push(self, client: str) -> None:
         seq = next(self._seq)
         self._live_entry[client] = seq
-        heapq.heappush(self._heap, (self._counter[client], seq, client))
+        heapq.heappush(self._heap, (self._counter[client], self._tie_rank(client), seq, client))
         if len(self._heap) > 2 * len(self._queues) + 64:
             self._compact()
 
+    def _tie_rank(self, client: str) -> int:
+        if not self.ties_to_first_seen:
+            return 0
+        return self._rank.setdefault(client, len(self._rank))
+
     def _compact(self) -> None:
-        self._heap = [(self._counter[c], s, c) for c, s in self._live_entry.items()]
+        self._heap = [
+            (self._counter[c], self._tie_rank(c), s, c) for c, s in self._live_entry.items()
+        ]
         heapq.heapify(self._heap)
 
     def _min_client(self) -> str | None:
         heap, counter, live = self._heap, self._counter, self._live_entry
         while heap:
-            stored, seq, client = heap[0]
+            stored, rank, seq, client = heap[0]
             if live.get(client) != seq:
                 heapq.heappop(heap)  # retired entry
             elif stored != counter[client]:
                 seq = next(self._seq)  # the counter grew since: re-file it
                 live[client] = seq
-                heapq.heapreplace(heap, (counter[client], seq, client))
+                heapq.heapreplace(heap, (counter[client], rank, seq, client))
             else:
                 return client
         return None
@@ -112,6 +131,8 @@ class VTCPolicy(Policy):
     # --- the waiting queue ---
     def add(self, request: Request, now: float) -> None:
         queue = self._queues.get(request.client)
+        if self.ties_to_first_seen:
+            self._tie_rank(request.client)  # seen at arrival, before its lift
         if queue is None:
             self._lift(request.client)
             queue = self._queues[request.client] = deque()
@@ -211,6 +232,12 @@ class VTCPolicy(Policy):
             self._charge_output(request, produced)
             if request.client in self._queues:
                 self._push(request.client)  # its counter shrank: re-file it
+
+    def on_batch_finish(self, batch: Sequence[Request]) -> None:
+        # The artifact's quirk: one more output token's charge for the whole batch.
+        for request in batch:
+            n = request.num_output_tokens
+            self._charge(request.client, self.cost.output(request.input_tokens, n - 1, n))
 
     def counters(self) -> dict[str, float]:
         return dict(self._counter)

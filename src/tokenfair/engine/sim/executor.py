@@ -1,5 +1,6 @@
-"""An executor that runs no model: it times each step with a profile and emits
-placeholder tokens, ending each request with EOS at its trace output length."""
+"""An executor that runs no model: it times each step with a profile and emits a
+placeholder token for each request that samples. The scheduler ends each request at
+its trace output length (`Request.target_output_tokens`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from tokenfair.core.batch import ExecutorOutput, SchedulerOutput
 from tokenfair.engine.sim.profile import StepTimeProfile
 
 SIM_TOKEN = 1
-SIM_EOS = 0
+SIM_EOS = 0  # never emitted here; tests' fake executors use it as an explicit EOS
 SIM_EOS_IDS = frozenset({SIM_EOS})
 
 
@@ -16,14 +17,7 @@ class SimExecutor:
         self.profile = profile
 
     def execute(self, batch: SchedulerOutput) -> ExecutorOutput:
-        sampled: dict[str, int] = {}
-        for s in batch.scheduled:
-            request = s.request
-            outputs = len(request.output_token_ids)
-            if s.start + s.num_new_tokens == request.input_tokens + outputs:
-                target = request.target_output_tokens
-                done = target is not None and outputs + 1 >= target
-                sampled[request.request_id] = SIM_EOS if done else SIM_TOKEN
+        sampled = {s.request.request_id: SIM_TOKEN for s in batch.scheduled if s.samples}
         elapsed = 0.0
         if batch.scheduled:
             elapsed = self.profile.step_time(*batch.step_shape())

@@ -25,8 +25,12 @@ from typing import Protocol
 
 
 class StepTimeProfile(Protocol):
-    name: str
-    swap_token_s: float
+    # Read-only, so frozen dataclasses (and a computed property) satisfy it.
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def swap_token_s(self) -> float: ...
 
     def step_time(
         self, prefill_tokens: int, decode_requests: int, context_tokens: int

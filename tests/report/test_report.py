@@ -6,10 +6,19 @@ import re
 
 import pytest
 
-from tokenfair.bench.document import Bullets, Heading, Image, Paragraph, Table, to_html, to_markdown
-from tokenfair.bench.experiment import run_experiment
-from tokenfair.bench.narrative import workload_paragraph
-from tokenfair.bench.runner import Workload
+from tokenfair.experiments.experiment import run_experiment
+from tokenfair.experiments.workloads import Workload
+from tokenfair.report.document import (
+    Bullets,
+    Heading,
+    Image,
+    Paragraph,
+    Table,
+    to_html,
+    to_markdown,
+)
+from tokenfair.report.experiment_report import publish
+from tokenfair.report.narrative import workload_paragraph
 from tokenfair.workloads.arrivals import Uniform
 from tokenfair.workloads.lengths import fixed
 from tokenfair.workloads.suites import ClientWorkload, generate_workload
@@ -62,24 +71,27 @@ def light_and_heavy() -> Workload:
 @pytest.fixture(scope="module")
 def light_experiment(tmp_path_factory):
     out = tmp_path_factory.mktemp("light")
-    return run_experiment([light_and_heavy()], ["fcfs", "vtc"], out, workers=1)
+    result = run_experiment([light_and_heavy()], ["fcfs", "vtc"], out, workers=1)
+    return result, publish(result)
 
 
 def test_paragraph_is_written_from_the_runs_numbers(light_experiment):
+    light_experiment, _ = light_experiment
     workload = light_experiment.workloads[0]
     outcomes = light_experiment.outcomes_for("light")
     text = workload_paragraph(workload, outcomes)
     fcfs, vtc = (o.report for o in outcomes)
     assert text.startswith("A light and a heavy client")
-    assert f"Max Diff is {vtc['max_diff']:.1f} against `fcfs`'s {fcfs['max_diff']:.1f}" in text
-    ratio = vtc["max_diff"] / fcfs["max_diff"]
+    assert f"Max Diff is {vtc.max_diff:.1f} against `fcfs`'s {fcfs.max_diff:.1f}" in text
+    ratio = vtc.max_diff / fcfs.max_diff
     assert f"({ratio:.2f}x)" in text
     # The light client is not backlogged under VTC: the text reports its p90 TTFT.
-    p90 = vtc["clients"]["client-0"]["ttft_s"]["p90"]
+    p90 = vtc.clients["client-0"].ttft_s.p90
     assert f"client-0, is not kept waiting under `vtc`: it waits {p90:.1f} s" in text
 
 
 def test_report_has_a_paragraph_table_and_figures_per_workload(light_experiment):
+    light_experiment, figures = light_experiment
     report = light_experiment.report_md.read_text()
     assert "### light" in report
     assert (
@@ -92,4 +104,4 @@ def test_report_has_a_paragraph_table_and_figures_per_workload(light_experiment)
     # No paper section without the arena trace, and no typed-in paper numbers.
     assert "paper (A10G, measured)" not in report.split("## Workloads")[1]
     html = light_experiment.report_html.read_text()
-    assert html.count("<figure>") == len(light_experiment.figures)
+    assert html.count("<figure>") == len(figures)

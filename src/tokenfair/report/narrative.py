@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tokenfair.bench.bounds import BACKLOGGED, accumulated_difference, service_bound
-from tokenfair.bench.curves import service_in_interval
-from tokenfair.bench.runner import RunOutcome, Workload
+from tokenfair.experiments.runner import RunOutcome
+from tokenfair.experiments.workloads import Workload
+from tokenfair.fairness.bounds import BACKLOGGED, service_bound
+from tokenfair.fairness.curves import service_in_interval
 
 # Throughput within this fraction of the baseline's counts as "the same".
 SAME_THROUGHPUT = 0.02
@@ -39,34 +40,34 @@ def _name(outcome: RunOutcome) -> str:
 def _diff_sentence(focus: RunOutcome, base: RunOutcome) -> str:
     f, b = focus.report, base.report
     return (
-        f"{_name(focus)}'s Max Diff is {f['max_diff']:.1f} against {_name(base)}'s "
-        f"{b['max_diff']:.1f} ({_compare(f['max_diff'], b['max_diff'])}) and its Avg Diff "
-        f"{f['avg_diff']:.1f} against {b['avg_diff']:.1f} "
-        f"({_compare(f['avg_diff'], b['avg_diff'])})."
+        f"{_name(focus)}'s Max Diff is {f.max_diff:.1f} against {_name(base)}'s "
+        f"{b.max_diff:.1f} ({_compare(f.max_diff, b.max_diff)}) and its Avg Diff "
+        f"{f.avg_diff:.1f} against {b.avg_diff:.1f} "
+        f"({_compare(f.avg_diff, b.avg_diff)})."
     )
 
 
 def _fairest_sentence(outcomes: Sequence[RunOutcome]) -> str:
     # A rate limiter lowers Diff by rejecting work, so the fairest is sought among the
     # policies that served every request.
-    complete = [o for o in outcomes if o.report["num_served"] == o.report["num_requests"]]
+    complete = [o for o in outcomes if o.report.num_served == o.report.num_requests]
     if len(complete) < 2:
         return ""
-    best = min(complete, key=lambda o: o.report["max_diff"])
+    best = min(complete, key=lambda o: o.report.max_diff)
     return (
         f"Among policies that served every request, {_name(best)} has the lowest Max Diff "
-        f"({best.report['max_diff']:.1f})."
+        f"({best.report.max_diff:.1f})."
     )
 
 
 def _throughput_sentence(outcomes: Sequence[RunOutcome], base: RunOutcome) -> str:
-    reference = base.report["throughput_tok_s"]
+    reference = base.report.throughput_tok_s
     if reference <= 0:
         return ""
     lower = [
-        f"{_name(o)} ({o.report['throughput_tok_s']:.0f}, {o.report['throughput_tok_s'] / reference:.2f}x)"
+        f"{_name(o)} ({o.report.throughput_tok_s:.0f}, {o.report.throughput_tok_s / reference:.2f}x)"
         for o in outcomes
-        if o.report["throughput_tok_s"] < (1 - SAME_THROUGHPUT) * reference
+        if o.report.throughput_tok_s < (1 - SAME_THROUGHPUT) * reference
     ]
     if not lower:
         return (
@@ -81,13 +82,14 @@ def _throughput_sentence(outcomes: Sequence[RunOutcome], base: RunOutcome) -> st
 
 
 def _backlog_sentence(workload: Workload, focus: RunOutcome, base: RunOutcome) -> str:
-    ours, theirs = accumulated_difference(focus), accumulated_difference(base)
+    ours = focus.report.accumulated_difference
+    theirs = base.report.accumulated_difference
     if ours.scope != BACKLOGGED or theirs.scope != BACKLOGGED:
         return ""
     bound = service_bound(workload.records, focus.job.config.kv_tokens)
     relation = "within" if ours.peak <= bound else "above"
     return (
-        f"The clients backlogged throughout ({', '.join(focus.report['backlogged'])}) end "
+        f"The clients backlogged throughout ({', '.join(focus.report.backlogged)}) end "
         f"{ours.final:,.0f} service units apart at T under {_name(focus)} (peak "
         f"{ours.peak:,.0f}, {relation} VTC's bound B = {bound:,.0f}) and "
         f"{theirs.final:,.0f} apart under {_name(base)}."
@@ -97,15 +99,15 @@ def _backlog_sentence(workload: Workload, focus: RunOutcome, base: RunOutcome) -
 def _light_client_sentence(focus: RunOutcome, base: RunOutcome) -> str:
     # Only meaningful for a client asking for less than its share, i.e. one the focus
     # policy does not keep waiting.
-    clients = focus.report["clients"]
+    clients = focus.report.clients
     if len(clients) < 2:
         return ""
-    demand = {c: v["requests"]["total"] for c, v in clients.items()}
+    demand = {c: v.requests.total for c, v in clients.items()}
     lightest = min(demand, key=lambda c: (demand[c], c))
-    if lightest in focus.report["backlogged"]:
+    if lightest in focus.report.backlogged or lightest not in base.report.clients:
         return ""
-    f_p90 = clients[lightest]["ttft_s"]["p90"]
-    b_p90 = base.report["clients"].get(lightest, {}).get("ttft_s", {}).get("p90")
+    f_p90 = clients[lightest].ttft_s.p90
+    b_p90 = base.report.clients[lightest].ttft_s.p90
     if f_p90 is None or b_p90 is None:
         return ""
     return (

@@ -1,10 +1,11 @@
 """Service, demand and backlog of each client over time, from per-request results.
 
-These are the curves the fairness metrics (tokenfair.bench.metrics) are built from,
+These are the curves the fairness metrics (tokenfair.fairness.metrics) are built from,
 following the paper's artifact (VTC-artifact, fair_bench/plot/visualize.py):
 
-- a served request's service `s = cost(input_tokens, output_tokens)` (by default
-  `w_in * input + w_out * output`, output = tokens actually generated) is spread
+- a served request's service `s = request_cost(cost, input_tokens, output_tokens)`
+  (tokenfair.core.cost; by default `w_in * input + w_out * output`, output = tokens
+  actually generated) is spread
   uniformly over [first_token_s, finish_s];
 - its demand is the same `s`, placed at its arrival time;
 - a request is *waiting* (its client is backlogged) from its arrival until it is first
@@ -28,23 +29,13 @@ changes any figure on the paper's results, where they never occur):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from tokenfair.bench.results import ResultRecord
-
-CostFn = Callable[[int, int], float]
-
-
-def linear_cost(w_in: float = 1.0, w_out: float = 2.0) -> CostFn:
-    """Service of a request as `w_in * input_tokens + w_out * output_tokens`."""
-
-    def cost(input_tokens: int, output_tokens: int) -> float:
-        return w_in * input_tokens + w_out * output_tokens
-
-    return cost
+from tokenfair.core.cost import DEFAULT_COST, CostFunction, request_cost
+from tokenfair.results import ResultRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,19 +72,18 @@ class ClientSpans:
 
 
 def service_spans(
-    records: Iterable[ResultRecord], cost: CostFn | None = None
+    records: Iterable[ResultRecord], cost: CostFunction = DEFAULT_COST
 ) -> dict[str, ClientSpans]:
     """Per-client arrays of the served requests, clients in sorted order.
 
     Clients none of whose requests were served are absent, as in the artifact (which
     builds its client list after dropping unserved responses).
     """
-    price = cost or linear_cost()
     rows: dict[str, list[tuple[float, float, float, float]]] = {}
     for rec in records:
         if rec.first_token_s is None or rec.finish_s is None:
             continue
-        s = price(rec.input_tokens, rec.output_tokens)
+        s = request_cost(cost, rec.input_tokens, rec.output_tokens)
         rows.setdefault(rec.client, []).append((rec.arrival_s, rec.first_token_s, rec.finish_s, s))
     spans: dict[str, ClientSpans] = {}
     for client in sorted(rows):

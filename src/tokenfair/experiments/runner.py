@@ -17,46 +17,22 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from typing import Any
 
-from tokenfair.bench.metrics import fairness_report
-from tokenfair.bench.results import ResultRecord
 from tokenfair.core.policies import make_policy
 from tokenfair.core.scheduler import SchedulerConfig
 from tokenfair.engine.sim.profile import load_profile
 from tokenfair.engine.sim.simulator import simulate
-from tokenfair.workloads.trace import TraceRecord
+from tokenfair.experiments.workloads import Workload
+from tokenfair.fairness.report import FairnessReport, fairness_report
+from tokenfair.results import ResultRecord
 
 DEFAULT_PROFILE = "a10g-llama-7b"
-DEFAULT_WINDOW_S = 60.0
-DEFAULT_WARMUP_S = 30.0
 # The demo must run well under 5 minutes on a 2-core machine; more workers than cores
 # would only slow each simulation down.
 DEFAULT_WORKERS = max(1, min(2, os.cpu_count() or 1))
 
 # progress(done, total, label of the job just finished)
 ProgressFn = Callable[[int, int, str], None]
-
-
-@dataclass(frozen=True, slots=True)
-class Workload:
-    """The requests of one experiment and the parameters its metrics are measured with.
-
-    `duration_s` is the metrics' T (ticks span [warmup, T]); `weights` are the clients'
-    weights, used by weighted policies and by the metrics (service / weight).
-    """
-
-    name: str
-    records: tuple[TraceRecord, ...]
-    duration_s: float
-    description: str = ""
-    weights: dict[str, float] | None = None
-    window_s: float = DEFAULT_WINDOW_S
-    warmup_s: float = DEFAULT_WARMUP_S
-
-    @property
-    def clients(self) -> list[str]:
-        return sorted({r.client for r in self.records})
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +58,7 @@ class RunOutcome:
 
     job: Job
     results: list[ResultRecord]
-    report: dict[str, Any]
+    report: FairnessReport
     makespan_s: float
     steps: int
     preemptions: int

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -24,19 +23,19 @@ matplotlib.use("Agg")  # files only: no display on servers and CI
 import matplotlib.pyplot as plt
 import numpy as np
 
-from tokenfair.bench.ablation import BASE_KV_TOKENS, BASE_LENGTH
-from tokenfair.bench.bounds import BACKLOGGED, accumulated_difference, service_bound
-from tokenfair.bench.curves import (
+from tokenfair.core.cost import DEFAULT_COST
+from tokenfair.experiments.ablation import BASE_KV_TOKENS, BASE_LENGTH
+from tokenfair.experiments.experiment import ExperimentResult
+from tokenfair.experiments.paper_table import PAPER_ARENA_TABLE, PAPER_LABEL
+from tokenfair.experiments.runner import RunOutcome
+from tokenfair.experiments.workloads import Workload
+from tokenfair.fairness.bounds import BACKLOGGED, service_bound
+from tokenfair.fairness.curves import (
     busiest_clients,
     natural_key,
     response_time_curves,
     service_rate_curves,
 )
-from tokenfair.bench.paper_table import PAPER_ARENA_TABLE, PAPER_LABEL
-from tokenfair.bench.runner import RunOutcome, Workload
-
-if TYPE_CHECKING:
-    from tokenfair.bench.experiment import ExperimentResult
 
 FIGURES_DIR = "figures"
 DPI = 110
@@ -44,7 +43,7 @@ DPI = 110
 # of 27 entries is unreadable.
 MAX_CLIENT_LINES = 8
 FEATURED_POLICIES = ("fcfs", "vtc", "wvtc")
-SERVICE_UNIT = "in + 2×out tokens"
+SERVICE_UNIT = DEFAULT_COST.unit
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +172,7 @@ def plot_service_difference(
     workload: Workload, outcomes: Sequence[RunOutcome], out_dir: Path
 ) -> Figure:
     fig, ax = plt.subplots(figsize=(7.5, 4.2), layout="constrained")
-    curves = {o.policy: accumulated_difference(o) for o in outcomes}
+    curves = {o.policy: o.report.accumulated_difference for o in outcomes}
     scopes = {curve.scope for curve in curves.values()}
     for outcome in outcomes:
         curve = curves[outcome.policy]
@@ -210,7 +209,7 @@ def plot_arena_table(outcomes: Sequence[RunOutcome], out_dir: Path) -> Figure:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), layout="constrained")
     panels = (("max_diff", "Max Diff"), ("throughput_tok_s", "Throughput"))
     for ax, (key, label) in zip(axes, panels, strict=True):
-        ours = [o.report[key] for o in outcomes]
+        ours = [getattr(o.report, key) for o in outcomes]
         paper = [
             getattr(PAPER_ARENA_TABLE[p], key) if p in PAPER_ARENA_TABLE else np.nan
             for p in policies
@@ -243,7 +242,7 @@ def plot_ablation(outcomes: Sequence[RunOutcome], out_dir: Path) -> Figure:
         ):
             kv, length = outcome.job.config.kv_tokens, outcome.workload.records[0].input_tokens
             label = f"pool {kv:,} tokens" if factor == "KV pool" else f"{length}/{length} tokens"
-            curve = accumulated_difference(outcome)
+            curve = outcome.report.accumulated_difference
             ax.plot(curve.times, curve.values, label=label, linewidth=1.6)
         ax.set_title(f"VTC: accumulated service difference vs {factor}")
         ax.set_xlabel("time (s)")

@@ -1,4 +1,4 @@
-"""Experiments: run workloads under several policies, then write results, figures, report.
+"""Experiments: run workloads under several policies and write their results.
 
 `run_experiment` is the general pipeline; `run_paper_experiment` feeds it the paper's
 suites (SPEC section 7), the arena trace and the ablation; `run_compare` feeds it one
@@ -12,42 +12,45 @@ distribution-shift phases (60 s and 300 s long). Requests still queued at T are 
 (the simulation drains) but the ticks stop at T, so the drain does not dilute the
 fairness figures; throughput covers the whole run, first arrival to last finish.
 
-Output layout under `out_dir`:
+Output layout under `out_dir` (this module writes the data; tokenfair.report adds the
+report and figures from the returned `ExperimentResult`):
 
-    report.md, report.html     the report (report.html references figures/ relatively)
     metrics.json               every run's summary row, the ablation and the target checks
     results/<workload>/<policy>.jsonl   per-request results (read by `tokenfair metrics`)
+    report.md, report.html     the report (report.html references figures/ relatively)
     figures/*.png              the plots
 """
 
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tokenfair.bench.ablation import AblationRow, ablation_jobs, ablation_row
-from tokenfair.bench.results import write_results
-from tokenfair.bench.runner import (
+from tokenfair.core.scheduler import SchedulerConfig
+from tokenfair.experiments.ablation import AblationRow, ablation_jobs, ablation_row
+from tokenfair.experiments.runner import (
     DEFAULT_PROFILE,
-    DEFAULT_WARMUP_S,
-    DEFAULT_WINDOW_S,
     DEFAULT_WORKERS,
     Job,
     ProgressFn,
     RunOutcome,
-    Workload,
     run_jobs,
 )
-from tokenfair.bench.summary import summary_row
-from tokenfair.bench.targets import TargetCheck, check_targets
-from tokenfair.core.scheduler import SchedulerConfig
-from tokenfair.workloads.suites import SUITES, generate_suite
-from tokenfair.workloads.trace import read_trace
+from tokenfair.experiments.summary import summary_row
+from tokenfair.experiments.targets import TargetCheck, check_targets
+from tokenfair.experiments.workloads import (
+    ARENA,
+    PAPER_SUITES,
+    Workload,
+    paper_workloads,
+    trace_workload,
+)
+from tokenfair.fairness.metrics import DEFAULT_WARMUP_S, DEFAULT_WINDOW_S
+from tokenfair.results import write_results
 
 # The schedulers of the paper's real-trace table, plus our preempting VTC.
 PAPER_POLICIES = (
@@ -67,10 +70,6 @@ QUICK_SUITE_POLICIES = ("fcfs", "vtc")
 # Weighted VTC runs on the weighted suite only: elsewhere every weight is 1.
 WEIGHTED_SUITE = "overload-weighted"
 WEIGHTED_POLICY = "wvtc"
-PAPER_SUITES = tuple(name for name in SUITES if name != "arena-x10")
-ARENA = "arena"
-ARENA_TRACE = Path("traces") / "arena_vtc_600s.jsonl"
-ARENA_DURATION_S = 600.0
 # The ablation compares VTC with FCFS in the full run; --quick runs VTC alone.
 ABLATION_POLICIES = ("fcfs", "vtc")
 QUICK_ABLATION_POLICIES = ("vtc",)
@@ -87,7 +86,6 @@ class ExperimentResult:
     ablation: list[AblationRow] = field(default_factory=list)
     ablation_outcomes: list[RunOutcome] = field(default_factory=list)
     targets: list[TargetCheck] = field(default_factory=list)
-    figures: list[Any] = field(default_factory=list)  # plots.Figure
     quick: bool = False
     wall_s: float = 0.0
     settings: dict[str, Any] = field(default_factory=dict)
@@ -107,68 +105,12 @@ class ExperimentResult:
         return self.out_dir / "report.html"
 
 
-def suite_workload(name: str, seed: int = 0) -> Workload:
-    """A named suite as a workload measured over its own duration."""
-    suite = generate_suite(name, seed)
-    return Workload(
-        name=name,
-        records=tuple(suite.records),
-        duration_s=suite.duration_s,
-        description=SUITES[name].description,
-        weights=suite.weights,
-    )
-
-
-def trace_workload(
-    path: Path,
-    name: str | None = None,
-    duration_s: float | None = None,
-    window_s: float = DEFAULT_WINDOW_S,
-    warmup_s: float = DEFAULT_WARMUP_S,
-    weights: dict[str, float] | None = None,
-) -> Workload:
-    """A trace file as a workload; T defaults to its last arrival in whole seconds."""
-    records = read_trace(path)
-    if not records:
-        raise ValueError(f"trace {path} holds no requests")
-    if duration_s is None:
-        duration_s = float(math.floor(max(r.arrival_s for r in records)))
-    clients = {r.client for r in records}
-    return Workload(
-        name=name or path.stem,
-        records=tuple(records),
-        duration_s=duration_s,
-        description=f"{len(records):,} requests from {len(clients)} clients ({path.name})",
-        weights=weights,
-        window_s=window_s,
-        warmup_s=warmup_s,
-    )
-
-
-def arena_workload(shared_dir: Path) -> Workload:
-    path = shared_dir / ARENA_TRACE
-    if not path.exists():
-        raise FileNotFoundError(f"arena trace not found at {path}: pass the shared/ folder")
-    workload = trace_workload(path, ARENA, duration_s=ARENA_DURATION_S)
-    return Workload(
-        name=ARENA,
-        records=workload.records,
-        duration_s=workload.duration_s,
-        description="The paper's real trace from Chatbot Arena, 27 clients over 600 s",
-    )
-
-
 def policies_for(workload: Workload, policies: Sequence[str]) -> list[str]:
     """The policies to run on a workload: weighted VTC joins when clients have weights."""
     chosen = list(policies)
     if workload.weights and WEIGHTED_POLICY not in chosen:
         chosen.append(WEIGHTED_POLICY)
     return chosen
-
-
-def paper_workloads(shared_dir: Path, suites: Sequence[str] = PAPER_SUITES) -> list[Workload]:
-    """The arena trace first (its table is the headline), then the synthetic suites."""
-    return [arena_workload(shared_dir)] + [suite_workload(name) for name in suites]
 
 
 def _result_path(out_dir: Path, outcome: RunOutcome) -> Path:
@@ -216,15 +158,9 @@ def row_fields(row: Any) -> dict[str, Any]:
 
 
 def _finish(result: ExperimentResult, started: float) -> ExperimentResult:
-    # Imported here: matplotlib is slow to import and only needed once runs are done.
-    from tokenfair.bench.plots import experiment_figures
-    from tokenfair.bench.report import write_report
-
     result.out_dir.mkdir(parents=True, exist_ok=True)
-    result.figures = experiment_figures(result)
     result.wall_s = time.perf_counter() - started
     write_run_files(result)
-    write_report(result)
     return result
 
 
@@ -239,7 +175,7 @@ def run_experiment(
     workers: int = DEFAULT_WORKERS,
     progress: ProgressFn | None = None,
 ) -> ExperimentResult:
-    """Run every policy on every workload and write results, figures and the report."""
+    """Run every policy on every workload and write their results and metrics.json."""
     started = time.perf_counter()
     chosen = config or SchedulerConfig.paper()
     jobs = [Job(w, p, chosen, profile) for w in workloads for p in policies_for(w, policies)]
@@ -315,7 +251,7 @@ def run_compare(
     workers: int = DEFAULT_WORKERS,
     progress: ProgressFn | None = None,
 ) -> ExperimentResult:
-    """Replay one trace under `policies` (paper system) and write the same report."""
+    """Replay one trace under `policies` (paper system) and write the same files."""
     workload = trace_workload(trace_path, None, duration_s, window_s, warmup_s, weights)
     return run_experiment(
         [workload],

@@ -13,10 +13,14 @@ trace's `arrival_s`; a time is null when the request never reached that point):
 - `status`: the request's final lifecycle status, e.g. "finished";
 - `finish_reason`: "stop", "length", "abort", "rejected", or null if it never ended
   (the replay stopped first);
-- `preemptions`: how many times it was pushed out of the batch.
+- `preemptions`: how many times it was pushed out of the batch;
+- `requested_output_tokens`: the output length the trace asked for (its `output_tokens`,
+), null when unknown; compare it with `output_tokens`
+  to see which requests were cut short.
 
-The fairness metrics (tokenfair.bench.metrics) read these records. Unknown fields are
-ignored; bad lines raise `ResultError` naming the file and line.
+The engine's replays write these records (`result_from_request`), the fairness metrics
+(tokenfair.fairness) read them. Unknown fields are ignored; bad lines raise
+`ResultError` naming the file and line.
 """
 
 from __future__ import annotations
@@ -26,12 +30,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tokenfair.core.request import Request
 from tokenfair.workloads.jsonl import (
     FieldError,
     JsonlLineError,
     check_float,
     check_int,
     check_optional_float,
+    check_optional_int,
     check_str,
     parse_records,
     read_lines,
@@ -62,6 +68,7 @@ class ResultRecord:
     status: str = "finished"
     finish_reason: str | None = None
     preemptions: int = 0
+    requested_output_tokens: int | None = None
 
     def __post_init__(self) -> None:
         check_str("request_id", self.request_id)
@@ -72,6 +79,7 @@ class ResultRecord:
         check_str("status", self.status)
         check_finish_reason(self.finish_reason)
         check_int("preemptions", self.preemptions, 0)
+        check_optional_int("requested_output_tokens", self.requested_output_tokens, 0)
         check_times(self.arrival_s, self.scheduled_s, self.first_token_s, self.finish_s)
 
     @property
@@ -97,6 +105,7 @@ class ResultRecord:
             "status": self.status,
             "finish_reason": self.finish_reason,
             "preemptions": self.preemptions,
+            "requested_output_tokens": self.requested_output_tokens,
         }
 
 
@@ -147,6 +156,27 @@ def record_from_json(obj: Mapping[str, Any]) -> ResultRecord:
         status=check_str("status", obj.get("status", "finished")),
         finish_reason=check_finish_reason(obj.get("finish_reason")),
         preemptions=check_int("preemptions", obj.get("preemptions", 0), 0),
+        requested_output_tokens=check_optional_int(
+            "requested_output_tokens", obj.get("requested_output_tokens"), 0
+        ),
+    )
+
+
+def result_from_request(request: Request, requested_output_tokens: int | None) -> ResultRecord:
+    """The record of a request that went through the engine (finished or not)."""
+    return ResultRecord(
+        request_id=request.request_id,
+        client=request.client,
+        arrival_s=request.arrival_s,
+        input_tokens=request.input_tokens,
+        output_tokens=request.num_output_tokens,
+        scheduled_s=request.scheduled_s,
+        first_token_s=request.first_token_s,
+        finish_s=request.finish_s,
+        status=request.status.value,
+        finish_reason=request.finish_reason.value if request.finish_reason else None,
+        preemptions=request.preemptions,
+        requested_output_tokens=requested_output_tokens,
     )
 
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tokenfair.bench.results import ResultError, ResultRecord
+from tokenfair.results import ResultError, ResultRecord
 from tokenfair.workloads.jsonl import (
     FieldError,
     check_float,

@@ -13,8 +13,9 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from tokenfair.bench.results import ResultRecord
-from tokenfair.bench.service_curves import accumulated_service, service_spans
+from tokenfair.core.cost import DEFAULT_COST, CostFunction, request_cost
+from tokenfair.fairness.spans import accumulated_service, service_spans
+from tokenfair.results import ResultRecord
 
 # Points per curve: dense enough to look continuous, cheap for thousands of requests.
 GRID_POINTS = 120
@@ -32,11 +33,14 @@ def rate_grid(duration_s: float, window_s: float) -> np.ndarray:
 
 
 def service_rate_curves(
-    records: Sequence[ResultRecord], duration_s: float, window_s: float
+    records: Sequence[ResultRecord],
+    duration_s: float,
+    window_s: float,
+    cost: CostFunction = DEFAULT_COST,
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """Per client, service received in [t - w/2, t + w/2] divided by w, at each centre t."""
     centres = rate_grid(duration_s, window_s)
-    spans = service_spans(records)
+    spans = service_spans(records, cost)
     lo, hi = centres - window_s / 2, centres + window_s / 2
     return centres, {c: sp.service_between(lo, hi) / window_s for c, sp in spans.items()}
 
@@ -69,6 +73,7 @@ def accumulated_difference_curve(
     duration_s: float,
     warmup_s: float,
     weights: Mapping[str, float] | None = None,
+    cost: CostFunction = DEFAULT_COST,
 ) -> tuple[np.ndarray, np.ndarray]:
     """max_j A_j(t) - min_j A_j(t) over `clients` (None: all served), t from warmup to T.
 
@@ -76,7 +81,7 @@ def accumulated_difference_curve(
     curve; zeros when fewer than two clients are compared.
     """
     offsets = np.linspace(0.0, duration_s - warmup_s, GRID_POINTS)
-    spans = service_spans(records)
+    spans = service_spans(records, cost)
     chosen = [c for c in (clients if clients is not None else spans) if c in spans]
     if len(chosen) < 2:
         return offsets + warmup_s, np.zeros_like(offsets)
@@ -87,23 +92,30 @@ def accumulated_difference_curve(
     return offsets + warmup_s, stacked.max(axis=0) - stacked.min(axis=0)
 
 
-def busiest_clients(records: Sequence[ResultRecord], limit: int) -> list[str]:
-    """The `limit` clients asking for the most service (input + 2 x output tokens)."""
+def busiest_clients(
+    records: Sequence[ResultRecord], limit: int, cost: CostFunction = DEFAULT_COST
+) -> list[str]:
+    """The `limit` clients that received the most service."""
     demand: dict[str, float] = {}
     for rec in records:
-        demand[rec.client] = demand.get(rec.client, 0.0) + rec.input_tokens + 2 * rec.output_tokens
+        service = request_cost(cost, rec.input_tokens, rec.output_tokens)
+        demand[rec.client] = demand.get(rec.client, 0.0) + service
     ranked = sorted(demand, key=lambda c: (-demand[c], c))
     return sorted(ranked[:limit], key=natural_key)
 
 
 def service_in_interval(
-    records: Sequence[ResultRecord], start_s: float, end_s: float
+    records: Sequence[ResultRecord],
+    start_s: float,
+    end_s: float,
+    cost: CostFunction = DEFAULT_COST,
 ) -> dict[str, float]:
     """Service each client received within [start_s, end_s] (uniform spread, as the metrics)."""
     lo, hi = np.array([start_s]), np.array([end_s])
-    return {c: float(sp.service_between(lo, hi)[0]) for c, sp in service_spans(records).items()}
+    spans = service_spans(records, cost)
+    return {c: float(sp.service_between(lo, hi)[0]) for c, sp in spans.items()}
 
 
-def natural_key(name: str) -> tuple:
+def natural_key(name: str) -> tuple[int | str, ...]:
     """Sort key putting client-2 before client-10."""
     return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))

@@ -23,9 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tokenfair.bench.bounds import accumulated_difference, service_bound
-from tokenfair.bench.runner import Job, RunOutcome, Workload
 from tokenfair.core.scheduler import SchedulerConfig
+from tokenfair.experiments.runner import Job, RunOutcome
+from tokenfair.experiments.workloads import Workload
+from tokenfair.fairness.bounds import service_bound
 from tokenfair.workloads.arrivals import Uniform
 from tokenfair.workloads.lengths import fixed
 from tokenfair.workloads.suites import ClientWorkload, generate_workload
@@ -104,7 +105,7 @@ class AblationRow:
 
 
 def ablation_row(outcome: RunOutcome) -> AblationRow:
-    curve = accumulated_difference(outcome)
+    curve = outcome.report.accumulated_difference
     kv_tokens = outcome.job.config.kv_tokens
     return AblationRow(
         policy=outcome.policy,
@@ -114,8 +115,8 @@ def ablation_row(outcome: RunOutcome) -> AblationRow:
         mean_acc_diff=float(np.mean(curve.values)) if curve.values.size else 0.0,
         bound=service_bound(outcome.workload.records, kv_tokens),
         scope=curve.scope,
-        max_diff=outcome.report["max_diff"],
-        throughput_tok_s=outcome.report["throughput_tok_s"],
+        max_diff=outcome.report.max_diff,
+        throughput_tok_s=outcome.report.throughput_tok_s,
     )
 
 

@@ -12,27 +12,26 @@ missed when it is compared with the bound.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from tokenfair.bench.curves import accumulated_difference_curve
-from tokenfair.bench.runner import RunOutcome
+from tokenfair.core.cost import DEFAULT_COST, CostFunction, LinearCost
+from tokenfair.fairness.curves import accumulated_difference_curve
+from tokenfair.results import ResultRecord
 from tokenfair.workloads.trace import TraceRecord
 
-W_IN = 1.0
-W_OUT = 2.0
 BACKLOGGED = "backlogged clients"
 ALL_SERVED = "all served clients"
 
 
 def service_bound(
-    records: Iterable[TraceRecord], kv_tokens: int, w_in: float = W_IN, w_out: float = W_OUT
+    records: Iterable[TraceRecord], kv_tokens: int, cost: LinearCost = DEFAULT_COST
 ) -> float:
     """B = max(w_in * L_in, w_out * M) for a workload served with a `kv_tokens` pool."""
     longest_prompt = max((r.input_tokens for r in records), default=0)
-    return max(w_in * longest_prompt, w_out * kv_tokens)
+    return max(cost.w_in * longest_prompt, cost.w_out * kv_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,14 +51,19 @@ class ServiceDifference:
         return float(self.values[-1]) if self.values.size else 0.0
 
 
-def accumulated_difference(outcome: RunOutcome) -> ServiceDifference:
+def accumulated_difference(
+    records: Sequence[ResultRecord],
+    backlogged: Sequence[str],
+    duration_s: float,
+    warmup_s: float,
+    weights: Mapping[str, float] | None = None,
+    cost: CostFunction = DEFAULT_COST,
+) -> ServiceDifference:
     """The curve the bound speaks about: over the clients backlogged (nearly) throughout
     when there are two or more of them, else over every served client (the artifact's
     curve, which then also counts clients that simply asked for less)."""
-    workload = outcome.workload
-    backlogged = outcome.report["backlogged"]
-    clients = backlogged if len(backlogged) >= 2 else None
+    clients = list(backlogged) if len(backlogged) >= 2 else None
     times, values = accumulated_difference_curve(
-        outcome.results, clients, workload.duration_s, workload.warmup_s, workload.weights
+        records, clients, duration_s, warmup_s, weights, cost
     )
     return ServiceDifference(times, values, BACKLOGGED if clients else ALL_SERVED)

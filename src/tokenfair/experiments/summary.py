@@ -5,33 +5,31 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from tokenfair.bench.bounds import accumulated_difference
-from tokenfair.bench.runner import RunOutcome
+from tokenfair.experiments.runner import RunOutcome
 
 
 def summary_row(outcome: RunOutcome) -> dict[str, Any]:
     """The paper's table columns plus what explains them (rejections, preemptions, TTFT)."""
     report = outcome.report
-    difference = accumulated_difference(outcome)
-    rejected = sum(c["requests"]["rejected"] for c in report["clients"].values())
+    difference = report.accumulated_difference
     return {
         "workload": outcome.workload.name,
         "policy": outcome.policy,
         "variant": outcome.job.variant,
-        "max_diff": report["max_diff"],
-        "avg_diff": report["avg_diff"],
-        "diff_var": report["diff_var"],
-        "throughput_tok_s": report["throughput_tok_s"],
-        "requests": report["num_requests"],
-        "served": report["num_served"],
-        "rejected": rejected,
+        "max_diff": report.max_diff,
+        "avg_diff": report.avg_diff,
+        "diff_var": report.diff_var,
+        "throughput_tok_s": report.throughput_tok_s,
+        "requests": report.num_requests,
+        "served": report.num_served,
+        "rejected": report.num_rejected,
         "preemptions": outcome.preemptions,
         "makespan_s": outcome.makespan_s,
-        "ttft_p50_s": report["ttft_s"]["p50"],
-        "ttft_p90_s": report["ttft_s"]["p90"],
-        "ttft_p99_s": report["ttft_s"]["p99"],
-        "jain_per_tick_mean": report["jain_per_tick_mean"],
-        "backlogged": report["backlogged"],
+        "ttft_p50_s": report.ttft_s.p50,
+        "ttft_p90_s": report.ttft_s.p90,
+        "ttft_p99_s": report.ttft_s.p99,
+        "jain_per_tick_mean": report.jain_per_tick_mean,
+        "backlogged": report.backlogged,
         "acc_diff_max": difference.peak,
         "acc_diff_final": difference.final,
         "acc_diff_scope": difference.scope,

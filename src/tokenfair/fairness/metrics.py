@@ -1,9 +1,10 @@
 """Fairness metrics of a replay, as defined in SPEC section 6 and the paper's artifact.
 
-All functions take the per-request results of one run (tokenfair.bench.results) and the
-measurement parameters: `w_in`, `w_out` (service weights, default 1 and 2), `duration_s`
-(T, default 600), `window_s` (w, default 60), `warmup_s` (default 30) and optional
-client `weights`.
+All functions take the per-request results of one run (tokenfair.results) and the
+measurement parameters: the cost (tokenfair.core.cost; default w_in = 1, w_out = 2),
+`duration_s` (T: by default the last arrival), `window_s` (w, default 60), `warmup_s`
+(default 30) and optional client `weights`. `tokenfair.fairness.report` gathers them
+into one typed `FairnessReport`.
 
 Service difference (the paper's Table of Max/Avg Diff):
 
@@ -29,9 +30,10 @@ for the overload suites): with A_j(x) = service of client j in [warmup, x + warm
 
 over a set of clients. The artifact takes every client with served requests; in the
 paper's overload suites all clients are backlogged throughout, so that is the set of
-backlogged clients. `fairness_report` gives both: over all served clients (the artifact's
+backlogged clients. The report gives both: over all served clients (the artifact's
 curve) and over the clients backlogged (nearly) throughout the measurement interval
-(see `backlogged_clients`): the quantity VTC bounds by 2 * max(w_in L_in, w_out M).
+(`backlog_fractions` >= BACKLOG_FRACTION): the quantity VTC bounds by
+2 * max(w_in L_in, w_out M).
 
 Jain's fairness index (sum x)^2 / (n sum x^2) is taken over x_j = service_j / weight_j
 of the clients backlogged over an interval, whose fair shares are equal by definition
@@ -53,28 +55,13 @@ Where tokenfair goes beyond the artifact (all optional, defaults reproduce it):
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 import numpy as np
 
-from tokenfair.bench.results import ResultRecord
-from tokenfair.bench.service_curves import (
-    ClientSpans,
-    CostFn,
-    accumulated_service,
-    backlogged_time,
-    demand_rates,
-    linear_cost,
-    service_rates,
-    service_spans,
-    tick_times,
-    tick_windows,
-    waiting_intervals,
-)
+from tokenfair.fairness.spans import ClientSpans, backlogged_time, waiting_intervals
+from tokenfair.results import ResultRecord
 
-DEFAULT_DURATION_S = 600.0
 DEFAULT_WINDOW_S = 60.0
 DEFAULT_WARMUP_S = 30.0
 NUM_TICK_INTERVALS = 20
@@ -86,14 +73,15 @@ BACKLOG_FRACTION = 0.95
 TTFT_PERCENTILES = (50, 90, 99)
 
 
-def _weight(weights: Mapping[str, float] | None, client: str) -> float:
+def weight_of(weights: Mapping[str, float] | None, client: str) -> float:
+    """A client's weight (1 when no weights are given or the client has none)."""
     return 1.0 if weights is None else float(weights.get(client, 1.0))
 
 
 def _normalised(
     curves: Mapping[str, Sequence[float]], weights: Mapping[str, float] | None
 ) -> dict[str, np.ndarray]:
-    return {c: np.asarray(v, dtype=float) / _weight(weights, c) for c, v in curves.items()}
+    return {c: np.asarray(v, dtype=float) / weight_of(weights, c) for c, v in curves.items()}
 
 
 def service_difference(
@@ -160,17 +148,6 @@ def backlog_fractions(
     }
 
 
-def backlogged_clients(
-    records: Iterable[ResultRecord],
-    start_s: float,
-    end_s: float,
-    min_fraction: float = BACKLOG_FRACTION,
-) -> list[str]:
-    """Clients with a request waiting for at least `min_fraction` of [start_s, end_s]."""
-    fractions = backlog_fractions(records, start_s, end_s)
-    return [c for c, f in fractions.items() if f >= min_fraction]
-
-
 def jain_index(values: Sequence[float]) -> float | None:
     """Jain's fairness index (sum x)^2 / (n * sum x^2): 1 = equal, 1/n = one takes all.
 
@@ -226,128 +203,3 @@ def service_shares(totals: Mapping[str, float]) -> dict[str, float]:
     """Each client's fraction of all service delivered."""
     grand = sum(totals.values())
     return {c: (v / grand if grand > 0 else 0.0) for c, v in totals.items()}
-
-
-def _json_float(value: float | None) -> float | None:
-    """NaN/inf are not JSON; report them as null."""
-    return None if value is None or not math.isfinite(value) else value
-
-
-def fairness_report(
-    records: Sequence[ResultRecord],
-    *,
-    w_in: float = 1.0,
-    w_out: float = 2.0,
-    duration_s: float | None = DEFAULT_DURATION_S,
-    window_s: float = DEFAULT_WINDOW_S,
-    warmup_s: float = DEFAULT_WARMUP_S,
-    weights: Mapping[str, float] | None = None,
-    cost: CostFn | None = None,
-    backlog_fraction: float = BACKLOG_FRACTION,
-) -> dict[str, Any]:
-    """Every fairness metric of one run as JSON-able data.
-
-    `duration_s=None` takes T from the trace as the last arrival rounded down to whole
-    seconds (what the artifact's visualize.py does). Keys:
-
-    - `params`: the parameters used; `ticks`: the tick times x_i;
-    - `max_diff`, `avg_diff`, `diff_var`, `throughput_tok_s`: the paper's table row;
-    - `service_diff`: D per tick; `service_rate`, `demand_rate`: per client per tick;
-    - `acc_service_diff`: accumulated service difference per tick over all served
-      clients (artifact); `acc_service_diff_backlogged`: the same over `backlogged`;
-    - `backlogged`: clients with a request waiting for >= `backlog_fraction` of
-      [warmup, T];
-    - `jain_backlogged`: Jain's index over `backlogged` clients of their service in
-      [warmup, T] divided by weight (null with fewer than two such clients);
-    - `jain_per_tick`: the same per tick window (clients backlogged for
-      >= `backlog_fraction` of that window), null where fewer than two;
-      `jain_per_tick_mean`, `jain_per_tick_min`: over the ticks where it is defined;
-    - `clients`: per client `requests` (counts), `ttft_s` (p50/p90/p99/mean),
-      `service` (total), `service_share`, `weight`, `backlog_fraction`;
-    - `ttft_s`: TTFT percentiles over all requests.
-    """
-    if duration_s is None:
-        duration_s = float(math.floor(max((r.arrival_s for r in records), default=0.0)))
-    if not duration_s > warmup_s:
-        raise ValueError(f"duration_s ({duration_s}) must exceed warmup_s ({warmup_s})")
-    if window_s <= 0:
-        raise ValueError(f"window_s must be > 0, got {window_s}")
-    price = cost or linear_cost(w_in, w_out)
-    spans = service_spans(records, price)
-    ticks = tick_times(duration_s, warmup_s, NUM_TICK_INTERVALS)
-
-    service = service_rates(spans, ticks, window_s, warmup_s)
-    demand = demand_rates(spans, ticks, window_s, warmup_s)
-    diffs = service_difference(service, demand, weights)
-    accumulated = accumulated_service(spans, ticks, warmup_s)
-
-    fractions = backlog_fractions(records, warmup_s, duration_s) if records else {}
-    backlogged = [c for c, f in fractions.items() if f >= backlog_fraction]
-    measured = {
-        c: float(sp.service_between(np.array([warmup_s]), np.array([duration_s]))[0])
-        for c, sp in spans.items()
-    }
-    jain_overall = (
-        jain_index([measured.get(c, 0.0) / _weight(weights, c) for c in backlogged])
-        if len(backlogged) >= 2
-        else None
-    )
-
-    jain_ticks: list[float | None] = []
-    lo, hi = tick_windows(ticks, window_s, warmup_s)
-    for k in range(len(ticks)):
-        in_window = [
-            c for c, f in backlog_fractions(records, lo[k], hi[k]).items() if f >= backlog_fraction
-        ]
-        rates = [service.get(c, [0.0] * len(ticks))[k] / _weight(weights, c) for c in in_window]
-        jain_ticks.append(jain_index(rates) if len(in_window) >= 2 else None)
-
-    defined = [j for j in jain_ticks if j is not None]
-
-    totals = service_totals(spans)
-    shares = service_shares(totals)
-    counts = request_counts(records)
-    ttft = ttft_percentiles(records)
-    clients = {
-        c: {
-            "requests": counts[c],
-            "ttft_s": ttft[c],
-            "service": totals.get(c, 0.0),
-            "service_share": shares.get(c, 0.0),
-            "weight": _weight(weights, c),
-            "backlog_fraction": fractions.get(c, 0.0),
-        }
-        for c in counts
-    }
-
-    return {
-        "params": {
-            "w_in": w_in,
-            "w_out": w_out,
-            "duration_s": duration_s,
-            "window_s": window_s,
-            "warmup_s": warmup_s,
-            "weights": dict(weights) if weights is not None else None,
-            "backlog_fraction": backlog_fraction,
-            "cost": "linear" if cost is None else getattr(cost, "__name__", "custom"),
-        },
-        **diff_stats(diffs),
-        "throughput_tok_s": throughput(records),
-        "num_requests": len(records),
-        "num_served": sum(r.served for r in records),
-        "ticks": ticks,
-        "service_diff": diffs,
-        "service_rate": service,
-        "demand_rate": demand,
-        "acc_service_diff": accumulated_service_difference(accumulated, None, weights),
-        "acc_service_diff_backlogged": accumulated_service_difference(
-            accumulated, backlogged, weights
-        ),
-        "backlogged": backlogged,
-        "jain_backlogged": _json_float(jain_overall),
-        "jain_per_tick": [_json_float(j) for j in jain_ticks],
-        "jain_per_tick_mean": float(np.mean(defined)) if defined else None,
-        "jain_per_tick_min": min(defined) if defined else None,
-        "clients": clients,
-        "ttft_s": ttft["*"],
-    }

@@ -1,7 +1,7 @@
 """The experiment report: DIR/report.md and DIR/report.html, from one run's numbers.
 
-Sections: how the run was made, the targets of issue 3 (met or not, with the measured
-value), the real-trace table beside the paper's (the only typed-in numbers, labelled as
+Sections: how the run was made, the paper's findings as targets (reproduced or not,
+with the measured value), the real-trace table beside the paper's (the only typed-in numbers, labelled as
 the paper's), one paragraph, table and figures per workload, the ablation, the list of
 figures. Sections without data (e.g. no arena trace in a `compare` run) are left out.
 """
@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tokenfair.bench.ablation import AblationRow, length_sweep, pool_sweep
-from tokenfair.bench.bounds import BACKLOGGED
-from tokenfair.bench.document import (
+from tokenfair.experiments.ablation import AblationRow, length_sweep, pool_sweep
+from tokenfair.experiments.experiment import ExperimentResult
+from tokenfair.experiments.paper_table import PAPER_ARENA_TABLE, PAPER_LABEL
+from tokenfair.experiments.runner import RunOutcome
+from tokenfair.experiments.summary import ratio, summary_row
+from tokenfair.experiments.targets import TargetCheck
+from tokenfair.fairness.bounds import BACKLOGGED
+from tokenfair.report.document import (
     Block,
     Bullets,
     Heading,
@@ -24,14 +29,8 @@ from tokenfair.bench.document import (
     to_html,
     to_markdown,
 )
-from tokenfair.bench.narrative import workload_paragraph
-from tokenfair.bench.paper_table import PAPER_ARENA_TABLE, PAPER_LABEL
-from tokenfair.bench.runner import RunOutcome
-from tokenfair.bench.summary import ratio, summary_row
-from tokenfair.bench.targets import TargetCheck
-
-if TYPE_CHECKING:
-    from tokenfair.bench.experiment import ExperimentResult
+from tokenfair.report.figures import Figure, experiment_figures
+from tokenfair.report.narrative import workload_paragraph
 
 ARENA = "arena"
 SIMULATED_LABEL = "tokenfair (simulated)"
@@ -189,7 +188,7 @@ def _ablation_table(rows: Sequence[AblationRow], caption: str) -> Table:
     return Table(header, body, caption)
 
 
-def ablation_blocks(rows: Sequence[AblationRow], figures: Sequence[Any]) -> list[Block]:
+def ablation_blocks(rows: Sequence[AblationRow], figures: Sequence[Figure]) -> list[Block]:
     if not rows:
         return []
     pools, lengths = pool_sweep(rows), length_sweep(rows)
@@ -237,7 +236,7 @@ def ablation_blocks(rows: Sequence[AblationRow], figures: Sequence[Any]) -> list
     return blocks
 
 
-def _images(figures: Sequence[Any], workload: str) -> list[Block]:
+def _images(figures: Sequence[Figure], workload: str) -> list[Block]:
     return [Image(f.path, f.title, f.caption) for f in figures if f.workload == workload]
 
 
@@ -269,7 +268,7 @@ def intro_blocks(result: ExperimentResult) -> list[Block]:
     return [Heading(result.title, 1), *(Paragraph(line) for line in lines)]
 
 
-def report_blocks(result: ExperimentResult) -> list[Block]:
+def report_blocks(result: ExperimentResult, figures: Sequence[Figure]) -> list[Block]:
     blocks = intro_blocks(result)
     blocks += target_blocks(result.targets)
     arena = result.outcomes_for(ARENA)
@@ -285,7 +284,7 @@ def report_blocks(result: ExperimentResult) -> list[Block]:
                 "work, which Diff does not punish: read it with throughput.",
             ),
             workload_table(arena),
-            *_images(result.figures, ARENA),
+            *_images(figures, ARENA),
         ]
     others = [w for w in result.workloads if w.name != ARENA and result.outcomes_for(w.name)]
     if others:
@@ -296,12 +295,12 @@ def report_blocks(result: ExperimentResult) -> list[Block]:
             Heading(workload.name, 3),
             Paragraph(workload_paragraph(workload, outcomes)),
             workload_table(outcomes),
-            *_images(result.figures, workload.name),
+            *_images(figures, workload.name),
         ]
-    blocks += ablation_blocks(result.ablation, result.figures)
+    blocks += ablation_blocks(result.ablation, figures)
     blocks += [
         Heading("Figures"),
-        Bullets(tuple(f"`{f.path}`: {f.caption}" for f in result.figures)),
+        Bullets(tuple(f"`{f.path}`: {f.caption}" for f in figures)),
         Heading("Files"),
         Bullets(
             (
@@ -314,8 +313,15 @@ def report_blocks(result: ExperimentResult) -> list[Block]:
     return blocks
 
 
-def write_report(result: ExperimentResult) -> None:
+def write_report(result: ExperimentResult, figures: Sequence[Figure]) -> None:
     """Write report.md and report.html into the experiment's output folder."""
-    blocks = report_blocks(result)
+    blocks = report_blocks(result, figures)
     result.report_md.write_text(to_markdown(blocks), encoding="utf-8")
     result.report_html.write_text(to_html(blocks, result.title), encoding="utf-8")
+
+
+def publish(result: ExperimentResult) -> list[Figure]:
+    """Draw every figure of an experiment and write its report; returns the figures."""
+    figures = experiment_figures(result)
+    write_report(result, figures)
+    return figures

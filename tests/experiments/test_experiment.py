@@ -8,26 +8,26 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tokenfair.bench.ablation import ablation_points, ablation_workload
-from tokenfair.bench.bounds import service_bound
-from tokenfair.bench.curves import service_in_interval
-from tokenfair.bench.experiment import (
-    ARENA,
-    PAPER_POLICIES,
-    run_experiment,
-    run_paper_experiment,
-)
-from tokenfair.bench.metrics import fairness_report
-from tokenfair.bench.paper_table import PAPER_ARENA_TABLE, PAPER_LABEL
-from tokenfair.bench.report import arena_table_rows
-from tokenfair.bench.results import read_results
-from tokenfair.bench.runner import Job, Workload, run_job
-from tokenfair.bench.targets import check_targets, linear_fit
 from tokenfair.commands.experiment import experiment_app
 from tokenfair.core.policies import make_policy
 from tokenfair.core.scheduler import SchedulerConfig
 from tokenfair.engine.sim.profile import load_profile
 from tokenfair.engine.sim.simulator import simulate
+from tokenfair.experiments.ablation import ablation_points, ablation_workload
+from tokenfair.experiments.experiment import (
+    PAPER_POLICIES,
+    run_experiment,
+    run_paper_experiment,
+)
+from tokenfair.experiments.paper_table import PAPER_ARENA_TABLE, PAPER_LABEL
+from tokenfair.experiments.runner import Job, run_job
+from tokenfair.experiments.targets import check_targets, linear_fit
+from tokenfair.experiments.workloads import ARENA, Workload
+from tokenfair.fairness.bounds import service_bound
+from tokenfair.fairness.curves import service_in_interval
+from tokenfair.fairness.report import fairness_report
+from tokenfair.report.experiment_report import arena_table_rows, publish
+from tokenfair.results import read_results
 from tokenfair.workloads.arrivals import Uniform
 from tokenfair.workloads.lengths import fixed
 from tokenfair.workloads.suites import ClientWorkload, generate_workload
@@ -55,14 +55,18 @@ def assert_png(path: Path) -> None:
 @pytest.fixture(scope="module")
 def tiny_experiment(tmp_path_factory):
     out = tmp_path_factory.mktemp("tiny")
-    return run_experiment([tiny_workload()], ["fcfs", "vtc"], out, workers=1)
+    result = run_experiment([tiny_workload()], ["fcfs", "vtc"], out, workers=1)
+    publish(result)
+    return result
 
 
 @pytest.fixture(scope="module")
 def quick_paper(tmp_path_factory, shared_dir):
     """The quick paper experiment on the arena trace and one suite (no ablation)."""
     out = tmp_path_factory.mktemp("paper")
-    return run_paper_experiment(out, True, shared_dir, suites=["overload"], ablation=False)
+    result = run_paper_experiment(out, True, shared_dir, suites=["overload"], ablation=False)
+    publish(result)
+    return result
 
 
 def test_tiny_experiment_writes_report_figures_and_results(tiny_experiment):
@@ -70,9 +74,11 @@ def test_tiny_experiment_writes_report_figures_and_results(tiny_experiment):
     assert (out / "report.md").is_file() and (out / "report.html").is_file()
     for name in ("service_rate", "response_time", "service_difference"):
         assert_png(out / "figures" / f"tiny_{name}.png")
-    for figure in tiny_experiment.figures:
-        assert_png(out / figure.path)
-        assert f"]({figure.path})" in (out / "report.md").read_text()
+    figures = sorted((out / "figures").glob("*.png"))
+    assert figures
+    for path in figures:
+        assert_png(path)
+        assert f"](figures/{path.name})" in (out / "report.md").read_text()
     assert read_results(out / "results" / "tiny" / "vtc.jsonl")
     summary = json.loads((out / "metrics.json").read_text())
     assert [r["policy"] for r in summary["runs"]] == ["fcfs", "vtc"]
@@ -90,16 +96,16 @@ def test_report_numbers_equal_a_direct_fairness_report(tiny_experiment):
         direct = fairness_report(sim.results, duration_s=90.0, window_s=20.0, warmup_s=10.0)
         row = next(r for r in tiny_experiment.rows_for("tiny") if r["policy"] == policy)
         for key in ("max_diff", "avg_diff", "diff_var", "throughput_tok_s"):
-            assert row[key] == pytest.approx(direct[key], rel=1e-12, abs=1e-9), key
+            assert row[key] == pytest.approx(getattr(direct, key), rel=1e-12, abs=1e-9), key
         report = (tiny_experiment.out_dir / "report.md").read_text()
-        assert f"| {policy} | {direct['max_diff']:,.2f} | {direct['avg_diff']:,.2f} |" in report
+        assert f"| {policy} | {direct.max_diff:,.2f} | {direct.avg_diff:,.2f} |" in report
 
 
 def test_saved_results_rescore_to_the_reported_row(tiny_experiment):
     records = read_results(tiny_experiment.out_dir / "results" / "tiny" / "fcfs.jsonl")
     again = fairness_report(records, duration_s=90.0, window_s=20.0, warmup_s=10.0)
     row = tiny_experiment.rows_for("tiny")[0]
-    assert again["max_diff"] == pytest.approx(row["max_diff"])
+    assert again.max_diff == pytest.approx(row["max_diff"])
 
 
 @pytest.mark.slow

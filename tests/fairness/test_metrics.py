@@ -10,25 +10,25 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tokenfair.bench.metrics import (
+from tokenfair.fairness.metrics import (
     accumulated_service_difference,
     backlog_fractions,
     diff_stats,
-    fairness_report,
     jain_index,
     request_counts,
     service_difference,
     throughput,
     ttft_percentiles,
 )
-from tokenfair.bench.reference import read_artifact_results, read_measured_reference
-from tokenfair.bench.results import ResultRecord
-from tokenfair.bench.service_curves import (
+from tokenfair.fairness.report import fairness_report
+from tokenfair.fairness.spans import (
     backlogged_time,
     service_spans,
     tick_times,
     tick_windows,
 )
+from tokenfair.measured import read_artifact_results, read_measured_reference
+from tokenfair.results import ResultRecord
 
 
 def served(rid, client, arrival, inp, out, first, finish, scheduled=None):
@@ -86,12 +86,12 @@ def test_ticks_and_windows_follow_the_artifact() -> None:
 
 def test_service_rates_by_hand() -> None:
     report = fairness_report(worked_example(), **PARAMS)
-    assert report["ticks"] == pytest.approx([2.0 * i for i in range(1, 20)])
-    y = report["service_rate"]
+    assert report.ticks == pytest.approx([2.0 * i for i in range(1, 20)])
+    y = report.service_rate
     assert y["a"] == pytest.approx([12, 14, 16, 18] + [20] * 15)
     assert y["b"] == pytest.approx([6, 7, 8, 9] + [10] * 15)
     assert y["c"] == pytest.approx([0] * 5 + [1, 2, 3, 4] + [5] * 6 + [4, 3, 2, 1])
-    r = report["demand_rate"]
+    r = report.demand_rate
     assert r["a"] == pytest.approx([50, 50] + [0] * 17)
     assert r["b"] == pytest.approx([25, 25] + [0] * 17)
     assert r["c"] == pytest.approx([0] * 4 + [5] * 11 + [0] * 4)
@@ -99,12 +99,12 @@ def test_service_rates_by_hand() -> None:
 
 def test_service_difference_and_stats_by_hand() -> None:
     report = fairness_report(worked_example(), **PARAMS)
-    assert report["service_diff"] == pytest.approx(EXPECTED_D)
-    assert report["max_diff"] == pytest.approx(15.0)
-    assert report["avg_diff"] == pytest.approx(205 / 19)
-    assert report["diff_var"] == pytest.approx(1960 / 361)
+    assert report.service_diff == pytest.approx(EXPECTED_D)
+    assert report.max_diff == pytest.approx(15.0)
+    assert report.avg_diff == pytest.approx(205 / 19)
+    assert report.diff_var == pytest.approx(1960 / 361)
     # tokens of served requests (550 + 300 + 60) / (last finish 60 - first arrival 5)
-    assert report["throughput_tok_s"] == pytest.approx(910 / 55)
+    assert report.throughput_tok_s == pytest.approx(910 / 55)
 
 
 def test_rejected_and_aborted_requests_add_nothing() -> None:
@@ -115,16 +115,16 @@ def test_rejected_and_aborted_requests_add_nothing() -> None:
     ]
     base = fairness_report(worked_example(), **PARAMS)
     report = fairness_report(worked_example() + extra, **PARAMS)
-    assert report["service_diff"] == pytest.approx(base["service_diff"])
-    assert report["throughput_tok_s"] == pytest.approx(base["throughput_tok_s"])
+    assert report.service_diff == pytest.approx(base.service_diff)
+    assert report.throughput_tok_s == pytest.approx(base.throughput_tok_s)
     for key in ("service_rate", "demand_rate"):
-        assert report[key].keys() == base[key].keys()
-        for client, curve in base[key].items():
-            assert report[key][client] == pytest.approx(curve)
-    assert report["clients"]["c"]["requests"]["rejected"] == 1
-    assert report["clients"]["a"]["requests"]["abort"] == 1
-    assert report["num_requests"] == 5
-    assert report["num_served"] == 3
+        assert getattr(report, key).keys() == getattr(base, key).keys()
+        for client, curve in getattr(base, key).items():
+            assert getattr(report, key)[client] == pytest.approx(curve)
+    assert report.clients["c"].requests.rejected == 1
+    assert report.clients["a"].requests.abort == 1
+    assert report.num_requests == 5
+    assert report.num_served == 3
 
 
 def test_client_that_got_what_it_asked_for_is_not_unfair() -> None:
@@ -179,7 +179,7 @@ def test_accumulated_service_difference_by_hand() -> None:
     # i=5 (x = 10): a 20*10 = 200, b 100, c 0 -> 200.
     # i=19 (x = 38): a 20*38 = 760, b 380, c all of its 100 -> 660.
     report = fairness_report(worked_example(), **PARAMS)
-    acc = report["acc_service_diff"]
+    acc = report.acc_service_diff
     assert acc[4] == pytest.approx(200.0)
     assert acc[18] == pytest.approx(660.0)
     only_ab = accumulated_service_difference({"a": [760.0], "b": [380.0], "c": [100.0]}, ["a", "b"])
@@ -204,24 +204,24 @@ def test_backlog_and_jain_by_hand() -> None:
     fractions = backlog_fractions(records, 10.0, 50.0)
     assert fractions == pytest.approx({"w": 0.75, "x": 1.0, "y": 1.0, "z": 1.0})
     report = fairness_report(records, **PARAMS)
-    assert report["backlogged"] == ["x", "y", "z"]
+    assert report.backlogged == ["x", "y", "z"]
     # (400 + 400 + 100)^2 / (3 * (400^2 + 400^2 + 100^2)) = 810000 / 990000 = 9/11
-    assert report["jain_backlogged"] == pytest.approx(9 / 11)
+    assert report.jain_backlogged == pytest.approx(9 / 11)
     # Per tick: windows [2i, 2i + 20]; x, y, z wait throughout while the window ends by
     # 50 (i <= 15); their rates there are in the ratio 4 : 4 : 1 -> 9/11 again. For
     # i = 16 the window [32, 52] is backlogged only 18/20 = 0.9 < 0.95 of the time.
-    assert report["jain_per_tick"][:15] == pytest.approx([9 / 11] * 15)
-    assert report["jain_per_tick"][15:] == [None] * 4
-    assert report["jain_per_tick_mean"] == pytest.approx(9 / 11)
-    assert report["jain_per_tick_min"] == pytest.approx(9 / 11)
+    assert report.jain_per_tick[:15] == pytest.approx([9 / 11] * 15)
+    assert report.jain_per_tick[15:] == [None] * 4
+    assert report.jain_per_tick_mean == pytest.approx(9 / 11)
+    assert report.jain_per_tick_min == pytest.approx(9 / 11)
     # Weight 1/4 for z turns its 100 into 400: perfectly fair.
     weighted = fairness_report(records, weights={"z": 0.25}, **PARAMS)
-    assert weighted["jain_backlogged"] == pytest.approx(1.0)
-    assert weighted["clients"]["z"]["weight"] == 0.25
+    assert weighted.jain_backlogged == pytest.approx(1.0)
+    assert weighted.clients["z"].weight == 0.25
     # Nobody waits in the worked example: no backlogged clients, no Jain index.
     plain = fairness_report(worked_example(), **PARAMS)
-    assert plain["jain_backlogged"] is None
-    assert plain["jain_per_tick_mean"] is None
+    assert plain.jain_backlogged is None
+    assert plain.jain_per_tick_mean is None
 
 
 def test_jain_index() -> None:
@@ -273,21 +273,21 @@ def test_ttft_percentiles_and_counts() -> None:
 
 def test_report_is_json_and_has_shares() -> None:
     report = fairness_report(worked_example(), **PARAMS)
-    json.dumps(report, allow_nan=False)
-    shares = {c: v["service_share"] for c, v in report["clients"].items()}
+    json.dumps(report.to_json(), allow_nan=False)
+    shares = {c: v.service_share for c, v in report.clients.items()}
     assert shares == pytest.approx({"a": 1000 / 1600, "b": 500 / 1600, "c": 100 / 1600})
-    assert fairness_report([], **PARAMS)["max_diff"] == 0.0
+    assert fairness_report([], **PARAMS).max_diff == 0.0
 
 
 def test_duration_must_exceed_warmup() -> None:
-    with pytest.raises(ValueError, match="duration_s"):
+    with pytest.raises(ValueError, match="must exceed the warm-up"):
         fairness_report(worked_example(), duration_s=10.0, warmup_s=30.0)
 
 
 def test_inferred_duration_is_last_arrival_floored() -> None:
     records = [served("a", "a", 0.0, 1, 1, 1.0, 2.0), served("b", "a", 95.7, 1, 1, 96.0, 97.0)]
     report = fairness_report(records, duration_s=None, warmup_s=5.0, window_s=10.0)
-    assert report["params"]["duration_s"] == 95.0
+    assert report.params.duration_s == 95.0 and report.params.duration_from_data
 
 
 @given(
@@ -309,7 +309,7 @@ def test_difference_is_nonnegative_and_service_is_conserved(rows) -> None:
         for i, (c, t, inp, out, d1, d2) in enumerate(rows)
     ]
     report = fairness_report(records, duration_s=120.0, warmup_s=10.0, window_s=20.0)
-    assert all(d >= -1e-9 for d in report["service_diff"])
+    assert all(d >= -1e-9 for d in report.service_diff)
     spans = service_spans(records)
     for client, sp in spans.items():
         total = sp.service_between(np.array([0.0]), np.array([200.0]))[0]
@@ -325,10 +325,10 @@ REFERENCE = Path("/work/shared/reference/a10g_llama7b_fcfs_arena_measured.jsonl"
 def test_paper_fcfs_row_from_the_measured_reference() -> None:
     # SPEC section 7: FCFS on the real trace: 759.97 / 433.53 / 32112.00 / 777 tok/s.
     report = fairness_report(read_measured_reference(REFERENCE))
-    assert round(report["max_diff"], 2) == 759.97
-    assert round(report["avg_diff"], 2) == 433.53
-    assert round(report["diff_var"], 2) == 32112.00
-    assert round(report["throughput_tok_s"]) == 777
+    assert round(report.max_diff, 2) == 759.97
+    assert round(report.avg_diff, 2) == 433.53
+    assert round(report.diff_var, 2) == 32112.00
+    assert round(report.throughput_tok_s) == 777
 
 
 def test_artifact_results_reader(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenfair.bench.results import (
+from tokenfair.results import (
     ResultError,
     ResultRecord,
     parse_result_lines,

@@ -1,0 +1,115 @@
+"""Scheduler settings: batch and memory limits, admission and preemption modes, and
+the paper router's rules (`SchedulerConfig.paper()`, documented in docs/simulator.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Literal
+
+# The paper's runs serve every client through its own rank-8 LoRA adapter (dummy
+# weights, also in the runs "without" LoRA); S-LoRA's pool holds 4 x rank per adapter.
+PAPER_ADAPTER_TOKENS = 4 * 8
+
+
+class ConfigError(ValueError):
+    """A scheduler setting that cannot work; the message names the key."""
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_batched_tokens: int = 8192
+    kv_tokens: int = 100_000
+    block_size: int = 16
+    swap_tokens: int = 0
+    admission: Literal["reserve", "optimistic"] = "optimistic"
+    preemption: Literal["recompute", "swap"] = "recompute"
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = False
+    # The paper's router (see the module docstring); 0 / False / None turn them off.
+    admission_interval_steps: int = 0
+    # After a failed admission attempt, try again at every step until one admits
+    # (the router resets its step count only when it admitted something).
+    retry_admission_every_step: bool = False
+    separate_prefill: bool = False
+    max_prefill_tokens: int | None = None
+    charge_first_token: bool = True
+    # Reserve admission's peak check, as the paper's router does it: a running request
+    # with k outputs holds prompt + k and grows by max_tokens - k - 1 (the last token
+    # is sampled, never written to the cache); a request not yet prefilled counts as
+    # prompt + 1 growing by max_tokens - 1.
+    reserve_peak_excludes_last_token: bool = False
+    # Admit only while the estimated peak is strictly below the pool (else: at most it).
+    reserve_strictly_below_pool: bool = False
+    # Pool tokens each distinct client of the batch (and the candidate's) holds for its
+    # LoRA adapter: 4 x rank in S-LoRA's unified pool; counted by reserve admission.
+    adapter_tokens_per_client: int = 0
+
+    def __post_init__(self) -> None:
+        for key in ("max_num_seqs", "max_batched_tokens", "kv_tokens", "block_size"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{key} must be >= 1, got {getattr(self, key)}")
+        if self.swap_tokens < 0:
+            raise ConfigError(f"swap_tokens must be >= 0, got {self.swap_tokens}")
+        if self.kv_tokens < self.block_size:
+            raise ConfigError(f"kv_tokens ({self.kv_tokens}) is smaller than one block")
+        if self.admission not in ("reserve", "optimistic"):
+            raise ConfigError(
+                f"admission must be 'reserve' or 'optimistic', got {self.admission!r}"
+            )
+        if self.preemption not in ("recompute", "swap"):
+            raise ConfigError(f"preemption must be 'recompute' or 'swap', got {self.preemption!r}")
+        if self.admission_interval_steps < 0:
+            raise ConfigError("admission_interval_steps must be >= 0")
+        if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
+            raise ConfigError("max_prefill_tokens must be >= 1 when set")
+        if self.adapter_tokens_per_client < 0:
+            raise ConfigError("adapter_tokens_per_client must be >= 0")
+        if self.admission != "reserve" and (
+            self.adapter_tokens_per_client
+            or self.reserve_peak_excludes_last_token
+            or self.reserve_strictly_below_pool
+        ):
+            raise ConfigError(
+                "adapter_tokens_per_client, reserve_peak_excludes_last_token and "
+                "reserve_strictly_below_pool shape the reserve check: they need "
+                "admission='reserve'"
+            )
+
+    @property
+    def num_blocks(self) -> int:
+        return self.kv_tokens // self.block_size
+
+    @property
+    def num_swap_blocks(self) -> int:
+        return self.swap_tokens // self.block_size
+
+    @classmethod
+    def paper(cls, kv_tokens: int = 10_000, **overrides: object) -> SchedulerConfig:
+        """The S-LoRA/LightLLM router behind the paper's reference numbers (SPEC 5)."""
+        settings: dict[str, object] = dict(
+            kv_tokens=kv_tokens,
+            block_size=1,  # LightLLM allocates KV per token
+            admission="reserve",
+            max_num_seqs=1000,
+            max_batched_tokens=max(kv_tokens // 6, 3072),
+            admission_interval_steps=10,
+            retry_admission_every_step=True,
+            separate_prefill=True,
+            max_prefill_tokens=max(kv_tokens // 6, 3072),
+            enable_chunked_prefill=False,
+            charge_first_token=False,
+            reserve_peak_excludes_last_token=True,
+            reserve_strictly_below_pool=True,
+            adapter_tokens_per_client=PAPER_ADAPTER_TOKENS,
+        )
+        settings.update(overrides)
+        return cls(**settings)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_dict(cls, values: dict[str, object]) -> SchedulerConfig:
+        known = {f.name for f in fields(cls)}
+        for key in values:
+            if key not in known:
+                raise ConfigError(f"unknown scheduler setting {key!r}; known: {sorted(known)}")
+        return cls(**values)  # type: ignore[arg-type]
