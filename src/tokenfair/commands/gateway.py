@@ -41,12 +41,14 @@ def gateway(
             where = f"Redis {settings.redis.url}" if settings.redis else "in-memory counters"
             console.print(
                 f"{config}: ok — policy {settings.policy}, {len(settings.upstreams)} upstream(s), "
-                f"models {', '.join(settings.served_models())}, {len(directory.tenants)} tenant(s), {where}"
+                f"models {', '.join(settings.served_models())}, {len(directory.tenants)} tenant(s), {where}",
+                soft_wrap=True,
+                highlight=False,
             )
             return
         app = create_app(settings)
     except GatewayConfigError as error:
-        console.print(f"[red]error:[/red] {error}")
+        console.print(f"[red]error:[/red] {error}", soft_wrap=True, highlight=False)
         raise typer.Exit(code=2) from None
     import uvicorn
 
