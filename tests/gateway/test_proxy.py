@@ -158,3 +158,45 @@ def test_metrics_use_the_server_names(pool: dict[str, Any]) -> None:
     ]:
         assert name in text, name
     assert 'tokenfair:generation_tokens_total{tenant="light"}' in text
+
+
+def test_non_streaming_reserves_max_tokens_and_is_refunded_from_usage(pool: dict[str, Any]) -> None:
+    gw = pool["gateway"]
+    client(gw, "other").completions.create(model="fake", prompt="x", max_tokens=1)  # after its lift
+    before = state(gw)["counters"]["other"]
+    # No max_tokens: the gateway reserves its default (256); the upstream makes 16.
+    reply = client(gw, "other").completions.create(model="fake", prompt="one two three")
+    assert reply.usage is not None and reply.usage.completion_tokens == 16
+    after = state(gw)["counters"]["other"]
+    assert after - before == pytest.approx(reply.usage.prompt_tokens + 2 * 16)
+
+
+def test_tenant_limits(pool: dict[str, Any]) -> None:
+    gw = pool["gateway"]
+    tight = client(gw, "tight")
+    with pytest.raises(openai.BadRequestError) as too_long:
+        tight.completions.create(model="fake", prompt="x", max_tokens=200)
+    assert too_long.value.body["param"] == "max_tokens"  # type: ignore[index]
+
+    async def burst() -> list[int]:
+        c = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=KEYS["tight"], max_retries=0)
+        # Fill all 8 upstream slots with other tenants' long streams, then send two.
+        hog = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=KEYS["heavy"], max_retries=0)
+        hogs = [
+            asyncio.ensure_future(hog.completions.create(model="fake", prompt="p", max_tokens=300))
+            for _ in range(8)
+        ]
+        await asyncio.sleep(0.3)
+        statuses = []
+        for reply in await asyncio.gather(
+            *(c.completions.create(model="fake", prompt="x", max_tokens=2) for _ in range(3)),
+            return_exceptions=True,
+        ):
+            statuses.append(reply.status_code if isinstance(reply, openai.APIStatusError) else 200)
+        await asyncio.gather(*hogs)
+        await c.close()
+        await hog.close()
+        return sorted(statuses)
+
+    # One may wait; the others are refused with 429 while it does.
+    assert asyncio.run(burst()) == [200, 429, 429]
