@@ -118,7 +118,7 @@ def test_bad_trace_line_is_named_and_nothing_runs(tmp_path):
         (["--policy", "wvtc"], "weights"),
         (["--profile", "tpu-v9"], "unknown profile"),
         (["--admission", "lazy"], "admission"),
-        (["--kv-tokens", "0"], "kv_tokens"),
+        (["--kv-tokens", "0"], "--kv-tokens"),
         (["--preset", "mystery"], "preset"),
     ],
 )

@@ -139,6 +139,11 @@ def check_times(
 
 def record_from_json(obj: Mapping[str, Any]) -> ResultRecord:
     """Build a ResultRecord from one decoded JSON object; FieldError on any bad field."""
+    if "request_id" not in obj and "finish_s" not in obj:
+        raise FieldError(
+            "no request_id or finish_s: this looks like a trace, not per-request results "
+            "(results come from `tokenfair simulate --out FILE`)"
+        )
     arrival_s = check_float("arrival_s", require(obj, "arrival_s"), 0.0)
     scheduled_s = obj.get("scheduled_s")
     first_token_s = obj.get("first_token_s")

@@ -24,7 +24,7 @@ speeding up), `limit` (keep the first N by arrival).
 A row that cannot become a request (unparsable number, zero tokens, missing client
 column, ...) raises `ConvertError` naming the file and line (or conversation). Real
 traces do contain such rows (BurstGPT logs failed requests with 0 response tokens): pass
-`skip_invalid=True` to drop them; the number dropped is logged as a warning. Rows left
+`skip_invalid=True` (`--skip-invalid` on the command line) to drop them; the number dropped is logged as a warning. Rows left
 out by an explicit filter (model, log type, duration, limit) are not errors.
 """
 
@@ -197,7 +197,7 @@ def _collect(
         except ValueError as exc:  # _RowError, ClientMapError
             if not skip_invalid:
                 raise ConvertError(
-                    source, where, f"{exc} (pass skip_invalid=True to drop such rows)"
+                    source, where, f"{exc} (--skip-invalid drops such rows)"
                 ) from None
             skipped.append(f"{where}: {exc}")
             continue

@@ -159,10 +159,26 @@ def parse_records(
     return records
 
 
+class NotTextError(ValueError):
+    """A file that is not UTF-8 text (a binary file, a compressed trace...)."""
+
+
 def read_lines(path: str | Path) -> list[str]:
-    """All lines of a UTF-8 text file (FileNotFoundError propagates unchanged)."""
-    with open(path, encoding="utf-8") as fh:
-        return fh.readlines()
+    """All lines of a UTF-8 text file (FileNotFoundError propagates unchanged).
+
+    A file that is not UTF-8 text raises NotTextError naming the file and the line.
+    """
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw.count(b"\n", 0, error.start) + 1
+        raise NotTextError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{raw[error.start]:02x} at offset "
+            f"{error.start}): expected JSON lines"
+        ) from None
+    return text.splitlines(keepends=True)
 
 
 def write_objects(objects: Iterable[Mapping[str, Any]], path: str | Path) -> None:
