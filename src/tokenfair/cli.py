@@ -11,6 +11,7 @@ from rich.table import Table
 
 from tokenfair import __version__
 from tokenfair.commands.experiment import experiment_app
+from tokenfair.commands.gateway import gateway as gateway_command
 from tokenfair.commands.metrics import metrics
 from tokenfair.commands.model import generate, profile
 from tokenfair.commands.serve import serve
@@ -33,6 +34,7 @@ app.command()(generate)
 app.command("profile")(profile)
 app.add_typer(trace_app, name="trace")
 app.add_typer(experiment_app, name="experiment")
+app.command("gateway")(gateway_command)
 app.add_typer(tenants_app, name="tenants")
 app.command("serve")(serve)
 
