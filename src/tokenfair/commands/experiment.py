@@ -22,6 +22,7 @@ from tokenfair.commands.common import (
     check_weights,
     console,
     fail,
+    load_profile_option,
     read_trace_file,
     read_weights_file,
 )
@@ -144,6 +145,7 @@ def paper(
 
     Example: tokenfair experiment paper --quick --out experiments/paper --shared ../shared
     """
+    check_output_folder(out)
     if not (shared / "traces" / "arena_vtc_600s.jsonl").exists():
         fail(f"no arena trace under {shared}/traces: pass --shared DIR")
     with progress_bar("paper experiment") as advance:
@@ -184,6 +186,7 @@ def compare(
     _check_policies(chosen)
     check_output_folder(out)
     records = read_trace_file(trace)
+    load_profile_option(profile)
     client_weights = read_weights_file(weights)
     check_weights(client_weights, {r.client for r in records}, chosen)
     try:
@@ -208,6 +211,7 @@ def compare(
 
 def run_demo(shared_dir: Path, out_dir: Path) -> None:
     """What `make demo` runs: the quick paper experiment, the arena table, the report path."""
+    check_output_folder(out_dir)
     if not (shared_dir / "traces" / "arena_vtc_600s.jsonl").exists():
         fail(f"no arena trace under {shared_dir}/traces: pass --shared DIR")
     with progress_bar("paper experiment (quick)") as advance:
