@@ -258,3 +258,12 @@ def test_experiment_outputs_and_profile_checked_first(tmp_path: Path) -> None:
         ]
     )
     assert "unknown profile 'nope'" in line and not (tmp_path / "c").exists()
+
+
+def test_output_in_a_new_folder_is_made_before_the_work(tmp_path: Path) -> None:
+    out = tmp_path / "new" / "deeper" / "r.jsonl"
+    result = runner.invoke(
+        app, ["simulate", "--trace", str(trace_file(tmp_path)), "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert out.is_file()
