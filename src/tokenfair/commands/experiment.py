@@ -68,7 +68,7 @@ def _ratio_text(value: float | None) -> str:
 def results_table(result: ExperimentResult, workload: str) -> Table:
     """One workload's rows; on the arena trace with the paper's numbers beside ours."""
     rows = result.rows_for(workload)
-    fcfs = next((r for r in rows if r["policy"] == "fcfs"), None)
+    fcfs = next((r for r in rows if r.policy == "fcfs"), None)
     with_paper = workload == ARENA
     columns = ["scheduler", "Max Diff", "Avg Diff", "Diff Var", "tok/s", "Max÷FCFS", "tok/s÷FCFS"]
     if with_paper:
@@ -77,16 +77,16 @@ def results_table(result: ExperimentResult, workload: str) -> Table:
     table = Table(*columns, title=title, box=box.SIMPLE_HEAD)
     for row in rows:
         cells = [
-            row["policy"],
-            f"{row['max_diff']:.1f}",
-            f"{row['avg_diff']:.1f}",
-            f"{row['diff_var']:.0f}",
-            f"{row['throughput_tok_s']:.0f}",
-            _ratio_text(ratio(row["max_diff"], fcfs["max_diff"]) if fcfs else None),
-            _ratio_text(ratio(row["throughput_tok_s"], fcfs["throughput_tok_s"]) if fcfs else None),
+            row.policy,
+            f"{row.max_diff:.1f}",
+            f"{row.avg_diff:.1f}",
+            f"{row.diff_var:.0f}",
+            f"{row.throughput_tok_s:.0f}",
+            _ratio_text(ratio(row.max_diff, fcfs.max_diff) if fcfs else None),
+            _ratio_text(ratio(row.throughput_tok_s, fcfs.throughput_tok_s) if fcfs else None),
         ]
         if with_paper:
-            paper = PAPER_ARENA_TABLE.get(row["policy"])
+            paper = PAPER_ARENA_TABLE.get(row.policy)
             cells += (
                 [f"{paper.max_diff:.1f}", f"{paper.avg_diff:.1f}", f"{paper.throughput_tok_s:.0f}"]
                 if paper
