@@ -143,6 +143,7 @@ def paper(
 ) -> None:
     """Run the paper's experiments: every synthetic suite and the arena trace under FCFS, LCF, VTC (+predict, +oracle), RPM(5/20/30), vtc-preempt and weighted VTC, plus the KV pool / request length ablation; write OUT/report.md and OUT/report.html with figures.
 
+    \b
     Example: tokenfair experiment paper --quick --out experiments/paper --shared ../shared
     """
     check_output_folder(out)
@@ -178,6 +179,7 @@ def compare(
 ) -> None:
     """Replay a trace under several policies (the paper's system, simulated) and write the same report, figures and per-request results as `experiment paper`.
 
+    \b
     Example: tokenfair experiment compare --trace ../shared/traces/arena_vtc_600s.jsonl --policies fcfs,vtc,rpm:20 --out cmp
     """
     chosen = [p.strip() for p in policies.split(",") if p.strip()]

@@ -39,6 +39,7 @@ def metrics(
     """Print the fairness metrics of SPEC section 6 (Max/Avg/Var Diff, throughput,
     per-client TTFT...) as JSON.
 
+    \b
     Example: tokenfair metrics vtc.jsonl --window 60 --warmup 30
     """
     from tokenfair.fairness.report import fairness_report

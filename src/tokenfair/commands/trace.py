@@ -55,6 +55,7 @@ def generate(
 ) -> None:
     """Write one of the paper's workload suites (SPEC section 7) as a trace file.
 
+    \b
     Example: tokenfair trace gen overload --out overload.jsonl --seed 1
     """
     from tokenfair.workloads.suites import SUITES, generate_suite, suite_descriptions
@@ -114,6 +115,7 @@ def convert(
 ) -> None:
     """Convert a public trace (BurstGPT, Azure, Mooncake, ShareGPT) into tokenfair's JSONL.
 
+    \b
     Example: tokenfair trace convert burstgpt BurstGPT_1.csv --out burst.jsonl --client column:Model --skip-invalid
     """
     from tokenfair.workloads import convert as converters
