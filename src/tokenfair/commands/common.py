@@ -129,9 +129,10 @@ def read_weights_file(path: Path | None) -> dict[str, float] | None:
 
 
 def check_weights(
-    weights: Mapping[str, float] | None, clients: Iterable[str], policies: Iterable[str]
+    weights: Mapping[str, float] | None, clients: Iterable[str], policies: Iterable[str] = ()
 ) -> None:
-    """Warn about weights that cannot matter: for absent clients or unweighted policies."""
+    """Warn about weights that cannot matter: for clients absent from the trace, or given
+    to `policies` that ignore them (pass none where weights also weigh the metrics)."""
     from tokenfair.core.policies.registry import uses_weights
 
     if not weights:

@@ -46,7 +46,7 @@ def metrics(
 
     records = read_results_file(results)
     client_weights = read_weights_file(weights)
-    check_weights(client_weights, {r.client for r in records}, ["vtc"])
+    check_weights(client_weights, {r.client for r in records})
     with user_errors():
         report = fairness_report(
             records,
