@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ from tokenfair.experiments.runner import (
     RunOutcome,
     run_jobs,
 )
-from tokenfair.experiments.summary import summary_row
+from tokenfair.experiments.summary import RunSummary, summary_row
 from tokenfair.experiments.targets import TargetCheck, check_targets
 from tokenfair.experiments.workloads import (
     ARENA,
@@ -93,7 +93,7 @@ class ExperimentResult:
     def outcomes_for(self, workload: str) -> list[RunOutcome]:
         return [o for o in self.outcomes if o.workload.name == workload]
 
-    def rows_for(self, workload: str) -> list[dict[str, Any]]:
+    def rows_for(self, workload: str) -> list[RunSummary]:
         return [summary_row(o) for o in self.outcomes_for(workload)]
 
     @property
@@ -144,7 +144,7 @@ def write_run_files(result: ExperimentResult) -> None:
             }
             for w in result.workloads
         ],
-        "runs": [summary_row(o) for o in result.outcomes],
+        "runs": [summary_row(o).to_json() for o in result.outcomes],
         "ablation": [
             {**row_fields(row), "ratio_to_bound": row.ratio_to_bound} for row in result.ablation
         ],
@@ -153,8 +153,8 @@ def write_run_files(result: ExperimentResult) -> None:
     (result.out_dir / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
-def row_fields(row: Any) -> dict[str, Any]:
-    return {name: getattr(row, name) for name in row.__slots__}
+def row_fields(row: AblationRow | TargetCheck) -> dict[str, Any]:
+    return asdict(row)
 
 
 def _finish(result: ExperimentResult, started: float) -> ExperimentResult:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Any
+from typing import Protocol
 
 from tokenfair.core.cost import DEFAULT_COST
 from tokenfair.experiments.ablation import AblationRow, length_sweep, pool_sweep
@@ -52,27 +52,43 @@ def fmt(value: float | None, digits: int = 2) -> str:
     return "–" if value is None else f"{value:,.{digits}f}"
 
 
-def _ratios(row: dict[str, float], base: dict[str, float] | None) -> list[str]:
+class Headline(Protocol):
+    """A row of the paper's table: ours (RunSummary) or the paper's (PaperRow)."""
+
+    @property
+    def max_diff(self) -> float: ...
+    @property
+    def avg_diff(self) -> float: ...
+    @property
+    def diff_var(self) -> float: ...
+    @property
+    def throughput_tok_s(self) -> float: ...
+
+
+def _ratios(row: Headline, base: Headline | None) -> list[str]:
     if base is None:
         return ["–", "–", "–"]
-    keys = ("max_diff", "avg_diff", "throughput_tok_s")
-    return [fmt(ratio(row[k], base[k]), 3) for k in keys]
+    return [
+        fmt(ratio(row.max_diff, base.max_diff), 3),
+        fmt(ratio(row.avg_diff, base.avg_diff), 3),
+        fmt(ratio(row.throughput_tok_s, base.throughput_tok_s), 3),
+    ]
 
 
 def arena_table_rows(outcomes: Sequence[RunOutcome]) -> list[tuple[str, ...]]:
     """Two rows per scheduler: ours, then the paper's where the paper has it."""
     ours = {o.policy: summary_row(o) for o in outcomes}
-    paper = {p: vars_of(row) for p, row in PAPER_ARENA_TABLE.items()}
+    paper = PAPER_ARENA_TABLE
     rows = []
     for policy, row in ours.items():
         rows.append(
             (
                 policy,
                 SIMULATED_LABEL,
-                fmt(row["max_diff"]),
-                fmt(row["avg_diff"]),
-                fmt(row["diff_var"]),
-                fmt(row["throughput_tok_s"], 0),
+                fmt(row.max_diff),
+                fmt(row.avg_diff),
+                fmt(row.diff_var),
+                fmt(row.throughput_tok_s, 0),
                 *_ratios(row, ours.get("fcfs")),
             )
         )
@@ -82,18 +98,14 @@ def arena_table_rows(outcomes: Sequence[RunOutcome]) -> list[tuple[str, ...]]:
                 (
                     "",
                     PAPER_LABEL,
-                    fmt(ref["max_diff"]),
-                    fmt(ref["avg_diff"]),
-                    fmt(ref["diff_var"]),
-                    fmt(ref["throughput_tok_s"], 0),
+                    fmt(ref.max_diff),
+                    fmt(ref.avg_diff),
+                    fmt(ref.diff_var),
+                    fmt(ref.throughput_tok_s, 0),
                     *_ratios(ref, paper["fcfs"]),
                 )
             )
     return rows
-
-
-def vars_of(row: Any) -> dict[str, Any]:
-    return {name: getattr(row, name) for name in row.__slots__}
 
 
 def workload_table(outcomes: Sequence[RunOutcome]) -> Table:
@@ -103,17 +115,17 @@ def workload_table(outcomes: Sequence[RunOutcome]) -> Table:
         row = summary_row(outcome)
         rows.append(
             (
-                row["policy"],
-                fmt(row["max_diff"]),
-                fmt(row["avg_diff"]),
-                fmt(row["diff_var"]),
-                fmt(row["throughput_tok_s"], 0),
+                row.policy,
+                fmt(row.max_diff),
+                fmt(row.avg_diff),
+                fmt(row.diff_var),
+                fmt(row.throughput_tok_s, 0),
                 _ratios(row, base)[0],
-                fmt(row["ttft_p90_s"], 1),
-                fmt(row["jain_per_tick_mean"], 3),
-                f"{row['acc_diff_final']:,.0f}" if row["acc_diff_scope"] == BACKLOGGED else "–",
-                str(row["rejected"]),
-                str(row["preemptions"]),
+                fmt(row.ttft_p90_s, 1),
+                fmt(row.jain_per_tick_mean, 3),
+                f"{row.acc_diff_final:,.0f}" if row.acc_diff_scope == BACKLOGGED else "–",
+                str(row.rejected),
+                str(row.preemptions),
             )
         )
     header = (
