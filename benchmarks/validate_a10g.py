@@ -15,13 +15,13 @@ import argparse
 import json
 from pathlib import Path
 
-from tokenfair.bench.metrics import throughput
-from tokenfair.bench.reference import read_measured_reference
 from tokenfair.core.policies import make_policy
 from tokenfair.core.scheduler import SchedulerConfig
 from tokenfair.engine.sim.profile import load_profile
 from tokenfair.engine.sim.simulator import simulate
 from tokenfair.engine.sim.validation import compare_with_measured
+from tokenfair.fairness.metrics import throughput
+from tokenfair.measured import read_measured_reference
 from tokenfair.workloads.trace import read_trace
 
 MEASURED_MAKESPAN_S = 757.7

@@ -20,6 +20,7 @@ RESULT_FIELDS = {
     "scheduled_s",
     "first_token_s",
     "finish_s",
+    "requested_output_tokens",
     "status",
     "finish_reason",
     "preemptions",
@@ -61,6 +62,7 @@ def test_simulate_writes_one_result_per_request(tmp_path):
     assert len(rows) == 30
     assert set(rows[0]) == RESULT_FIELDS
     assert all(r["output_tokens"] == 30 and r["finish_reason"] == "stop" for r in rows)
+    assert all(r["requested_output_tokens"] == 30 for r in rows)
     assert all(
         r["arrival_s"] <= r["scheduled_s"] <= r["first_token_s"] <= r["finish_s"] for r in rows
     )
@@ -116,7 +118,7 @@ def test_bad_trace_line_is_named_and_nothing_runs(tmp_path):
         (["--policy", "wvtc"], "weights"),
         (["--profile", "tpu-v9"], "unknown profile"),
         (["--admission", "lazy"], "admission"),
-        (["--kv-tokens", "0"], "kv_tokens"),
+        (["--kv-tokens", "0"], "--kv-tokens"),
         (["--preset", "mystery"], "preset"),
     ],
 )

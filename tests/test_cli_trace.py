@@ -45,7 +45,17 @@ def test_trace_convert_azure_with_hashed_clients(tmp_path):
     )
     out = tmp_path / "t.jsonl"
     result = runner.invoke(
-        app, ["trace", "convert", "azure", str(source), "--out", str(out), "--client", "hash:ContextTokens:2"]
+        app,
+        [
+            "trace",
+            "convert",
+            "azure",
+            str(source),
+            "--out",
+            str(out),
+            "--client",
+            "hash:ContextTokens:2",
+        ],
     )
     assert result.exit_code == 0, result.output
     records = read_trace(out)
@@ -57,7 +67,9 @@ def test_trace_convert_azure_with_hashed_clients(tmp_path):
 def test_trace_convert_names_the_bad_row(tmp_path):
     source = tmp_path / "azure.csv"
     source.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n1.0,10,5\n2.0,ten,5\n")
-    result = runner.invoke(app, ["trace", "convert", "azure", str(source), "--out", str(tmp_path / "o.jsonl")])
+    result = runner.invoke(
+        app, ["trace", "convert", "azure", str(source), "--out", str(tmp_path / "o.jsonl")]
+    )
     assert result.exit_code == 2
     assert "azure.csv:3" in result.output
 

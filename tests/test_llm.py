@@ -55,7 +55,21 @@ def test_too_long_request_is_an_error_not_a_hang():
         small.generate("hello", SamplingParams(max_tokens=100))
 
 
-def test_generate_command_prints_the_completion():
-    text = generate_command("builtin:tiny", "Hello", max_tokens=12, temperature=0.0)
-    assert isinstance(text, str) and 0 < len(text) <= 12
-    assert generate_command("builtin:tiny", "Hello", max_tokens=12) == text
+def test_generate_command_streams_the_completion():
+    pieces = list(generate_command("builtin:tiny", "Hello", max_tokens=12, temperature=0.0))
+    text = "".join(pieces)
+    assert all(isinstance(p, str) and p for p in pieces)
+    assert 0 < len(text) <= 12
+    assert len(pieces) > 1  # piece by piece, not the whole text at the end
+    assert "".join(generate_command("builtin:tiny", "Hello", max_tokens=12)) == text
+    llm = LLM("builtin:tiny", device="cpu")
+    sampling = SamplingParams(max_tokens=12)
+    assert "".join(llm.stream("Hello", sampling)) == llm.generate("Hello", sampling)[0].text
+
+
+def test_abandoned_stream_aborts_its_request():
+    llm = LLM("builtin:tiny", device="cpu")
+    stream = llm.stream("Hello", SamplingParams(max_tokens=50, ignore_eos=True))
+    next(stream)
+    stream.close()
+    assert not llm.engine.has_unfinished()

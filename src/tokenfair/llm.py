@@ -17,8 +17,9 @@ serving path anywhere; pass a local transformers model directory for real text.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from tokenfair.core.request import FinishReason, Request, SamplingParams
 
@@ -44,12 +45,19 @@ class LLM:
     """
 
     def __init__(
-        self, model, *, device: str | None = None, dtype: str | None = None, **engine_options
+        self,
+        model: Any,
+        *,
+        device: str | None = None,
+        dtype: str | None = None,
+        **engine_options: Any,
     ) -> None:
         from tokenfair.engine.hf.factory import make_hf_engine
         from tokenfair.engine.hf.loader import LoadedModel, load_model
 
         self.loaded = model if isinstance(model, LoadedModel) else load_model(model, device, dtype)
+        if self.loaded.tokenizer is None:
+            raise ValueError(f"model {self.loaded.name} has no tokenizer: LLM needs one")
         self.tokenizer = self.loaded.tokenizer
         self.engine = make_hf_engine(self.loaded, **engine_options)
         self._ids = itertools.count()
@@ -60,22 +68,16 @@ class LLM:
         sampling: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[Completion]:
         """Complete each prompt (text, or token ids); one SamplingParams for all or one each."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        prompts = list(prompts)  # type: ignore[arg-type]
+        batch = _prompt_list(prompts)
         if sampling is None or isinstance(sampling, SamplingParams):
-            params = [sampling or SamplingParams()] * len(prompts)
+            params = [sampling or SamplingParams()] * len(batch)
         else:
             params = list(sampling)
-            if len(params) != len(prompts):
-                raise ValueError(f"{len(params)} sampling params for {len(prompts)} prompts")
-        requests = [self._request(p, s) for p, s in zip(prompts, params, strict=True)]
+            if len(params) != len(batch):
+                raise ValueError(f"{len(params)} sampling params for {len(batch)} prompts")
+        requests = [self._request(p, s) for p, s in zip(batch, params, strict=True)]
         for request in requests:
-            if not self.engine.add_request(request):
-                raise ValueError(
-                    f"prompt of {request.input_tokens} tokens + max_tokens {request.max_tokens} "
-                    "can never fit in the KV pool; raise kv_tokens or lower max_tokens"
-                )
+            self._add(request)
         logprobs: dict[str, list[dict[int, float]]] = {}
         while self.engine.has_unfinished():
             for output in self.engine.step():
@@ -83,8 +85,31 @@ class LLM:
                     logprobs.setdefault(output.request_id, []).extend(output.logprobs)
         return [
             self._completion(p, r, logprobs.get(r.request_id))
-            for p, r in zip(prompts, requests, strict=True)
+            for p, r in zip(batch, requests, strict=True)
         ]
+
+    def stream(self, prompt: Prompt, sampling: SamplingParams | None = None) -> Iterator[str]:
+        """Complete one prompt, yielding its text piece by piece as the engine makes it.
+
+        Stopping the iteration early aborts the request.
+        """
+        request = self._request(prompt, sampling or SamplingParams())
+        self._add(request)
+        try:
+            while self.engine.has_unfinished():
+                for output in self.engine.step():
+                    if output.request_id == request.request_id and output.new_text:
+                        yield output.new_text
+        finally:
+            if request.finish_reason is None:
+                self.engine.abort(request.request_id)
+
+    def _add(self, request: Request) -> None:
+        if not self.engine.add_request(request):
+            raise ValueError(
+                f"prompt of {request.input_tokens} tokens + max_tokens {request.max_tokens} "
+                "can never fit in the KV pool; raise kv_tokens or lower max_tokens"
+            )
 
     def chat(
         self, messages: list[dict[str, str]], sampling: SamplingParams | None = None
@@ -121,6 +146,16 @@ class LLM:
         )
 
 
+def _prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    """One prompt (text or token ids) or many, as a list of prompts."""
+    if isinstance(prompts, str):
+        return [prompts]
+    items = list(prompts)
+    if items and all(isinstance(p, int) for p in items):
+        return [[int(p) for p in items]]  # type: ignore[arg-type]
+    return [p if isinstance(p, str) else list(p) for p in items]  # type: ignore[arg-type]
+
+
 def generate_command(
     model: str,
     prompt: str,
@@ -129,8 +164,8 @@ def generate_command(
     seed: int | None = None,
     device: str | None = None,
     dtype: str | None = None,
-) -> str:
-    """What `tokenfair generate --model M --prompt TEXT ...` prints: the completion text."""
+) -> Iterator[str]:
+    """What `tokenfair generate --model M --prompt TEXT ...` prints, piece by piece."""
     llm = LLM(model, device=device, dtype=dtype, kv_tokens=max(4096, 2 * (max_tokens + 4096)))
     sampling = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed)
-    return llm.generate(prompt, sampling)[0].text
+    return llm.stream(prompt, sampling)

@@ -6,7 +6,6 @@ from dataclasses import replace
 
 import pytest
 
-from tokenfair.bench.reference import read_measured_reference
 from tokenfair.core.policies import make_policy
 from tokenfair.core.scheduler import SchedulerConfig
 from tokenfair.engine.sim.profile import (
@@ -17,6 +16,7 @@ from tokenfair.engine.sim.profile import (
 )
 from tokenfair.engine.sim.simulator import simulate
 from tokenfair.engine.sim.validation import compare_with_measured
+from tokenfair.measured import read_measured_reference
 from tokenfair.workloads.trace import TraceRecord, read_trace
 
 MEASURED_MAKESPAN_S = 757.7
@@ -147,6 +147,9 @@ def test_profile_fit_drops_a_negative_term_and_refits_the_rest():
     samples += [(p, 0, 0, 0.010 + 0.02 + 0.0002 * p) for p in (64, 512, 2048)]
     fitted = fit_linear_profile(samples, "test")
     assert fitted.context_token_s == 0.0
-    assert min(fitted.base_s, fitted.prefill_base_s, fitted.prefill_token_s, fitted.decode_request_s) >= 0
+    assert (
+        min(fitted.base_s, fitted.prefill_base_s, fitted.prefill_token_s, fitted.decode_request_s)
+        >= 0
+    )
     assert fitted.prefill_token_s == pytest.approx(0.0002, rel=0.05)
     assert fitted.decode_request_s == pytest.approx(0.001, rel=0.2)

@@ -77,7 +77,7 @@ def test_burstgpt_zero_response_is_an_error_naming_the_line(tmp_path: Path) -> N
         convert_burstgpt(path, ClientMap.constant("c"))
     assert info.value.where == 3
     assert str(info.value).startswith(f"{path}:3: Response tokens must be an integer >= 1, got '0'")
-    assert "skip_invalid=True" in str(info.value)
+    assert "--skip-invalid" in str(info.value)
 
 
 def test_burstgpt_skip_invalid_logs_the_count(tmp_path: Path, caplog) -> None:

@@ -1,8 +1,8 @@
-"""What a client is charged for its tokens (SPEC section 2).
+"""What a client is charged for its tokens (SPEC section 2): the one definition of service.
 
 A cost function prices a request's prefill and the output tokens it has produced so far.
-Both VTC's counters and the fairness metrics use it, so the two always agree on what
-"service" means.
+VTC's counters, the fairness metrics, VTC's bound and the figures all use it (through
+`request_cost` for a whole request), so they always agree on what "service" means.
 """
 
 from __future__ import annotations
@@ -38,6 +38,15 @@ class LinearCost:
     def output(self, input_tokens: int, start: int, end: int) -> float:
         return self.w_out * (end - start)
 
+    @property
+    def unit(self) -> str:
+        """How a figure's axis names this service, e.g. "in + 2×out tokens"."""
+        return f"{self.w_in:g}×in + {self.w_out:g}×out tokens".replace("1×in", "in")
+
+
+# The paper's service measure: every metric and figure uses it unless told otherwise.
+DEFAULT_COST = LinearCost()
+
 
 @dataclass(frozen=True, slots=True)
 class ProfiledCost:
@@ -63,6 +72,11 @@ class ProfiledCost:
 
     def output(self, input_tokens: int, start: int, end: int) -> float:
         return self.h(input_tokens, end) - self.h(input_tokens, start)
+
+
+def request_cost(cost: CostFunction, input_tokens: int, output_tokens: int) -> float:
+    """Total service of a request that produced `output_tokens`: what its client is charged."""
+    return cost.prefill(input_tokens) + cost.output(input_tokens, 0, output_tokens)
 
 
 def make_cost(name: str, w_in: float = 1.0, w_out: float = 2.0) -> CostFunction:

@@ -13,11 +13,18 @@ from the LRU's oldest end.
 Requests without token ids (the simulator's) hash their blocks by request id and
 position, so a recomputed simulated request still hits its own old blocks.
 
+Token blocks are chained with sha256 (as vLLM does since its prefix-cache collision
+advisory: Python's hash of a token tuple can be made to collide), and the chain starts
+from the request's `cache_salt`, so requests under different salts (tenants) never
+share a block: a shared prefix hit would let one tenant time another's prompts.
+
 The swap area is a second, smaller pool in host memory, bounded by `num_swap_blocks`.
 """
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict
 
 from tokenfair.core.request import Request
@@ -123,11 +130,19 @@ class KVCacheManager:
                     self._evictable[block] = None
 
     # --- prefix caching ---
-    def _block_key(self, request: Request, index: int, tokens: list[int] | None) -> object:
+    def _chain_hash(
+        self, parent: int, request: Request, index: int, tokens: list[int] | None
+    ) -> int:
+        """The hash of block `index` given its predecessor's (0 for the first block)."""
         if tokens is None:
-            return (request.request_id, index)
+            return hash((parent, (request.request_id, index)))
         size = self.block_size
-        return tuple(tokens[index * size : (index + 1) * size])
+        digest = hashlib.sha256(parent.to_bytes(32, "big"))
+        if parent == 0 and request.cache_salt is not None:
+            salt = request.cache_salt.encode("utf-8")
+            digest.update(len(salt).to_bytes(4, "big") + salt)
+        digest.update(array("q", tokens[index * size : (index + 1) * size]).tobytes())
+        return int.from_bytes(digest.digest(), "big")
 
     def match_prefix(self, request: Request) -> int:
         """Take the request's longest cached prefix; return how many tokens it covers.
@@ -143,7 +158,7 @@ class KVCacheManager:
         table: list[int] = []
         parent = 0
         for index in range(max_blocks):
-            parent = hash((parent, self._block_key(request, index, tokens)))
+            parent = self._chain_hash(parent, request, index, tokens)
             block = self._cached.get(parent)
             if block is None:
                 break
@@ -178,7 +193,7 @@ class KVCacheManager:
         for index in range(done, full):
             # The chain continues through every block, cached here or not, so later
             # blocks of this request stay findable.
-            parent = hash((parent, self._block_key(request, index, tokens)))
+            parent = self._chain_hash(parent, request, index, tokens)
             block = table[index]
             if parent in self._cached:
                 # Same content already cached elsewhere (computed twice concurrently);

@@ -74,6 +74,10 @@ class Request:
     target_output_tokens: int | None = None  # trace replays: the natural output length
     predicted_output_tokens: int | None = None  # optional length hint for sjf/vtc-predict
     eos_token_ids: frozenset[int] = frozenset()
+    # Prefix-cache isolation: blocks hash differently under different salts, so a
+    # request can only reuse cached blocks computed under the same salt (servers pass
+    # the tenant). None shares the cache with every unsalted request.
+    cache_salt: str | None = None
 
     # --- lifecycle state, owned by the scheduler ---
     status: RequestStatus = RequestStatus.WAITING

@@ -2,16 +2,87 @@
 
 The simulator and the real-engine replay share this loop; they differ only in how time
 passes when nothing can run: the simulator jumps its virtual clock to the next event,
-the replay sleeps until it.
+the replay sleeps until it. Both return a `ReplayResult`.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from tokenfair.core.request import Request
 from tokenfair.engine.engine import Engine
+from tokenfair.results import ResultRecord, result_from_request
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    """What a trace replay did: per-request results and the engine's totals for the run."""
+
+    results: list[ResultRecord]
+    makespan_s: float  # first arrival to last finish
+    steps: int
+    busy_s: float
+    preemptions: int = 0
+    swaps: int = 0
+    counters: dict[str, float] = field(default_factory=dict)  # the policy's, at the end
+    preemptions_by_client: dict[str, int] = field(default_factory=dict)
+    # `preemptions` split by cause: the pool was short (a sizing problem), or the
+    # policy chose to admit a waiting request (vtc-preempt, priority).
+    memory_preemptions: int = 0
+    policy_preemptions: int = 0
+    memory_preemptions_by_client: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def generated_tokens(self) -> int:
+        return sum(r.output_tokens for r in self.results)
+
+
+def replay(
+    engine: Engine,
+    requests: Sequence[Request],
+    patience: Sequence[float | None],
+    requested_output_tokens: Sequence[int | None],
+    wait_until: Callable[[float], None],
+    emit: bool = True,
+) -> ReplayResult:
+    """Drive the requests through the engine (`drive_trace`) and collect what this run
+    did; the engine's cumulative counts are taken as differences, so an engine that
+    served earlier requests reports only this replay."""
+    scheduler = engine.scheduler
+    steps, busy = engine.num_steps, engine.busy_s
+    preemptions, swaps = scheduler.num_preemptions, scheduler.num_swaps
+    by_client = dict(scheduler.preemptions_by_client)
+    memory, chosen = scheduler.num_memory_preemptions, scheduler.num_policy_preemptions
+    memory_by_client = dict(scheduler.memory_preemptions_by_client)
+    drive_trace(engine, requests, patience, wait_until, emit)
+    finishes = [r.finish_s for r in requests if r.finish_s is not None]
+    makespan = (max(finishes) - requests[0].arrival_s) if finishes else 0.0
+    return ReplayResult(
+        results=[
+            result_from_request(r, n)
+            for r, n in zip(requests, requested_output_tokens, strict=True)
+        ],
+        makespan_s=makespan,
+        steps=engine.num_steps - steps,
+        busy_s=engine.busy_s - busy,
+        preemptions=scheduler.num_preemptions - preemptions,
+        swaps=scheduler.num_swaps - swaps,
+        counters=scheduler.policy.counters(),
+        preemptions_by_client={
+            client: count - by_client.get(client, 0)
+            for client, count in scheduler.preemptions_by_client.items()
+            if count > by_client.get(client, 0)
+        },
+        memory_preemptions=scheduler.num_memory_preemptions - memory,
+        policy_preemptions=scheduler.num_policy_preemptions - chosen,
+        memory_preemptions_by_client={
+            client: count - memory_by_client.get(client, 0)
+            for client, count in scheduler.memory_preemptions_by_client.items()
+            if count > memory_by_client.get(client, 0)
+        },
+    )
 
 
 class StalledError(RuntimeError):

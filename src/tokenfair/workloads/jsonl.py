@@ -60,6 +60,11 @@ def check_int(name: str, value: Any, minimum: int | None = None) -> int:
     return value
 
 
+def check_optional_int(name: str, value: Any, minimum: int | None = None) -> int | None:
+    """Like check_int, but JSON null (None) is allowed and returned as None."""
+    return None if value is None else check_int(name, value, minimum)
+
+
 def check_float(
     name: str, value: Any, minimum: float | None = None, *, strict: bool = False
 ) -> float:
@@ -103,12 +108,17 @@ def require(obj: Mapping[str, Any], name: str) -> Any:
     return obj[name]
 
 
+# How a caller's error is built: (path, line, message) -> the exception to raise.
+LineErrorFactory = Callable[[str, int, str], ValueError]
+
+
 def iter_json_objects(
-    lines: Iterable[str], source: str, error: type[JsonlLineError] = JsonlLineError
+    lines: Iterable[str], source: str, error: LineErrorFactory = JsonlLineError
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield (1-based line number, object) for every non-blank line.
 
-    Raises `error` (a JsonlLineError subclass of the caller's choice) for a line that is not valid JSON or not a JSON object. Blank
+    Raises `error(source, line, message)` (e.g. a JsonlLineError subclass of the caller's
+    choice) for a line that is not valid JSON or not a JSON object. Blank
     (whitespace-only) lines are skipped: they are the only thing ever skipped.
     """
     for number, raw in enumerate(lines, start=1):
@@ -154,10 +164,26 @@ def parse_records(
     return records
 
 
+class NotTextError(ValueError):
+    """A file that is not UTF-8 text (a binary file, a compressed trace...)."""
+
+
 def read_lines(path: str | Path) -> list[str]:
-    """All lines of a UTF-8 text file (FileNotFoundError propagates unchanged)."""
-    with open(path, encoding="utf-8") as fh:
-        return fh.readlines()
+    """All lines of a UTF-8 text file (FileNotFoundError propagates unchanged).
+
+    A file that is not UTF-8 text raises NotTextError naming the file and the line.
+    """
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = raw.count(b"\n", 0, error.start) + 1
+        raise NotTextError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{raw[error.start]:02x} at offset "
+            f"{error.start}): expected JSON lines"
+        ) from None
+    return text.splitlines(keepends=True)
 
 
 def write_objects(objects: Iterable[Mapping[str, Any]], path: str | Path) -> None:

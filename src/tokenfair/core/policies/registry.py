@@ -41,15 +41,37 @@ POLICY_HELP: dict[str, str] = {
 }
 
 
-def _number(spec: str, arg: str | None, default: float | None, kind: type = float) -> float:
+# Policies whose order depends on client weights; the others ignore them.
+WEIGHTED_POLICIES = frozenset(
+    {"lcf", "vtc", "wvtc", "vtc-artifact", "vtc-predict", "vtc-oracle", "vtc-preempt"}
+)
+
+
+def uses_weights(spec: str) -> bool:
+    """Whether the policy named by `spec` (e.g. `vtc`, `rpm:20`) reads client weights."""
+    return spec.strip().partition(":")[0].lower() in WEIGHTED_POLICIES
+
+
+def _number(spec: str, arg: str | None, default: float | None) -> float:
     if arg is None or arg == "":
         if default is None:
             raise PolicyError(f"policy {spec!r} needs an argument, e.g. rpm:20")
         return default
     try:
-        return kind(arg)
+        return float(arg)
     except ValueError:
         raise PolicyError(f"policy {spec!r}: argument {arg!r} is not a number") from None
+
+
+def _rate_limit(spec: str, arg: str | None) -> int:
+    if not arg:
+        raise PolicyError(f"policy {spec!r} needs a limit, e.g. rpm:20")
+    if not arg.isdigit() or int(arg) < 1:
+        raise PolicyError(
+            f"policy {spec!r}: the limit must be a whole number of requests per minute "
+            f">= 1, e.g. rpm:20 (got {arg!r})"
+        )
+    return int(arg)
 
 
 def make_policy(
@@ -65,7 +87,7 @@ def make_policy(
         "fcfs": FCFSPolicy,
         "priority": PriorityPolicy,
         "sjf": lambda: SJFPolicy(aging=_number(spec, arg, 10.0)),
-        "rpm": lambda: RPMPolicy(limit=int(_number(spec, arg, None, int))),
+        "rpm": lambda: RPMPolicy(limit=_rate_limit(spec, arg)),
         "lcf": lambda: VTCPolicy(name="lcf", weights=weights, cost=cost, lift="none"),
         "vtc": lambda: VTCPolicy(name="vtc", weights=weights, cost=cost),
         "wvtc": lambda: _weighted(spec, weights, cost),

@@ -11,24 +11,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
-from tokenfair.bench.results import ResultRecord
 from tokenfair.core.request import Request, SamplingParams
 from tokenfair.engine.engine import Engine
-from tokenfair.engine.sim.simulator import result_from_request
-from tokenfair.engine.trace_driver import drive_trace
+from tokenfair.engine.trace_driver import ReplayResult, replay
 from tokenfair.workloads.trace import TraceRecord
-
-
-@dataclass(slots=True)
-class ReplayResult:
-    results: list[ResultRecord]
-    makespan_s: float  # first arrival to last finish
-    steps: int
-    busy_s: float
 
 
 def trace_requests(trace: Sequence[TraceRecord], vocab_size: int, seed: int = 0) -> list[Request]:
@@ -66,17 +55,11 @@ def replay_trace(
     offset = engine.clock.now() - requests[0].arrival_s
     for request in requests:
         request.arrival_s += offset
-    steps_before, busy_before = engine.num_steps, engine.busy_s
 
     def sleep_until(t: float) -> None:
         time.sleep(max(0.0, t - engine.clock.now()))
 
-    patience = [record.cancel_after_s for record in sorted(trace, key=lambda r: r.arrival_s)]
-    drive_trace(engine, requests, patience, sleep_until)
-    finishes = [r.finish_s for r in requests if r.finish_s is not None]
-    return ReplayResult(
-        results=[result_from_request(r) for r in requests],
-        makespan_s=max(finishes) - requests[0].arrival_s,
-        steps=engine.num_steps - steps_before,
-        busy_s=engine.busy_s - busy_before,
-    )
+    ordered = sorted(trace, key=lambda r: r.arrival_s)
+    patience = [record.cancel_after_s for record in ordered]
+    requested = [record.output_tokens for record in ordered]
+    return replay(engine, requests, patience, requested, sleep_until)

@@ -8,9 +8,7 @@ left to run the clock jumps to the next event, so idle time costs nothing to sim
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
-from tokenfair.bench.results import ResultRecord
 from tokenfair.core.policies.base import Policy
 from tokenfair.core.request import Request, SamplingParams
 from tokenfair.core.scheduler import Scheduler, SchedulerConfig
@@ -18,29 +16,8 @@ from tokenfair.engine.clock import VirtualClock
 from tokenfair.engine.engine import Engine
 from tokenfair.engine.sim.executor import SimExecutor, StepRecord
 from tokenfair.engine.sim.profile import StepTimeProfile
-from tokenfair.engine.trace_driver import drive_trace
+from tokenfair.engine.trace_driver import ReplayResult, replay
 from tokenfair.workloads.trace import TraceRecord
-
-
-@dataclass(slots=True)
-class SimulationResult:
-    results: list[ResultRecord]
-    makespan_s: float  # first arrival to last finish
-    steps: int
-    busy_s: float
-    preemptions: int
-    swaps: int
-    counters: dict[str, float]
-    preemptions_by_client: dict[str, int]
-    # `preemptions` split by cause: the pool was short (a sizing problem), or the
-    # policy chose to admit a waiting request (vtc-preempt, priority).
-    memory_preemptions: int = 0
-    policy_preemptions: int = 0
-    memory_preemptions_by_client: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def generated_tokens(self) -> int:
-        return sum(r.output_tokens for r in self.results)
 
 
 def request_from_trace(record: TraceRecord) -> Request:
@@ -55,29 +32,13 @@ def request_from_trace(record: TraceRecord) -> Request:
     )
 
 
-def result_from_request(request: Request) -> ResultRecord:
-    return ResultRecord(
-        request_id=request.request_id,
-        client=request.client,
-        arrival_s=request.arrival_s,
-        input_tokens=request.input_tokens,
-        output_tokens=request.num_output_tokens,
-        scheduled_s=request.scheduled_s,
-        first_token_s=request.first_token_s,
-        finish_s=request.finish_s,
-        status=request.status.value,
-        finish_reason=request.finish_reason.value if request.finish_reason else None,
-        preemptions=request.preemptions,
-    )
-
-
 def simulate(
     trace: Sequence[TraceRecord],
     policy: Policy,
     profile: StepTimeProfile,
     config: SchedulerConfig,
     step_log: list[StepRecord] | None = None,
-) -> SimulationResult:
+) -> ReplayResult:
     """Replay `trace`; `step_log`, if given, receives a record of every step."""
     ordered = sorted(trace, key=lambda r: r.arrival_s)
     clock = VirtualClock(ordered[0].arrival_s if ordered else 0.0)
@@ -85,20 +46,5 @@ def simulate(
     engine = Engine(scheduler, SimExecutor(profile, step_log, clock), clock)
     requests = [request_from_trace(r) for r in ordered]
     patience = [r.cancel_after_s for r in ordered]
-    drive_trace(engine, requests, patience, clock.jump_to, emit=False)
-    results = [result_from_request(r) for r in requests]
-    finishes = [r.finish_s for r in requests if r.finish_s is not None]
-    makespan = (max(finishes) - requests[0].arrival_s) if finishes else 0.0
-    return SimulationResult(
-        results=results,
-        makespan_s=makespan,
-        steps=engine.num_steps,
-        busy_s=engine.busy_s,
-        preemptions=scheduler.num_preemptions,
-        swaps=scheduler.num_swaps,
-        counters=policy.counters(),
-        preemptions_by_client=dict(scheduler.preemptions_by_client),
-        memory_preemptions=scheduler.num_memory_preemptions,
-        policy_preemptions=scheduler.num_policy_preemptions,
-        memory_preemptions_by_client=dict(scheduler.memory_preemptions_by_client),
-    )
+    requested = [r.output_tokens for r in ordered]
+    return replay(engine, requests, patience, requested, clock.jump_to, emit=False)

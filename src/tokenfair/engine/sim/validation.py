@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tokenfair.bench.results import ResultRecord
+from tokenfair.results import ResultRecord
 
 
 def _ttft(record: ResultRecord) -> float | None:

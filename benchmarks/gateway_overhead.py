@@ -1,0 +1,387 @@
+"""What the gateway costs: added latency and max requests/s, against the upstream alone
+and against LiteLLM's proxy in front of the same upstream, in one run.
+
+    nice -n 10 .venv/bin/python benchmarks/gateway_overhead.py [--litellm /tmp/litellm-venv]
+
+Upstreams: the tests' fake OpenAI server (raw ASGI, never the bottleneck), one answering
+at once ("short": non-streaming, 1 token) and one streaming 32 tokens 20 ms apart
+("stream", a GPU-like decode pace). The load generator is this file run with `--load`
+in a separate process: a minimal keep-alive HTTP/1.1 client on raw asyncio streams, so
+the client costs as little as possible. Scenarios:
+
+- streams: 64 concurrent streaming chat completions in closed loops; TTFT and end-to-end
+  p50/p99; "added" is the target's minus the upstream's own;
+- short: 64 concurrent closed loops of 1-token non-streaming completions; requests/s.
+
+Targets: the upstream directly, one tokenfair gateway process (vtc, in-memory
+counters), the same with counters in Redis, and LiteLLM's proxy with two workers when
+its environment exists (`pip install 'litellm[proxy]'` into a separate venv). Prints one
+JSON line per measurement and a summary line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+KEY = "key-light"
+
+
+# --- the load generator (runs in its own process) ---
+async def _one_connection(
+    host: str, port: int, request: bytes, until: float, out: list[tuple[float, float, float, int]]
+) -> None:
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        while time.perf_counter() < until:
+            start = time.perf_counter()
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = int(head[9:12])
+            lower = head.lower()
+            first = 0.0
+            close = b"connection: close" in lower
+            if b"transfer-encoding: chunked" in lower:
+                while True:
+                    size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+                    if size == 0:
+                        await reader.readuntil(b"\r\n")
+                        break
+                    data = await reader.readexactly(size + 2)
+                    if not first and b'"choices":[{' in data.replace(b" ", b""):
+                        first = time.perf_counter()
+            else:
+                at = lower.index(b"content-length:") + len(b"content-length:")
+                length = int(lower[at : lower.index(b"\r\n", at)])
+                await reader.readexactly(length)
+            end = time.perf_counter()
+            out.append((start, (first or end) - start, end - start, status))
+            if close:
+                writer.close()
+                reader, writer = await asyncio.open_connection(host, port)
+    finally:
+        writer.close()
+
+
+def _request(host: str, port: int, path: str, body: dict[str, Any]) -> bytes:
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n"
+        f"authorization: Bearer {KEY}\r\ncontent-length: {len(payload)}\r\n\r\n"
+    )
+    return head.encode() + payload
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+async def _load(
+    url: str, scenario: str, concurrency: int, seconds: float, warmup: float
+) -> dict[str, Any]:
+    host, port = url.removeprefix("http://").split(":")
+    if scenario == "streams":
+        body = {
+            "model": "stream",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 32,
+            "stream": True,
+        }
+        path = "/v1/chat/completions"
+    else:
+        body = {"model": "short", "prompt": "hi", "max_tokens": 1}
+        path = "/v1/completions"
+    request = _request(host, int(port), path, body)
+    out: list[tuple[float, float, float, int]] = []
+    t0 = time.perf_counter()
+    await asyncio.gather(
+        *(
+            _one_connection(host, int(port), request, t0 + warmup + seconds, out)
+            for _ in range(concurrency)
+        )
+    )
+    kept = [r for r in out if r[0] >= t0 + warmup]
+    ok = [r for r in kept if r[3] == 200]
+    span = max(r[0] + r[2] for r in kept) - (t0 + warmup) if kept else seconds
+    return {
+        "requests": len(kept),
+        "errors": len(kept) - len(ok),
+        "requests_per_s": round(len(ok) / span, 1),
+        "ttft_p50_ms": round(1000 * _pct([r[1] for r in ok], 0.5), 2),
+        "ttft_p99_ms": round(1000 * _pct([r[1] for r in ok], 0.99), 2),
+        "e2e_p50_ms": round(1000 * _pct([r[2] for r in ok], 0.5), 2),
+        "e2e_p99_ms": round(1000 * _pct([r[2] for r in ok], 0.99), 2),
+    }
+
+
+# --- the run ---
+def _measure(url: str, scenario: str, concurrency: int, seconds: float) -> dict[str, Any]:
+    args = [
+        sys.executable,
+        __file__,
+        "--load",
+        url,
+        "--scenario",
+        scenario,
+        "--concurrency",
+        str(concurrency),
+        "--seconds",
+        str(seconds),
+    ]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 120)
+    if done.returncode != 0:
+        return {
+            "error": done.stderr.strip().splitlines()[-1]
+            if done.stderr.strip()
+            else f"exit {done.returncode}"
+        }
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def _wait_http(url: str, path: str, timeout: float, headers: dict[str, str] | None = None) -> bool:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + path, timeout=2, headers=headers).status_code < 500:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    return False
+
+
+def _start(
+    args: list[str], log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        args, cwd=ROOT, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--load", help=argparse.SUPPRESS)
+    parser.add_argument("--scenario", default="short", help=argparse.SUPPRESS)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument(
+        "--litellm", default="/tmp/litellm-venv", help="virtual env with litellm[proxy]"
+    )
+    parser.add_argument("--skip-redis", action="store_true")
+    args = parser.parse_args()
+    if args.load:
+        import uvloop
+
+        print(
+            json.dumps(
+                uvloop.run(
+                    _load(args.load, args.scenario, args.concurrency, args.seconds, warmup=1.0)
+                )
+            )
+        )
+        return
+
+    import yaml
+    from tests.gateway.redis_server import REDIS_SERVER, RedisServer, free_port
+
+    from tokenfair.server.tenants import hash_key
+
+    tmp = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
+    procs: list[subprocess.Popen[bytes]] = []
+    redis_server = None
+    results: dict[tuple[str, str], dict[str, Any]] = {}
+    try:
+        ports = {"short": free_port(), "stream": free_port()}
+        for name, interval in (("short", "0"), ("stream", "0.02")):
+            procs.append(
+                _start(
+                    [
+                        sys.executable,
+                        "-m",
+                        "tests.gateway.fake_upstream",
+                        "--port",
+                        str(ports[name]),
+                        "--token-interval",
+                        interval,
+                    ],
+                    tmp / f"{name}.log",
+                    env,
+                )
+            )
+        for port in ports.values():
+            _wait_http(f"http://127.0.0.1:{port}", "/health", 30)
+        targets = {
+            "direct": {
+                "short": f"http://127.0.0.1:{ports['short']}",
+                "stream": f"http://127.0.0.1:{ports['stream']}",
+            }
+        }
+        (tmp / "tenants.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "tenants": [
+                        {"name": "bench", "key_sha256": [hash_key(KEY)], "max_waiting": 100000}
+                    ]
+                }
+            )
+        )
+        upstreams = [
+            {"url": f"http://127.0.0.1:{p}", "models": [m], "max_concurrent": 100000, "name": m}
+            for m, p in ports.items()
+        ]
+        gateways = {"tokenfair": {}}
+        if not args.skip_redis and os.path.exists(REDIS_SERVER):
+            redis_server = RedisServer(tmp)
+            redis_server.start()
+            gateways["tokenfair+redis"] = {"redis": {"url": redis_server.url, "namespace": "bench"}}
+        for name, extra in gateways.items():
+            port = free_port()
+            config = {
+                "listen": {"port": port},
+                "tenants": str(tmp / "tenants.yaml"),
+                "upstreams": upstreams,
+                "policy": "vtc",
+                **extra,
+            }
+            (tmp / f"{name}.yaml").write_text(yaml.safe_dump(config))
+            procs.append(
+                _start(
+                    [
+                        sys.executable,
+                        "-c",
+                        "from tokenfair.cli import app; app()",
+                        "gateway",
+                        "--config",
+                        str(tmp / f"{name}.yaml"),
+                    ],
+                    tmp / f"{name}.log",
+                    env,
+                )
+            )
+            _wait_http(f"http://127.0.0.1:{port}", "/health", 30)
+            targets[name] = {
+                "short": f"http://127.0.0.1:{port}",
+                "stream": f"http://127.0.0.1:{port}",
+            }
+        litellm = Path(args.litellm) / "bin" / "litellm"
+        litellm_note = None
+        if litellm.exists():
+            port = free_port()
+            models = [
+                {
+                    "model_name": m,
+                    "litellm_params": {
+                        "model": f"openai/{m}",
+                        "api_base": f"http://127.0.0.1:{p}/v1",
+                        "api_key": "none",
+                    },
+                }
+                for m, p in ports.items()
+            ]
+            (tmp / "litellm.yaml").write_text(
+                yaml.safe_dump({"model_list": models, "general_settings": {"master_key": KEY}})
+            )
+            lenv = {
+                **os.environ,
+                "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+                "LITELLM_LOG": "ERROR",
+                "LITELLM_TELEMETRY": "False",
+            }
+            procs.append(
+                _start(
+                    [
+                        str(litellm),
+                        "--config",
+                        str(tmp / "litellm.yaml"),
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        str(port),
+                        "--num_workers",
+                        "2",
+                    ],
+                    tmp / "litellm.log",
+                    lenv,
+                )
+            )
+            if _wait_http(f"http://127.0.0.1:{port}", "/health/liveliness", 180):
+                targets["litellm(2 workers)"] = {
+                    "short": f"http://127.0.0.1:{port}",
+                    "stream": f"http://127.0.0.1:{port}",
+                }
+            else:
+                litellm_note = f"LiteLLM did not start: {(tmp / 'litellm.log').read_text()[-400:]}"
+        else:
+            litellm_note = f"LiteLLM not installed at {args.litellm} (pip install 'litellm[proxy]' into that venv)"
+        for target, urls in targets.items():
+            for scenario in ("streams", "short"):
+                url = urls["stream" if scenario == "streams" else "short"]
+                result = _measure(url, scenario, args.concurrency, args.seconds)
+                results[(target, scenario)] = result
+                print(
+                    json.dumps(
+                        {
+                            "target": target,
+                            "scenario": scenario,
+                            "concurrency": args.concurrency,
+                            **result,
+                        }
+                    ),
+                    flush=True,
+                )
+        summary: dict[str, Any] = {"summary": True, "cpus": os.cpu_count()}
+        direct = results[("direct", "streams")]
+        for target in targets:
+            if target == "direct":
+                continue
+            s, r = results[(target, "streams")], results[(target, "short")]
+            if "error" in s or "error" in r:
+                summary[target] = {"error": s.get("error") or r.get("error")}
+                continue
+            summary[target] = {
+                "added_ttft_p50_ms": round(s["ttft_p50_ms"] - direct["ttft_p50_ms"], 2),
+                "added_ttft_p99_ms": round(s["ttft_p99_ms"] - direct["ttft_p99_ms"], 2),
+                "added_e2e_p50_ms": round(s["e2e_p50_ms"] - direct["e2e_p50_ms"], 2),
+                "added_e2e_p99_ms": round(s["e2e_p99_ms"] - direct["e2e_p99_ms"], 2),
+                "short_requests_per_s": r["requests_per_s"],
+            }
+        summary["direct_short_requests_per_s"] = results[("direct", "short")].get("requests_per_s")
+        lite = summary.get("litellm(2 workers)")
+        if isinstance(lite, dict) and "short_requests_per_s" in lite and "tokenfair" in summary:
+            summary["tokenfair_vs_litellm_requests_per_s"] = round(
+                summary["tokenfair"]["short_requests_per_s"] / lite["short_requests_per_s"], 1
+            )
+        if litellm_note:
+            summary["litellm_note"] = litellm_note
+        print(json.dumps(summary), flush=True)
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if redis_server is not None:
+            redis_server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""`tokenfair serve`: the OpenAI-compatible server (FastAPI + uvicorn)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import logging
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+console = Console(stderr=True)
+log = logging.getLogger("tokenfair.serve")
+
+
+def _fail(message: str) -> typer.Exit:
+    console.print(f"[red]error:[/red] {message}")
+    return typer.Exit(code=2)
+
+
+def serve(
+    model: Annotated[
+        str,
+        typer.Option(help="builtin:tiny, a local transformers model directory, or sim:PROFILE."),
+    ] = "builtin:tiny",
+    policy: Annotated[
+        str, typer.Option(help="Scheduling policy: vtc, fcfs, priority, rpm:N, ...")
+    ] = "vtc",
+    tenants: Annotated[
+        Path | None, typer.Option(help="Tenants file (YAML); without it one open tenant.")
+    ] = None,
+    tenant_from_user: Annotated[
+        bool,
+        typer.Option(
+            help="Without --tenants: one tenant per request `user` field (trusted networks only)."
+        ),
+    ] = False,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    served_model_name: Annotated[
+        str | None, typer.Option(help="The model id clients send (default: --model as given).")
+    ] = None,
+    kv_tokens: Annotated[
+        int | None,
+        typer.Option(help="KV pool size in tokens (default: from free memory; sim: 1,000,000)."),
+    ] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(help="Most requests running at once.")] = None,
+    max_batched_tokens: Annotated[int | None, typer.Option(help="Most tokens per step.")] = None,
+    block_size: Annotated[int | None, typer.Option(help="KV block size in tokens.")] = None,
+    preemption: Annotated[str | None, typer.Option(help="recompute | swap.")] = None,
+    admission: Annotated[str | None, typer.Option(help="optimistic | reserve.")] = None,
+    swap_tokens: Annotated[int | None, typer.Option(help="Host swap area in tokens.")] = None,
+    enable_prefix_caching: Annotated[
+        bool,
+        typer.Option(
+            help="Reuse cached prompt blocks (isolated per tenant unless the tenants file shares them)."
+        ),
+    ] = False,
+    device: Annotated[
+        str | None, typer.Option(help="cpu or cuda (default: cuda when available).")
+    ] = None,
+    dtype: Annotated[
+        str | None, typer.Option(help="float32, bfloat16, float16 (default: the model's).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Sampling seed of the executor.")] = 0,
+    default_max_tokens: Annotated[
+        int, typer.Option(help="max_tokens for requests that send none (sim: their output length).")
+    ] = 256,
+    max_body_bytes: Annotated[
+        int, typer.Option(help="Largest request body; bigger ones get 413.")
+    ] = 1 << 20,
+    max_waiting: Annotated[
+        int, typer.Option(help="Requests waiting across tenants before 503.")
+    ] = 4096,
+    request_timeout: Annotated[
+        float | None,
+        typer.Option(help="Seconds before a request is aborted (tenants may override)."),
+    ] = 600.0,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning, error.")] = "info",
+) -> None:
+    """Serve a model over the OpenAI API with fair sharing between tenants.
+
+    Example: tokenfair serve --model sim:a10g-llama-7b --policy vtc --tenants tenants.yaml --port 8000
+    """
+    import uvicorn
+
+    from tokenfair.core.scheduler import ConfigError
+    from tokenfair.server.app import create_app
+    from tokenfair.server.model import build_served_model
+    from tokenfair.server.state import ServerConfig
+    from tokenfair.server.tenants import TenantDirectory, TenantsFileError, load_tenants
+
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if tenants is not None:
+            directory = TenantDirectory(load_tenants(tenants))
+        else:
+            directory = TenantDirectory.open(tenant_from_user)
+        config = ServerConfig(
+            default_max_tokens=default_max_tokens,
+            max_body_bytes=max_body_bytes,
+            max_waiting_total=max_waiting,
+            request_timeout_s=request_timeout,
+            tenants_path=tenants,
+            tenant_from_user=tenant_from_user,
+        )
+        options = {
+            "max_num_seqs": max_num_seqs,
+            "max_batched_tokens": max_batched_tokens,
+            "block_size": block_size,
+            "preemption": preemption,
+            "admission": admission,
+            "swap_tokens": swap_tokens,
+        }
+        served = build_served_model(
+            model,
+            policy=policy,
+            weights={t.name: t.weight for t in directory.tenants},
+            served_name=served_model_name,
+            kv_tokens=kv_tokens,
+            device=device,
+            dtype=dtype,
+            seed=seed,
+            enable_prefix_caching=enable_prefix_caching,
+            **{k: v for k, v in options.items() if v is not None},
+        )
+    except (TenantsFileError, ConfigError, ValueError, OSError) as error:
+        raise _fail(str(error)) from None
+    app = create_app(served, directory, config)
+    has = importlib.util.find_spec
+    uv_config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        loop="uvloop" if has("uvloop") else "asyncio",
+        http="httptools" if has("httptools") else "h11",
+        log_level=log_level.lower(),
+        access_log=False,
+        timeout_graceful_shutdown=5,
+    )
+    server = uvicorn.Server(uv_config)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        state = app.state.server
+
+        reloads: set[asyncio.Task[str | None]] = set()
+
+        def on_hangup() -> None:
+            task = loop.create_task(state.reload_tenants())
+            reloads.add(task)
+            task.add_done_callback(reloads.discard)
+
+        if tenants is not None:
+            loop.add_signal_handler(signal.SIGHUP, on_hangup)
+        await server.serve()
+
+    if has("uvloop"):
+        import uvloop
+
+        uvloop.run(main())
+    else:
+        asyncio.run(main())

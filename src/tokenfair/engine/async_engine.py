@@ -1,0 +1,255 @@
+"""The engine on its own thread, fed by an asyncio event loop (the server's).
+
+The engine thread owns the Engine: it alone touches the scheduler and the executor.
+The event loop hands it work through three queues drained before every step (new
+requests, aborts, and calls such as metric snapshots or weight changes), so an abort is
+honoured before the next step and nothing races with a step in progress.
+
+After each step the thread posts that step's outputs to the loop in ONE callback; the
+loop appends them to per-request streams that clients read at their own pace. A slow
+client therefore never stalls a step: its tokens queue up in its stream. With nothing to
+do the thread sleeps on a condition variable and wakes on the next submission.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import sys
+import threading
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+from tokenfair.core.request import FinishReason, Request
+from tokenfair.engine.engine import Engine, RequestOutput
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Python hands the GIL between threads every 5 ms by default: long enough for a busy
+# engine thread to add milliseconds to every HTTP response. A shorter slice keeps the
+# event loop responsive while steps run back to back.
+SWITCH_INTERVAL_S = 0.0005
+
+
+class EngineDeadError(RuntimeError):
+    """The engine thread stopped (shut down, or crashed: see the log)."""
+
+
+class RequestStream:
+    """One request's outputs as they arrive; iterate with `async for` or `await next_batch()`.
+
+    `accepted` resolves once the engine thread has queued (True) or refused (False,
+    the request finished REJECTED) the request.
+    """
+
+    __slots__ = ("_event", "_pending", "accepted", "done", "finish_reason", "request")
+
+    def __init__(self, request: Request, loop: asyncio.AbstractEventLoop) -> None:
+        self.request = request
+        self.accepted: asyncio.Future[bool] = loop.create_future()
+        self._pending: collections.deque[RequestOutput] = collections.deque()
+        self._event = asyncio.Event()
+        self.done = False
+        self.finish_reason: FinishReason | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    def _put(self, outputs: list[RequestOutput]) -> None:
+        self._pending.extend(outputs)
+        self._event.set()
+
+    async def next_batch(self) -> list[RequestOutput]:
+        """Every output that arrived since the last call (waits for at least one);
+        empty once the request has finished and everything was read."""
+        while not self._pending:
+            if self.done:
+                return []
+            self._event.clear()
+            await self._event.wait()
+        batch = list(self._pending)
+        self._pending.clear()
+        return batch
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        while batch := await self.next_batch():
+            for output in batch:
+                yield output
+
+
+class AsyncEngine:
+    """Steps `engine` on a thread; `submit` / `abort` / `call` from the event loop."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        on_step: Callable[[list[RequestOutput], float], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        # Called on the loop with each step's outputs and the engine time they were
+        # produced at (metrics), before the streams see them.
+        self.on_step = on_step
+        self.streams: dict[str, RequestStream] = {}
+        self._cv = threading.Condition()
+        self._inbox: list[Request] = []
+        self._aborts: list[tuple[str, FinishReason]] = []
+        self._calls: list[tuple[Callable[[Engine], Any], asyncio.Future[Any]]] = []
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.error: BaseException | None = None
+
+    # --- lifecycle ---
+    def start(self) -> None:
+        """Start the engine thread; call from the event loop that will read the outputs."""
+        if self._thread is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        self._thread = threading.Thread(target=self._run, name="tokenfair-engine", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 10.0)
+            self._thread = None
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    # --- from the event loop ---
+    def submit(self, request: Request) -> RequestStream:
+        """Queue a request for the next step; its outputs arrive on the returned stream."""
+        if not self.alive:
+            raise EngineDeadError("the engine is not running")
+        assert self._loop is not None
+        stream = RequestStream(request, self._loop)
+        self.streams[request.request_id] = stream
+        with self._cv:
+            self._inbox.append(request)
+            self._cv.notify()
+        return stream
+
+    def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> None:
+        """Cancel a request; honoured before the next step. Unknown or finished ids: no-op."""
+        if request_id not in self.streams:
+            return
+        with self._cv:
+            self._aborts.append((request_id, reason))
+            self._cv.notify()
+
+    async def call(self, fn: Callable[[Engine], T]) -> T:
+        """Run `fn(engine)` on the engine thread between two steps; return its result."""
+        if not self.alive:
+            raise EngineDeadError("the engine is not running")
+        assert self._loop is not None
+        future: asyncio.Future[T] = self._loop.create_future()
+        with self._cv:
+            self._calls.append((fn, future))
+            self._cv.notify()
+        return await future
+
+    # --- on the engine thread ---
+    def _run(self) -> None:
+        engine, cv, loop = self.engine, self._cv, self._loop
+        assert loop is not None
+        try:
+            while True:
+                with cv:
+                    while not (
+                        self._inbox
+                        or self._aborts
+                        or self._calls
+                        or self._stopping
+                        or engine.has_unfinished()
+                    ):
+                        cv.wait()
+                    if self._stopping:
+                        break
+                    inbox, self._inbox = self._inbox, []
+                    aborts, self._aborts = self._aborts, []
+                    calls, self._calls = self._calls, []
+                verdicts = [(r, engine.add_request(r)) for r in inbox]
+                for request_id, reason in aborts:
+                    self._abort(request_id, reason)
+                if verdicts:
+                    loop.call_soon_threadsafe(self._accepted, verdicts)
+                for fn, future in calls:
+                    try:
+                        result = fn(engine)
+                    except Exception as error:
+                        loop.call_soon_threadsafe(_fail, future, error)
+                    else:
+                        loop.call_soon_threadsafe(_resolve, future, result)
+                outputs = engine.step()
+                if outputs:
+                    loop.call_soon_threadsafe(self._dispatch, outputs, engine.clock.now())
+        except BaseException as error:  # a bug in a step: fail every stream, loudly
+            log.exception("the engine thread crashed")
+            self.error = error
+            with cv:
+                self._stopping = True
+            loop.call_soon_threadsafe(self._fail_all)
+
+    def _abort(self, request_id: str, reason: FinishReason) -> None:
+        engine = self.engine
+        if request_id not in engine.scheduler.requests:
+            return
+        if reason is FinishReason.ABORT:
+            engine.abort(request_id)
+        else:  # e.g. a timeout reported as its own reason: same path, other label
+            request = engine.scheduler.requests[request_id]
+            engine.abort(request_id)
+            request.finish_reason = reason
+
+    # --- back on the loop ---
+    def _accepted(self, verdicts: list[tuple[Request, bool]]) -> None:
+        for request, ok in verdicts:
+            stream = self.streams.get(request.request_id)
+            if stream is None:
+                continue
+            if not stream.accepted.done():
+                stream.accepted.set_result(ok)
+            if not ok:
+                self._close(stream)
+
+    def _dispatch(self, outputs: list[RequestOutput], now: float) -> None:
+        if self.on_step is not None:
+            self.on_step(outputs, now)
+        streams = self.streams
+        for output in outputs:
+            stream = streams.get(output.request_id)
+            if stream is None:
+                continue
+            stream._put([output])
+            if output.finished:
+                self._close(stream)
+
+    def _close(self, stream: RequestStream) -> None:
+        stream.done = True
+        stream.finish_reason = stream.request.finish_reason
+        stream._event.set()
+        self.streams.pop(stream.request_id, None)
+
+    def _fail_all(self) -> None:
+        for stream in list(self.streams.values()):
+            if not stream.accepted.done():
+                stream.accepted.set_exception(EngineDeadError("the engine thread crashed"))
+            self._close(stream)
+
+
+def _resolve(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _fail(future: asyncio.Future[Any], error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)

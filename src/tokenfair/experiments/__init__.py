@@ -1,0 +1,1 @@
+"""Experiments: workloads run under policies in the simulator, scored by tokenfair.fairness."""

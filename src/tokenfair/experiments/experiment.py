@@ -1,0 +1,264 @@
+"""Experiments: run workloads under several policies and write their results.
+
+`run_experiment` is the general pipeline; `run_paper_experiment` feeds it the paper's
+suites (SPEC section 7), the arena trace and the ablation; `run_compare` feeds it one
+trace file.
+
+Measurement choices (SPEC section 6): for the arena trace T = 600 s, w = 60 s,
+warmup = 30 s, as in the paper. For a synthetic suite T is the suite's duration (360,
+600 or 900 s), with the same w = 60 s and warmup = 30 s: the window is long enough to
+hold many requests of every client and short enough to show the ON/OFF and
+distribution-shift phases (60 s and 300 s long). Requests still queued at T are served
+(the simulation drains) but the ticks stop at T, so the drain does not dilute the
+fairness figures; throughput covers the whole run, first arrival to last finish.
+
+Output layout under `out_dir` (this module writes the data; tokenfair.report adds the
+report and figures from the returned `ExperimentResult`):
+
+    metrics.json               every run's summary row, the ablation and the target checks
+    results/<workload>/<policy>.jsonl   per-request results (read by `tokenfair metrics`)
+    report.md, report.html     the report (report.html references figures/ relatively)
+    figures/*.png              the plots
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokenfair.core.scheduler import SchedulerConfig
+from tokenfair.experiments.ablation import AblationRow, ablation_jobs, ablation_row
+from tokenfair.experiments.runner import (
+    DEFAULT_PROFILE,
+    DEFAULT_WORKERS,
+    Job,
+    ProgressFn,
+    RunOutcome,
+    run_jobs,
+)
+from tokenfair.experiments.summary import summary_row
+from tokenfair.experiments.targets import TargetCheck, check_targets
+from tokenfair.experiments.workloads import (
+    ARENA,
+    PAPER_SUITES,
+    Workload,
+    paper_workloads,
+    trace_workload,
+)
+from tokenfair.fairness.metrics import DEFAULT_WARMUP_S, DEFAULT_WINDOW_S
+from tokenfair.results import write_results
+
+# The schedulers of the paper's real-trace table, plus our preempting VTC.
+PAPER_POLICIES = (
+    "fcfs",
+    "lcf",
+    "vtc",
+    "vtc-predict",
+    "vtc-oracle",
+    "rpm:5",
+    "rpm:20",
+    "rpm:30",
+    "vtc-preempt",
+)
+# The paper's synthetic figures compare FCFS with VTC; --quick runs only those on the
+# suites (the arena table stays complete).
+QUICK_SUITE_POLICIES = ("fcfs", "vtc")
+# Weighted VTC runs on the weighted suite only: elsewhere every weight is 1.
+WEIGHTED_SUITE = "overload-weighted"
+WEIGHTED_POLICY = "wvtc"
+# The ablation compares VTC with FCFS in the full run; --quick runs VTC alone.
+ABLATION_POLICIES = ("fcfs", "vtc")
+QUICK_ABLATION_POLICIES = ("vtc",)
+
+
+@dataclass(slots=True)
+class ExperimentResult:
+    """Everything one experiment produced, and where it was written."""
+
+    title: str
+    out_dir: Path
+    workloads: list[Workload]
+    outcomes: list[RunOutcome]
+    ablation: list[AblationRow] = field(default_factory=list)
+    ablation_outcomes: list[RunOutcome] = field(default_factory=list)
+    targets: list[TargetCheck] = field(default_factory=list)
+    quick: bool = False
+    wall_s: float = 0.0
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def outcomes_for(self, workload: str) -> list[RunOutcome]:
+        return [o for o in self.outcomes if o.workload.name == workload]
+
+    def rows_for(self, workload: str) -> list[dict[str, Any]]:
+        return [summary_row(o) for o in self.outcomes_for(workload)]
+
+    @property
+    def report_md(self) -> Path:
+        return self.out_dir / "report.md"
+
+    @property
+    def report_html(self) -> Path:
+        return self.out_dir / "report.html"
+
+
+def policies_for(workload: Workload, policies: Sequence[str]) -> list[str]:
+    """The policies to run on a workload: weighted VTC joins when clients have weights."""
+    chosen = list(policies)
+    if workload.weights and WEIGHTED_POLICY not in chosen:
+        chosen.append(WEIGHTED_POLICY)
+    return chosen
+
+
+def _result_path(out_dir: Path, outcome: RunOutcome) -> Path:
+    # Policy specs such as rpm:5 hold a colon, which some file systems refuse.
+    stem = outcome.policy.replace(":", "-")
+    if outcome.job.variant:
+        stem += "_" + outcome.job.variant.replace("=", "-")
+    return out_dir / "results" / outcome.workload.name / f"{stem}.jsonl"
+
+
+def write_run_files(result: ExperimentResult) -> None:
+    """Per-request results of every run and metrics.json with every summary row."""
+    for outcome in result.outcomes:
+        path = _result_path(result.out_dir, outcome)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_results(outcome.results, path)
+    summary = {
+        "title": result.title,
+        "quick": result.quick,
+        "wall_s": result.wall_s,
+        "settings": result.settings,
+        "workloads": [
+            {
+                "name": w.name,
+                "description": w.description,
+                "requests": len(w.records),
+                "duration_s": w.duration_s,
+                "window_s": w.window_s,
+                "warmup_s": w.warmup_s,
+                "weights": w.weights,
+            }
+            for w in result.workloads
+        ],
+        "runs": [summary_row(o) for o in result.outcomes],
+        "ablation": [
+            {**row_fields(row), "ratio_to_bound": row.ratio_to_bound} for row in result.ablation
+        ],
+        "targets": [row_fields(t) for t in result.targets],
+    }
+    (result.out_dir / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+
+def row_fields(row: Any) -> dict[str, Any]:
+    return {name: getattr(row, name) for name in row.__slots__}
+
+
+def _finish(result: ExperimentResult, started: float) -> ExperimentResult:
+    result.out_dir.mkdir(parents=True, exist_ok=True)
+    result.wall_s = time.perf_counter() - started
+    write_run_files(result)
+    return result
+
+
+def run_experiment(
+    workloads: Sequence[Workload],
+    policies: Sequence[str],
+    out_dir: Path,
+    *,
+    title: str = "tokenfair experiment",
+    profile: str = DEFAULT_PROFILE,
+    config: SchedulerConfig | None = None,
+    workers: int = DEFAULT_WORKERS,
+    progress: ProgressFn | None = None,
+) -> ExperimentResult:
+    """Run every policy on every workload and write their results and metrics.json."""
+    started = time.perf_counter()
+    chosen = config or SchedulerConfig.paper()
+    jobs = [Job(w, p, chosen, profile) for w in workloads for p in policies_for(w, policies)]
+    outcomes = run_jobs(jobs, workers, progress)
+    result = ExperimentResult(
+        title=title,
+        out_dir=Path(out_dir),
+        workloads=list(workloads),
+        outcomes=outcomes,
+        settings={"profile": profile, "kv_tokens": chosen.kv_tokens, "policies": list(policies)},
+    )
+    return _finish(result, started)
+
+
+def run_paper_experiment(
+    out_dir: Path,
+    quick: bool = False,
+    shared_dir: Path = Path("../shared"),
+    progress: ProgressFn | None = None,
+    *,
+    workers: int = DEFAULT_WORKERS,
+    suites: Sequence[str] | None = None,
+    ablation: bool = True,
+) -> ExperimentResult:
+    """The paper's experiments: the arena table, every synthetic suite, the ablation.
+
+    `quick` runs the suites and the ablation under fewer policies; the arena trace always
+    runs under every policy of the paper's table. `suites` picks a subset (tests).
+    """
+    started = time.perf_counter()
+    config = SchedulerConfig.paper()
+    workloads = paper_workloads(shared_dir, PAPER_SUITES if suites is None else suites)
+    suite_policies = QUICK_SUITE_POLICIES if quick else PAPER_POLICIES
+    jobs = []
+    for workload in workloads:
+        policies = PAPER_POLICIES if workload.name == ARENA else suite_policies
+        jobs += [Job(workload, p, config) for p in policies_for(workload, policies)]
+    if ablation:
+        jobs += ablation_jobs(QUICK_ABLATION_POLICIES if quick else ABLATION_POLICIES)
+    outcomes = run_jobs(jobs, workers, progress)
+    main = [o for o in outcomes if not o.job.variant]
+    result = ExperimentResult(
+        title="tokenfair: reproducing “Fairness in Serving Large Language Models”",
+        out_dir=Path(out_dir),
+        workloads=workloads,
+        outcomes=main,
+        ablation=[ablation_row(o) for o in outcomes if o.job.variant],
+        ablation_outcomes=[o for o in outcomes if o.job.variant],
+        targets=check_targets(main),
+        quick=quick,
+        settings={
+            "profile": DEFAULT_PROFILE,
+            "kv_tokens": config.kv_tokens,
+            "system": "SchedulerConfig.paper(): the paper's S-LoRA/LightLLM router",
+            "policies": list(PAPER_POLICIES),
+            "suite_policies": list(suite_policies),
+            "workers": workers,
+        },
+    )
+    return _finish(result, started)
+
+
+def run_compare(
+    trace_path: Path,
+    policies: Sequence[str],
+    out_dir: Path,
+    *,
+    profile: str = DEFAULT_PROFILE,
+    duration_s: float | None = None,
+    window_s: float = DEFAULT_WINDOW_S,
+    warmup_s: float = DEFAULT_WARMUP_S,
+    weights: dict[str, float] | None = None,
+    workers: int = DEFAULT_WORKERS,
+    progress: ProgressFn | None = None,
+) -> ExperimentResult:
+    """Replay one trace under `policies` (paper system) and write the same files."""
+    workload = trace_workload(trace_path, None, duration_s, window_s, warmup_s, weights)
+    return run_experiment(
+        [workload],
+        policies,
+        out_dir,
+        title=f"tokenfair: {', '.join(policies)} on {trace_path.name}",
+        profile=profile,
+        workers=workers,
+        progress=progress,
+    )

@@ -1,0 +1,227 @@
+"""The gateway's configuration file (YAML), validated with pydantic.
+
+Every mistake is reported in one line naming the file, the key (dotted path) and, when
+the YAML parser knows it, the line: ``gateway.yaml:7: upstreams.0.max_concurrent: ...``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml  # type: ignore[import-untyped]
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+# Policies whose counters can be shared between gateway replicas (the store's VTC).
+SHARED_COUNTER_POLICIES = {
+    "vtc": "paper",
+    "wvtc": "paper",
+    "vtc-artifact": "artifact",
+    "lcf": "none",
+}
+# Policies kept by each replica alone, taken from the core's registry.
+LOCAL_POLICIES = ("fcfs", "priority", "sjf", "rpm")
+
+
+class GatewayConfigError(ValueError):
+    """A config file that cannot be used; the message names the file and key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ListenConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+
+
+class RedisConfig(_Strict):
+    url: str = "redis://127.0.0.1:6379/0"
+    namespace: str = Field(default="tokenfair", min_length=1)
+    # Short: a Redis that does not answer must not hold requests up (the gateway falls
+    # back to local counters instead).
+    timeout_s: float = Field(default=0.25, gt=0)
+    flush_interval_s: float = Field(default=0.05, gt=0)
+    heartbeat_s: float = Field(default=1.0, gt=0)
+    gateway_ttl_s: float = Field(default=5.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _redis_url(cls, url: str) -> str:
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must start with redis://, rediss:// or unix://")
+        return url
+
+
+class UpstreamConfig(_Strict):
+    url: str
+    name: str | None = None
+    models: list[str] = Field(min_length=1)
+    max_concurrent: int | None = Field(default=None, ge=1)
+    max_inflight_tokens: int | None = Field(default=None, ge=1)
+    # Follow the upstream's own load from its /metrics: vLLM's num_requests_running /
+    # num_requests_waiting, or tokenfair's.
+    capacity_from_metrics: Literal["none", "vllm", "tokenfair"] = "none"
+    api_key: str | None = None
+    health_path: str = "/health"
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError("must be an http:// or https:// URL")
+        url = url.rstrip("/")
+        return url[: -len("/v1")] if url.endswith("/v1") else url
+
+    @model_validator(mode="after")
+    def _capacity(self) -> UpstreamConfig:
+        if self.max_concurrent is None and self.max_inflight_tokens is None:
+            raise ValueError("give a capacity: max_concurrent and/or max_inflight_tokens")
+        if self.capacity_from_metrics != "none" and self.max_concurrent is None:
+            raise ValueError(
+                "capacity_from_metrics needs max_concurrent (the upstream's batch size)"
+            )
+        return self
+
+
+class ModelConfig(_Strict):
+    # A local tokenizer directory (or hub name already in the cache) to count prompts with.
+    tokenizer: str | None = None
+
+
+class CostConfig(_Strict):
+    w_in: float = Field(default=1.0, ge=0)
+    w_out: float = Field(default=2.0, ge=0)
+
+
+class HealthConfig(_Strict):
+    interval_s: float = Field(default=2.0, gt=0)
+    timeout_s: float = Field(default=1.0, gt=0)
+    fail_after: int = Field(default=2, ge=1)
+    metrics_interval_s: float = Field(default=0.5, gt=0)
+
+
+class GatewayConfig(_Strict):
+    listen: ListenConfig = Field(default_factory=ListenConfig)
+    policy: str = "vtc"
+    redis: RedisConfig | None = None
+    # Path to a tenants file in the server's format (relative to this file), or the
+    # same content inline; None = one open tenant.
+    tenants: str | dict[str, Any] | None = None
+    tenant_from_user: bool = False
+    upstreams: list[UpstreamConfig] = Field(min_length=1)
+    models: dict[str, ModelConfig] = {}
+    cost: CostConfig = Field(default_factory=CostConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
+    max_waiting: int = Field(default=4096, ge=1)
+    # What a request without max_tokens reserves (non-streaming charge, in-flight tokens).
+    default_max_tokens: int = Field(default=256, ge=1)
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    gateway_id: str | None = None
+
+    # Where relative paths (tenants, tokenizers) are resolved; set by load_config.
+    base_dir: Path = Field(default=Path("."), exclude=True)
+
+    @field_validator("policy")
+    @classmethod
+    def _policy(cls, policy: str) -> str:
+        name = policy.strip().lower().partition(":")[0]
+        if name not in SHARED_COUNTER_POLICIES and name not in LOCAL_POLICIES:
+            known = ", ".join(
+                [*SHARED_COUNTER_POLICIES, "fcfs", "priority", "sjf[:aging]", "rpm:N"]
+            )
+            raise ValueError(f"unknown or unsupported policy {policy!r}; the gateway runs: {known}")
+        if name in LOCAL_POLICIES:
+            from tokenfair.core.policies import make_policy
+            from tokenfair.core.policies.registry import PolicyError
+
+            try:
+                make_policy(policy)
+            except PolicyError as error:
+                raise ValueError(str(error)) from None
+        return policy.strip().lower()
+
+    @field_validator("upstreams")
+    @classmethod
+    def _unique_names(cls, upstreams: list[UpstreamConfig]) -> list[UpstreamConfig]:
+        seen: set[str] = set()
+        for index, upstream in enumerate(upstreams):
+            if upstream.name is None:
+                upstream.name = f"upstream-{index}"
+            if upstream.name in seen:
+                raise ValueError(f"the name {upstream.name!r} of upstream {index} is used twice")
+            seen.add(upstream.name)
+        return upstreams
+
+    @property
+    def shared_counters(self) -> bool:
+        return self.policy.partition(":")[0] in SHARED_COUNTER_POLICIES
+
+    @property
+    def lift_rule(self) -> str:
+        return SHARED_COUNTER_POLICIES.get(self.policy.partition(":")[0], "paper")
+
+    def served_models(self) -> list[str]:
+        models: list[str] = []
+        for upstream in self.upstreams:
+            models.extend(m for m in upstream.models if m not in models)
+        return models
+
+
+def _line_of(root: yaml.Node | None, path: tuple[int | str, ...]) -> int | None:
+    """The 1-based line of the node at `path`, as far down as the YAML goes."""
+    node, line = root, None
+    for part in path:
+        if node is None:
+            break
+        line = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            node = next((v for k, v in node.value if k.value == part), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            node = node.value[part] if part < len(node.value) else None
+        else:
+            node = None
+    if node is not None:
+        line = node.start_mark.line + 1
+    return line
+
+
+def parse_config(
+    text: str, source: str = "<config>", base_dir: Path | None = None
+) -> GatewayConfig:
+    try:
+        data = yaml.safe_load(text)
+        root = yaml.compose(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark is not None else source
+        raise GatewayConfigError(
+            f"{where}: not valid YAML: {getattr(error, 'problem', error)}"
+        ) from None
+    if not isinstance(data, dict):
+        raise GatewayConfigError(f"{source}: expected a mapping of settings at the top level")
+    try:
+        config = GatewayConfig.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        loc = tuple(
+            p for p in first["loc"] if not (isinstance(p, str) and p.startswith("function-"))
+        )
+        key = ".".join(str(p) for p in loc) or "(top level)"
+        line = _line_of(root, loc)
+        where = f"{source}:{line}" if line else source
+        message = first["msg"].removeprefix("Value error, ")
+        raise GatewayConfigError(f"{where}: {key}: {message}") from None
+    config.base_dir = base_dir or Path(".")
+    return config
+
+
+def load_config(path: str | Path) -> GatewayConfig:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise GatewayConfigError(f"{path}: cannot read the config file: {error.strerror}") from None
+    return parse_config(text, str(path), path.resolve().parent)

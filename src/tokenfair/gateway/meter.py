@@ -1,0 +1,87 @@
+"""What one request costs its tenant, charged as it happens.
+
+At dispatch the tenant pays for the prompt (counted or estimated) and, for a request
+that does not stream, for its whole max_tokens. A stream pays for output chunk by
+chunk. The usage the upstream reports at the end replaces both estimates. A request
+whose upstream fails before any output is refunded in full; a non-streaming one that
+ends without usage (failure, client gone) gets its unused output reservation back.
+"""
+
+from __future__ import annotations
+
+from tokenfair.core.cost import LinearCost
+from tokenfair.gateway.counters import CounterStore
+
+
+class Meter:
+    __slots__ = (
+        "cost",
+        "output",
+        "prompt",
+        "store",
+        "stream",
+        "streamed",
+        "tenant",
+        "usage_seen",
+        "weight",
+    )
+
+    def __init__(
+        self,
+        store: CounterStore | None,
+        tenant: str,
+        weight: float,
+        cost: LinearCost,
+        prompt_tokens: int,
+        max_tokens: int,
+        stream: bool,
+    ) -> None:
+        self.store = store
+        self.tenant = tenant
+        self.weight = weight
+        self.cost = cost
+        self.stream = stream
+        self.prompt = prompt_tokens  # input tokens charged so far
+        self.output = 0 if stream else max_tokens  # output tokens charged so far
+        self.streamed = 0  # output tokens seen in chunks
+        self.usage_seen = False
+
+    def _service(self, prompt: float, output: float) -> float:
+        return self.cost.w_in * prompt + self.cost.w_out * output
+
+    def dispatch_charge(self) -> float:
+        """Charged (weighted) in the same atomic step that picks the request."""
+        return self._service(self.prompt, self.output) / self.weight
+
+    def _charge(self, service: float) -> None:
+        if self.store is not None and service:
+            self.store.charge(self.tenant, service / self.weight)
+
+    def on_chunk(self, tokens: int) -> None:
+        self.streamed += tokens
+        if self.stream and not self.usage_seen:
+            self.output += tokens
+            self._charge(self._service(0, tokens))
+
+    def on_usage(self, prompt_tokens: int, completion_tokens: int) -> None:
+        self._charge(self._service(prompt_tokens - self.prompt, completion_tokens - self.output))
+        self.prompt, self.output = prompt_tokens, completion_tokens
+        self.usage_seen = True
+
+    def on_unfinished(self, failed: bool) -> None:
+        """The request ended without usage: the upstream failed, or the client left.
+
+        A client that leaves keeps paying for its prompt (the upstream prefilled it).
+        """
+        if self.usage_seen:
+            return
+        if failed and self.streamed == 0:  # nothing came back: nothing was served
+            self._charge(-self._service(self.prompt, self.output))
+            self.prompt = self.output = 0
+        elif not self.stream:
+            self._charge(-self._service(0, self.output - self.streamed))
+            self.output = self.streamed
+
+    def service(self) -> float:
+        """Service received (unweighted), SPEC section 2."""
+        return self._service(self.prompt, self.output)

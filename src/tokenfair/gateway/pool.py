@@ -1,0 +1,208 @@
+"""The upstream pool: who serves which model, how loaded each one is, who is healthy.
+
+An upstream's capacity is a number of concurrent requests and/or of in-flight tokens
+(prompt + max_tokens of the requests it holds). Optionally its load follows its own
+/metrics (vLLM's `vllm:num_requests_running` + `vllm:num_requests_waiting`, or
+tokenfair's), so traffic that bypasses the gateway is counted too. A request goes to
+the least-loaded healthy upstream that serves its model and has room for it. Health
+checks take an upstream out of rotation after `fail_after` failures in a row and put it
+back after one success; a request that cannot reach an upstream counts as a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import Awaitable, Callable, Iterable
+
+import httpx
+
+from tokenfair.gateway.config import HealthConfig, UpstreamConfig
+
+log = logging.getLogger("tokenfair.gateway")
+
+_METRIC_PREFIX = {"vllm": "vllm:", "tokenfair": "tokenfair:"}
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEnaNinf]+)")
+
+
+def parse_load(text: str, flavour: str) -> tuple[float, float]:
+    """Running and waiting requests summed over every series of the upstream's metrics."""
+    prefix = _METRIC_PREFIX[flavour]
+    running = waiting = 0.0
+    for line in text.splitlines():
+        if not line.startswith(prefix):
+            continue
+        match = _SAMPLE.match(line)
+        if match is None:
+            continue
+        name, value = match.group(1)[len(prefix) :], float(match.group(3))
+        if name == "num_requests_running":
+            running += value
+        elif name == "num_requests_waiting":
+            waiting += value
+    return running, waiting
+
+
+class Upstream:
+    def __init__(self, config: UpstreamConfig, client: httpx.AsyncClient) -> None:
+        self.config = config
+        self.name: str = config.name or config.url
+        self.url = config.url
+        self.client = client
+        self.healthy = True
+        self.failures = 0  # consecutive
+        self.running = 0
+        self.inflight_tokens = 0
+        # From /metrics (when configured): the upstream's own count, and what this
+        # gateway sent since that scrape.
+        self.reported: float | None = None
+        self.sent_since_scrape = 0
+
+    def load(self) -> float:
+        running = float(self.running)
+        if self.reported is not None:
+            running = max(running, self.reported + self.sent_since_scrape)
+        return running
+
+    def has_room(self, tokens: int) -> bool:
+        if not self.healthy:
+            return False
+        cap = self.config
+        if cap.max_concurrent is not None and self.load() >= cap.max_concurrent:
+            return False
+        # A request larger than the whole token budget still goes to an idle upstream.
+        return not (
+            cap.max_inflight_tokens is not None
+            and self.inflight_tokens
+            and self.inflight_tokens + tokens > cap.max_inflight_tokens
+        )
+
+    def fullness(self) -> float:
+        cap, parts = self.config, []
+        if cap.max_concurrent is not None:
+            parts.append(self.load() / cap.max_concurrent)
+        if cap.max_inflight_tokens is not None:
+            parts.append(self.inflight_tokens / cap.max_inflight_tokens)
+        return max(parts)
+
+    def acquire(self, tokens: int) -> None:
+        self.running += 1
+        self.inflight_tokens += tokens
+        self.sent_since_scrape += 1
+
+    def release(self, tokens: int) -> None:
+        self.running -= 1
+        self.inflight_tokens -= tokens
+
+
+class UpstreamPool:
+    def __init__(
+        self,
+        configs: Iterable[UpstreamConfig],
+        health: HealthConfig,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.health = health
+        self.on_change = on_change  # capacity may have appeared: wake the dispatcher
+        self.upstreams: list[Upstream] = []
+        for config in configs:
+            headers = {"authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+            client = httpx.AsyncClient(
+                base_url=config.url,
+                headers=headers,
+                timeout=httpx.Timeout(None, connect=5.0),
+                limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
+            )
+            self.upstreams.append(Upstream(config, client))
+        self.by_model: dict[str, list[Upstream]] = {}
+        for upstream in self.upstreams:
+            for model in upstream.config.models:
+                self.by_model.setdefault(model, []).append(upstream)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._probe = httpx.AsyncClient(timeout=health.timeout_s)
+
+    def serves(self, model: str) -> bool:
+        return model in self.by_model
+
+    def choose(
+        self, model: str, tokens: int, exclude: frozenset[str] = frozenset()
+    ) -> Upstream | None:
+        """The least-loaded healthy upstream for `model` with room for `tokens`."""
+        best: Upstream | None = None
+        for upstream in self.by_model.get(model, ()):
+            if upstream.name in exclude or not upstream.has_room(tokens):
+                continue
+            if best is None or upstream.fullness() < best.fullness():
+                best = upstream
+        return best
+
+    def any_eligible(self, model: str, exclude: frozenset[str] = frozenset()) -> bool:
+        return any(u.healthy and u.name not in exclude for u in self.by_model.get(model, ()))
+
+    # --- health ---
+    def mark_failure(self, upstream: Upstream, why: str) -> None:
+        upstream.failures += 1
+        if upstream.healthy and upstream.failures >= self.health.fail_after:
+            upstream.healthy = False
+            log.warning("upstream %s is out of rotation: %s", upstream.name, why)
+            self.on_change()
+
+    def mark_success(self, upstream: Upstream) -> None:
+        upstream.failures = 0
+        if not upstream.healthy:
+            upstream.healthy = True
+            log.warning("upstream %s is back in rotation", upstream.name)
+            self.on_change()
+
+    async def _check(self, upstream: Upstream) -> None:
+        try:
+            response = await self._probe.get(upstream.url + upstream.config.health_path)
+        except httpx.HTTPError as error:
+            self.mark_failure(upstream, f"health check failed ({type(error).__name__})")
+            return
+        if response.status_code == 200:
+            self.mark_success(upstream)
+        else:
+            self.mark_failure(upstream, f"health check returned {response.status_code}")
+
+    async def _scrape(self, upstream: Upstream) -> None:
+        flavour = upstream.config.capacity_from_metrics
+        try:
+            response = await self._probe.get(upstream.url + "/metrics")
+            response.raise_for_status()
+        except httpx.HTTPError:
+            upstream.reported = None  # fall back to the gateway's own count
+            return
+        running, waiting = parse_load(response.text, flavour)
+        upstream.reported = running + waiting
+        upstream.sent_since_scrape = 0
+        self.on_change()
+
+    async def _every(self, interval: float, step: Callable[[Upstream], Awaitable[None]]) -> None:
+        while True:
+            await asyncio.gather(*(step(u) for u in self.upstreams), return_exceptions=True)
+            await asyncio.sleep(interval)
+
+    def start(self) -> None:
+        self._tasks.append(asyncio.create_task(self._every(self.health.interval_s, self._check)))
+        if any(u.config.capacity_from_metrics != "none" for u in self.upstreams):
+
+            async def scrape(upstream: Upstream) -> None:
+                if upstream.config.capacity_from_metrics != "none":
+                    await self._scrape(upstream)
+
+            self._tasks.append(
+                asyncio.create_task(self._every(self.health.metrics_interval_s, scrape))
+            )
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for upstream in self.upstreams:
+            await upstream.client.aclose()
+        await self._probe.aclose()

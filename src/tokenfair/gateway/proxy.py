@@ -1,0 +1,374 @@
+"""The completion endpoints: authenticate, queue fairly, forward, stream back, charge.
+
+A raw ASGI handler (the hot path skips the web framework's routing and validation).
+While a request waits or streams, a watcher reads the client's side of the connection:
+a disconnect cancels the request, which closes the upstream request (vLLM and SGLang
+abort on that), frees its capacity and stops its charges. A failure before the first
+byte is retried once on another upstream; a failure mid-stream ends the stream with an
+error event the OpenAI clients raise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import orjson
+
+from tokenfair.gateway.admission import AdmissionRefused, Ticket
+from tokenfair.gateway.meter import Meter
+from tokenfair.gateway.requests import CompletionCall, parse_call
+from tokenfair.gateway.sse import SSEReader, usage_of
+from tokenfair.server.errors import APIError
+
+if TYPE_CHECKING:
+    from tokenfair.gateway.app import Gateway
+    from tokenfair.gateway.pool import Upstream
+
+log = logging.getLogger("tokenfair.gateway")
+
+HOT_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+_HOP_BY_HOP = {
+    b"connection",
+    b"keep-alive",
+    b"transfer-encoding",
+    b"content-length",
+    b"content-encoding",
+    b"date",
+    b"server",
+}
+_UPSTREAM_HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
+
+Scope = dict[str, Any]
+Receive = Any
+Send = Any
+
+
+class _Response:
+    """What has been sent to the client so far."""
+
+    __slots__ = ("send", "started")
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.started = False
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.started = True
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def body(self, data: bytes, more: bool = True) -> None:
+        await self.send({"type": "http.response.body", "body": data, "more_body": more})
+
+    async def error(self, error: APIError) -> None:
+        body = orjson.dumps(error.body())
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
+        await self.start(error.status_code, headers)
+        await self.body(body, more=False)
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise asyncio.CancelledError
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise APIError(413, f"request body over {limit} bytes", code="body_too_large")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+class CompletionProxy:
+    def __init__(self, gateway: Gateway) -> None:
+        self.gw = gateway
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = _Response(send)
+        arrival = time.perf_counter()
+        try:
+            call, tenant = await self._admit_checks(scope, receive)
+        except APIError as error:
+            await response.error(error)
+            return
+        except asyncio.CancelledError:  # the client left while sending its body
+            return
+        work = asyncio.ensure_future(self._serve(call, tenant, response, arrival))
+        watcher = asyncio.ensure_future(self._watch(receive))
+        try:
+            await asyncio.wait((work, watcher), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watcher.cancel()
+            if not work.done():  # the client is gone: abandon the request
+                work.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
+
+    @staticmethod
+    async def _watch(receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    async def _admit_checks(self, scope: Scope, receive: Receive) -> tuple[CompletionCall, Any]:
+        gw = self.gw
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        tenant = gw.directory.authenticate(headers.get("authorization"), headers)
+        call = parse_call(
+            await _read_body(receive, gw.config.max_body_bytes), HOT_PATHS[scope["path"]]
+        )
+        tenant = gw.directory.for_user(tenant, call.user)
+        if not gw.pool.serves(call.model):
+            raise APIError(
+                404,
+                f"the model {call.model!r} does not exist on this gateway",
+                param="model",
+                code="model_not_found",
+            )
+        return call, tenant
+
+    def _prompt_tokens(self, call: CompletionCall) -> int:
+        counter = self.gw.token_counter(call.model)
+        if call.kind == "chat":
+            return counter.messages(call.payload)
+        return counter.prompt(call.payload)
+
+    async def _serve(
+        self, call: CompletionCall, tenant: Any, response: _Response, arrival: float
+    ) -> None:
+        gw = self.gw
+        prompt = max(1, self._prompt_tokens(call))
+        max_tokens = call.max_tokens or gw.config.default_max_tokens
+        if prompt + max_tokens > tenant.max_tokens_per_request:
+            await response.error(
+                APIError(
+                    400,
+                    f"prompt ({prompt} tokens) + max_tokens ({max_tokens}) is over this tenant's limit of {tenant.max_tokens_per_request} tokens",
+                    param="max_tokens",
+                    code="context_length_exceeded",
+                )
+            )
+            return
+        store = gw.store
+        meter = Meter(store, tenant.name, tenant.weight, gw.cost, prompt, max_tokens, call.stream)
+        ticket = Ticket(
+            tenant=tenant.name,
+            model=call.model,
+            tokens=prompt + max_tokens,
+            charge=meter.dispatch_charge(),
+            priority=call.priority if call.priority is not None else tenant.priority,
+            max_tokens=max_tokens,
+        )
+        outcome = "abort"
+        try:
+            async with asyncio.timeout(tenant.timeout_s or gw.config.request_timeout_s):
+                try:
+                    await gw.admission.wait(ticket, tenant.max_waiting)
+                except AdmissionRefused as refused:
+                    retry = {"retry-after": "1"} if refused.status in (429, 503) else {}
+                    await response.error(
+                        APIError(refused.status, refused.message, code=refused.code, headers=retry)
+                    )
+                    outcome = "rejected"
+                    return
+                gw.metrics.queue.labels(tenant.name).observe(time.perf_counter() - arrival)
+                outcome = await self._forward(call, ticket, meter, response, arrival, tenant.name)
+        except TimeoutError:
+            outcome = "timeout"
+            if not response.started:
+                await response.error(
+                    APIError(408, "the request timed out", type="timeout_error", code="timeout")
+                )
+            else:
+                with contextlib.suppress(Exception):
+                    await response.body(b"", more=False)
+        finally:
+            gw.admission.release(ticket)
+            if outcome in ("abort", "timeout"):
+                meter.on_unfinished(failed=False)
+            if outcome != "rejected":
+                gw.metrics.finished(
+                    tenant.name,
+                    outcome,
+                    meter.prompt,
+                    meter.output,
+                    meter.service(),
+                    time.perf_counter() - arrival,
+                )
+
+    async def _send(
+        self, upstream: Upstream, call: CompletionCall
+    ) -> tuple[httpx.Response | None, BaseException | None]:
+        path = "/v1/chat/completions" if call.kind == "chat" else "/v1/completions"
+        try:
+            request = upstream.client.build_request(
+                "POST", path, content=call.body, headers=_UPSTREAM_HEADERS
+            )
+            return await upstream.client.send(request, stream=True), None
+        except httpx.HTTPError as error:
+            self.gw.pool.mark_failure(upstream, f"request failed ({type(error).__name__})")
+            return None, error
+
+    async def _open(
+        self, call: CompletionCall, ticket: Ticket
+    ) -> tuple[httpx.Response | None, BaseException | None]:
+        """Send the request; after a failure before the first byte, once more elsewhere.
+
+        With no other upstream for the model, the client gets the upstream's own 5xx
+        answer (or a 502 when it could not be reached).
+        """
+        gw = self.gw
+        for attempt in (0, 1):
+            upstream = ticket.upstream
+            assert upstream is not None
+            response, failure = await self._send(upstream, call)
+            if response is not None and response.status_code < 500:
+                gw.pool.mark_success(upstream)
+                return response, None
+            if attempt == 1 or not gw.pool.any_eligible(
+                call.model, ticket.exclude | {upstream.name}
+            ):
+                return response, failure
+            if response is not None:
+                await response.aclose()
+            if await gw.admission.retry(ticket) is None:
+                return None, failure
+            gw.metrics.retries.inc()
+        raise AssertionError("unreachable")
+
+    async def _forward(
+        self,
+        call: CompletionCall,
+        ticket: Ticket,
+        meter: Meter,
+        response: _Response,
+        arrival: float,
+        tenant: str,
+    ) -> str:
+        upstream_response, failure = await self._open(call, ticket)
+        upstream = ticket.upstream
+        assert upstream is not None
+        if upstream_response is None:
+            meter.on_unfinished(failed=True)
+            name = type(failure).__name__ if failure is not None else "error"
+            await response.error(
+                APIError(
+                    502,
+                    f"upstream {upstream.name} failed: {name}",
+                    type="upstream_error",
+                    code="upstream_unavailable",
+                )
+            )
+            return "upstream_error"
+        try:
+            headers = [
+                (k.lower(), v)
+                for k, v in upstream_response.headers.raw
+                if k.lower() not in _HOP_BY_HOP
+            ]
+            if upstream_response.headers.get("content-type", "").startswith("text/event-stream"):
+                return await self._relay_stream(
+                    call, upstream, upstream_response, headers, meter, response, arrival, tenant
+                )
+            return await self._relay_body(
+                upstream, upstream_response, headers, meter, response, arrival, tenant
+            )
+        finally:
+            await upstream_response.aclose()
+
+    async def _relay_body(
+        self,
+        upstream: Upstream,
+        up: httpx.Response,
+        headers: list[tuple[bytes, bytes]],
+        meter: Meter,
+        response: _Response,
+        arrival: float,
+        tenant: str,
+    ) -> str:
+        try:
+            body = await up.aread()
+        except httpx.HTTPError as error:
+            self.gw.pool.mark_failure(upstream, f"response broke off ({type(error).__name__})")
+            meter.on_unfinished(failed=True)
+            await response.error(
+                APIError(
+                    502,
+                    f"upstream {upstream.name} broke off its response",
+                    type="upstream_error",
+                    code="upstream_unavailable",
+                )
+            )
+            return "upstream_error"
+        if up.status_code == 200:
+            with contextlib.suppress(orjson.JSONDecodeError):
+                usage = usage_of(orjson.loads(body))
+                if usage is not None:
+                    meter.on_usage(*usage)
+                    meter.streamed = usage[1]
+        if up.status_code != 200 or not meter.usage_seen:
+            meter.on_unfinished(failed=up.status_code != 200)
+        else:
+            self.gw.metrics.ttft.labels(tenant).observe(time.perf_counter() - arrival)
+        await response.start(
+            up.status_code, [*headers, (b"content-length", str(len(body)).encode())]
+        )
+        await response.body(body, more=False)
+        return "ok" if up.status_code == 200 else f"http_{up.status_code}"
+
+    async def _relay_stream(
+        self,
+        call: CompletionCall,
+        upstream: Upstream,
+        up: httpx.Response,
+        headers: list[tuple[bytes, bytes]],
+        meter: Meter,
+        response: _Response,
+        arrival: float,
+        tenant: str,
+    ) -> str:
+        counter = self.gw.token_counter(call.model)
+        first = [True]
+        ttft = self.gw.metrics.ttft.labels(tenant)
+
+        def on_tokens(n: int) -> None:
+            if first[0]:
+                first[0] = False
+                ttft.observe(time.perf_counter() - arrival)
+            meter.on_chunk(n)
+
+        reader = SSEReader(
+            counter.chunk, on_tokens, meter.on_usage, hide_usage_chunk=not call.client_wants_usage
+        )
+        await response.start(up.status_code, headers)
+        try:
+            async for chunk in up.aiter_raw():
+                out = reader.feed(chunk)
+                if out:
+                    await response.body(out)
+        except httpx.HTTPError as error:
+            self.gw.pool.mark_failure(upstream, f"stream broke off ({type(error).__name__})")
+            meter.on_unfinished(failed=True)
+            event = APIError(
+                502,
+                f"upstream {upstream.name} failed mid-stream ({type(error).__name__})",
+                type="upstream_error",
+                code="upstream_unavailable",
+            )
+            await response.body(b"data: " + orjson.dumps(event.body()) + b"\n\n", more=False)
+            return "upstream_error"
+        await response.body(reader.tail(), more=False)
+        if not meter.usage_seen:
+            meter.on_unfinished(failed=False)
+        return "ok" if up.status_code == 200 and reader.error is None else "upstream_error"

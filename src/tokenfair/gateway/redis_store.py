@@ -1,0 +1,281 @@
+"""VTC's counters in Redis, shared by every gateway replica, with a local fallback.
+
+Each question to the store is one Lua script (`lua.py`), so gateways in front of one
+pool keep one fairness order. Output charges are buffered in this process and travel
+with the next script, or within `flush_interval_s`.
+
+If Redis fails (refused, timed out), the gateway never fails a request for it: it logs
+one warning and carries on with local counters seeded from the last values Redis gave,
+recording what it charges. A background task probes Redis; when it answers, the local
+charges are added to Redis's counters (and no counter drops below what this gateway
+saw, which re-seeds a Redis that came back empty), this gateway's waiting counts are
+written back, and the shared counters are used again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from tokenfair.gateway import lua
+from tokenfair.gateway.counters import LocalCounters
+
+log = logging.getLogger("tokenfair.gateway")
+
+_FAILURES = (RedisError, OSError, asyncio.TimeoutError)
+
+
+def _flat(pairs: dict[str, float] | dict[str, int]) -> list[Any]:
+    out: list[Any] = []
+    for key, value in pairs.items():
+        out.extend((key, repr(value) if isinstance(value, float) else value))
+    return out
+
+
+def _as_counters(flat: list[Any]) -> dict[str, float]:
+    def text(value: Any) -> str:
+        return value.decode() if isinstance(value, bytes) else str(value)
+
+    return {text(flat[i]): float(text(flat[i + 1])) for i in range(0, len(flat), 2)}
+
+
+class RedisCounterStore:
+    def __init__(
+        self,
+        url: str,
+        *,
+        namespace: str = "tokenfair",
+        gateway_id: str | None = None,
+        lift: str = "paper",
+        timeout_s: float = 0.25,
+        flush_interval_s: float = 0.05,
+        heartbeat_s: float = 1.0,
+        gateway_ttl_s: float = 5.0,
+        probe_interval_s: float = 0.5,
+    ) -> None:
+        self.url = url
+        self.lift = lift
+        self.namespace = namespace
+        self.gateway_id = gateway_id or uuid.uuid4().hex[:12]
+        self.flush_interval_s = flush_interval_s
+        self.heartbeat_s = heartbeat_s
+        self.ttl_ms = int(gateway_ttl_s * 1000)
+        self.probe_interval_s = probe_interval_s
+        self._redis = aioredis.Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, max_connections=64
+        )
+        self._scripts = {
+            name: self._redis.register_script(getattr(lua, name))
+            for name in ("ARRIVE", "PICK", "LEAVE", "FLUSH", "HEARTBEAT", "RECONCILE")
+        }
+        self._pending: dict[str, float] = {}  # charges not yet sent
+        self._waiting: dict[str, int] = {}  # this gateway's waiting requests per tenant
+        self._snapshot: dict[str, float] = {}  # the last counters Redis returned
+        self._local: LocalCounters | None = None  # set while degraded
+        self._outage: dict[str, float] = {}  # charged locally while degraded
+        self._tasks: list[asyncio.Task[None]] = []
+        self.outages = 0
+
+    # --- lifecycle ---
+    async def start(self) -> None:
+        await self._heartbeat()
+        self._tasks = [
+            asyncio.create_task(self._loop(self.flush_interval_s, self._flush)),
+            asyncio.create_task(self._loop(self.heartbeat_s, self._heartbeat)),
+        ]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._local is None:
+            with contextlib.suppress(*_FAILURES):
+                await self._flush()
+        with contextlib.suppress(*_FAILURES):
+            await self._redis.aclose()
+
+    async def _loop(self, interval: float, step: Any) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            await step()
+
+    @property
+    def degraded(self) -> bool:
+        return self._local is not None
+
+    # --- the fallback ---
+    def _degrade(self, error: BaseException, unsent: dict[str, float]) -> LocalCounters:
+        local = LocalCounters(self.lift)
+        local.counter = dict(self._snapshot)
+        local.waiting = dict(self._waiting)
+        # Charges whose script failed may or may not have reached Redis; counting them
+        # again at reconciliation errs towards charging.
+        for tenant, amount in {**self._pending, **unsent}.items():
+            local.charge(tenant, amount)
+            self._outage[tenant] = self._outage.get(tenant, 0.0) + amount
+        self._pending.clear()
+        self._local = local
+        self.outages += 1
+        log.warning(
+            "Redis at %s is unreachable (%s): using local counters until it answers again",
+            self.url,
+            type(error).__name__,
+        )
+        self._tasks.append(asyncio.create_task(self._recover()))
+        return local
+
+    async def _recover(self) -> None:
+        while self._local is not None:
+            await asyncio.sleep(self.probe_interval_s)
+            local = self._local
+            outage, self._outage = self._outage, {}
+            args: list[Any] = [self.namespace, self.gateway_id, len(local.counter)]
+            for tenant, value in local.counter.items():
+                args.extend((tenant, repr(outage.get(tenant, 0.0)), repr(value)))
+            try:
+                await self._scripts["RECONCILE"](args=args)
+            except _FAILURES:
+                for tenant, amount in outage.items():
+                    self._outage[tenant] = self._outage.get(tenant, 0.0) + amount
+                continue
+            # Charged while the reconcile was in flight: send them with the next call.
+            for tenant, amount in self._outage.items():
+                self._pending[tenant] = self._pending.get(tenant, 0.0) + amount
+            self._outage = {}
+            self._waiting = dict(local.waiting)
+            self._local = None
+            log.warning("Redis at %s answers again: counters reconciled", self.url)
+            await self._heartbeat()
+
+    async def heartbeat_now(self) -> None:
+        """Flush charges and refresh the counters now (tests, shutdown)."""
+        await self._heartbeat()
+
+    # --- calls ---
+    def _take_pending(self) -> dict[str, float]:
+        pending, self._pending = self._pending, {}
+        return pending
+
+    async def _call(
+        self, name: str, head: list[Any], pending: dict[str, float], tail: list[Any]
+    ) -> Any:
+        args: list[Any] = [
+            self.namespace,
+            self.gateway_id,
+            *head,
+            len(pending),
+            *_flat(pending),
+            *tail,
+        ]
+        return await self._scripts[name](args=args)
+
+    async def _flush(self) -> None:
+        if self._local is not None or not self._pending:
+            return
+        pending = self._take_pending()
+        try:
+            await self._call("FLUSH", [], pending, [])
+        except _FAILURES as error:
+            if self._local is None:
+                self._degrade(error, pending)
+
+    async def _heartbeat(self) -> None:
+        if self._local is not None:
+            return
+        pending = self._take_pending()
+        try:
+            flat = await self._call(
+                "HEARTBEAT", [], pending, [len(self._waiting), *_flat(self._waiting)]
+            )
+        except _FAILURES as error:
+            if self._local is None:
+                self._degrade(error, pending)
+            return
+        self._snapshot = _as_counters(flat)
+
+    # --- the store interface ---
+    async def arrive(self, tenant: str) -> float:
+        if self._local is None:
+            pending = self._take_pending()
+            try:
+                value = float(
+                    await self._call("ARRIVE", [self.ttl_ms], pending, [tenant, self.lift])
+                )
+            except _FAILURES as error:
+                if self._local is None:
+                    self._degrade(error, pending)
+            else:
+                self._waiting[tenant] = self._waiting.get(tenant, 0) + 1
+                self._snapshot[tenant] = value
+                return value
+        assert self._local is not None
+        self._waiting[tenant] = self._waiting.get(tenant, 0) + 1
+        return self._local.arrive(tenant)
+
+    def _one_less(self, tenant: str) -> None:
+        left = self._waiting.get(tenant, 0) - 1
+        if left > 0:
+            self._waiting[tenant] = left
+        else:
+            self._waiting.pop(tenant, None)
+
+    async def leave(self, tenant: str) -> None:
+        if self._local is None:
+            pending = self._take_pending()
+            try:
+                await self._call("LEAVE", [], pending, [tenant])
+            except _FAILURES as error:
+                if self._local is None:
+                    self._degrade(error, pending)
+            else:
+                self._one_less(tenant)
+                return
+        assert self._local is not None
+        self._one_less(tenant)
+        self._local.leave(tenant)
+
+    async def pick(self, candidates: Sequence[tuple[str, float]]) -> str:
+        if self._local is None:
+            pending = self._take_pending()
+            tail: list[Any] = [len(candidates)]
+            for tenant, amount in candidates:
+                tail.extend((tenant, repr(amount)))
+            try:
+                best, value = await self._call("PICK", [], pending, tail)
+            except _FAILURES as error:
+                if self._local is None:
+                    self._degrade(error, pending)
+            else:
+                name = best.decode() if isinstance(best, bytes) else str(best)
+                self._snapshot[name] = float(value.decode() if isinstance(value, bytes) else value)
+                self._one_less(name)
+                return name
+        assert self._local is not None
+        name, charge = self._local.pick(candidates)
+        self._outage[name] = self._outage.get(name, 0.0) + charge
+        self._one_less(name)
+        return name
+
+    def charge(self, tenant: str, amount: float) -> None:
+        if amount == 0:
+            return
+        if self._local is not None:
+            self._local.charge(tenant, amount)
+            self._outage[tenant] = self._outage.get(tenant, 0.0) + amount
+            return
+        self._pending[tenant] = self._pending.get(tenant, 0.0) + amount
+        self._snapshot[tenant] = self._snapshot.get(tenant, 0.0) + amount
+
+    def counters(self) -> dict[str, float]:
+        if self._local is not None:
+            return dict(self._local.counter)
+        return dict(self._snapshot)

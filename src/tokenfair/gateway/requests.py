@@ -1,0 +1,86 @@
+"""What the gateway reads from a completion request body; everything else passes through.
+
+The gateway checks only the fields it schedules by (model, stream, max_tokens, the
+prompt or messages, user, priority) and forwards the body as the client sent it, so
+whatever the upstream supports (tools, n, response_format, its own extensions) still
+works. For a stream it asks the upstream for usage (`stream_options.include_usage`),
+and hides that final usage chunk again from a client that did not ask for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from tokenfair.server.errors import APIError
+
+
+@dataclass(slots=True)
+class CompletionCall:
+    kind: str  # "chat" or "completions"
+    model: str
+    stream: bool
+    client_wants_usage: bool
+    max_tokens: int | None
+    priority: int | None
+    user: str | None
+    payload: Any  # messages or prompt
+    body: bytes  # what is sent upstream
+
+
+def _bad(message: str, param: str | None) -> APIError:
+    return APIError(400, message, param=param, code="invalid_value")
+
+
+def _int_field(data: dict[str, Any], name: str, minimum: int | None) -> int | None:
+    value = data.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _bad(f"invalid field {name!r}: must be an integer", name)
+    if minimum is not None and value < minimum:
+        raise _bad(f"invalid field {name!r}: must be >= {minimum}", name)
+    return value
+
+
+def parse_call(raw: bytes, kind: str) -> CompletionCall:
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise _bad("the request body is not valid JSON", None) from None
+    if not isinstance(data, dict):
+        raise _bad("the request body must be a JSON object", None)
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("missing required field 'model'", "model")
+    stream = data.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise _bad("invalid field 'stream': must be a boolean", "stream")
+    field = "messages" if kind == "chat" else "prompt"
+    payload = data.get(field)
+    if kind == "chat" and (not isinstance(payload, list) or not payload):
+        raise _bad("missing required field 'messages' (a non-empty list)", "messages")
+    if kind == "completions" and not isinstance(payload, str | list):
+        raise _bad("missing required field 'prompt' (text or token ids)", "prompt")
+    max_tokens = _int_field(data, "max_completion_tokens", 1)
+    if max_tokens is None:
+        max_tokens = _int_field(data, "max_tokens", 1)
+    priority = _int_field(data, "priority", None)
+    user = data.get("user")
+    if user is not None and not isinstance(user, str):
+        raise _bad("invalid field 'user': must be a string", "user")
+    options = data.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise _bad("invalid field 'stream_options': must be an object", "stream_options")
+    wants_usage = bool(options and options.get("include_usage"))
+    body = raw
+    if stream and not wants_usage:
+        data["stream_options"] = {**(options or {}), "include_usage": True}
+        body = orjson.dumps(data)
+    return CompletionCall(
+        kind, model, stream, wants_usage, max_tokens, priority, user, payload, body
+    )

@@ -1,0 +1,114 @@
+"""Reading an upstream's SSE stream on the way through: count tokens, find usage.
+
+Events pass on as soon as they are complete (an incomplete event is useless to a
+client); only the usage-only chunk the gateway itself asked for is held back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+UsageHook = Callable[[int, int], None]
+
+
+def choice_text(choice: Any) -> str:
+    if not isinstance(choice, dict):
+        return ""
+    text = choice.get("text")
+    if isinstance(text, str):
+        return text
+    delta = choice.get("delta")
+    if not isinstance(delta, dict):
+        return ""
+    parts = [delta.get("content"), delta.get("reasoning_content"), delta.get("reasoning")]
+    out = "".join(p for p in parts if isinstance(p, str))
+    calls = delta.get("tool_calls")
+    if isinstance(calls, list):
+        for call in calls:
+            function = call.get("function") if isinstance(call, dict) else None
+            if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+                out += function["arguments"]
+    return out
+
+
+def usage_of(data: Any) -> tuple[int, int] | None:
+    usage = data.get("usage") if isinstance(data, dict) else None
+    if not isinstance(usage, dict):
+        return None
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if isinstance(prompt, int) and isinstance(completion, int):
+        return prompt, completion
+    return None
+
+
+class SSEReader:
+    """Splits bytes into events; `feed` returns the bytes to forward now."""
+
+    def __init__(
+        self,
+        count_text: Callable[[str], int],
+        on_tokens: Callable[[int], None],
+        on_usage: UsageHook,
+        hide_usage_chunk: bool,
+    ) -> None:
+        self.count_text = count_text
+        self.on_tokens = on_tokens
+        self.on_usage = on_usage
+        self.hide_usage_chunk = hide_usage_chunk
+        self._buffer = b""
+        self.saw_done = False
+        self.error: Any = None
+
+    def feed(self, chunk: bytes) -> bytes:
+        buffer = self._buffer + chunk if self._buffer else chunk
+        if b"\r\n" in buffer:
+            buffer = buffer.replace(b"\r\n", b"\n")
+        end = buffer.rfind(b"\n\n")
+        if end < 0:
+            self._buffer = buffer
+            return b""
+        self._buffer = buffer[end + 2 :]
+        out: list[bytes] = []
+        for event in buffer[: end + 2].split(b"\n\n"):
+            if event and self._keep(event):
+                out.append(event + b"\n\n")
+        return b"".join(out)
+
+    def tail(self) -> bytes:
+        rest, self._buffer = self._buffer, b""
+        return rest
+
+    def _keep(self, event: bytes) -> bool:
+        for line in event.split(b"\n"):
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                self.saw_done = True
+                continue
+            try:
+                data = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                continue
+            if not isinstance(data, dict):
+                continue
+            if "error" in data:
+                self.error = data["error"]
+            choices = data.get("choices")
+            tokens = 0
+            if isinstance(choices, list):
+                for choice in choices:
+                    text = choice_text(choice)
+                    if text:
+                        tokens += self.count_text(text)
+            if tokens:
+                self.on_tokens(tokens)
+            usage = usage_of(data)
+            if usage is not None:
+                self.on_usage(*usage)
+                if self.hide_usage_chunk and not choices:
+                    return False
+        return True

@@ -1,0 +1,333 @@
+"""The experiment report: DIR/report.md and DIR/report.html, from one run's numbers.
+
+Sections: how the run was made, the paper's findings as targets (reproduced or not,
+with the measured value), the real-trace table beside the paper's (the only typed-in numbers, labelled as
+the paper's), one paragraph, table and figures per workload, the ablation, the list of
+figures. Sections without data (e.g. no arena trace in a `compare` run) are left out.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from tokenfair.core.cost import DEFAULT_COST
+from tokenfair.experiments.ablation import AblationRow, length_sweep, pool_sweep
+from tokenfair.experiments.experiment import ExperimentResult
+from tokenfair.experiments.paper_table import PAPER_ARENA_TABLE, PAPER_LABEL
+from tokenfair.experiments.runner import RunOutcome
+from tokenfair.experiments.summary import ratio, summary_row
+from tokenfair.experiments.targets import TargetCheck
+from tokenfair.fairness.bounds import BACKLOGGED
+from tokenfair.report.document import (
+    Block,
+    Bullets,
+    Heading,
+    Image,
+    Paragraph,
+    Table,
+    to_html,
+    to_markdown,
+)
+from tokenfair.report.figures import Figure, experiment_figures
+from tokenfair.report.narrative import workload_paragraph
+
+ARENA = "arena"
+SIMULATED_LABEL = "tokenfair (simulated)"
+ARENA_HEADER = (
+    "scheduler",
+    "source",
+    "Max Diff",
+    "Avg Diff",
+    "Diff Var",
+    "Throughput (tok/s)",
+    "Max Diff ÷ FCFS",
+    "Avg Diff ÷ FCFS",
+    "Throughput ÷ FCFS",
+)
+
+
+def fmt(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:,.{digits}f}"
+
+
+def _ratios(row: dict[str, float], base: dict[str, float] | None) -> list[str]:
+    if base is None:
+        return ["–", "–", "–"]
+    keys = ("max_diff", "avg_diff", "throughput_tok_s")
+    return [fmt(ratio(row[k], base[k]), 3) for k in keys]
+
+
+def arena_table_rows(outcomes: Sequence[RunOutcome]) -> list[tuple[str, ...]]:
+    """Two rows per scheduler: ours, then the paper's where the paper has it."""
+    ours = {o.policy: summary_row(o) for o in outcomes}
+    paper = {p: vars_of(row) for p, row in PAPER_ARENA_TABLE.items()}
+    rows = []
+    for policy, row in ours.items():
+        rows.append(
+            (
+                policy,
+                SIMULATED_LABEL,
+                fmt(row["max_diff"]),
+                fmt(row["avg_diff"]),
+                fmt(row["diff_var"]),
+                fmt(row["throughput_tok_s"], 0),
+                *_ratios(row, ours.get("fcfs")),
+            )
+        )
+        if policy in paper:
+            ref = paper[policy]
+            rows.append(
+                (
+                    "",
+                    PAPER_LABEL,
+                    fmt(ref["max_diff"]),
+                    fmt(ref["avg_diff"]),
+                    fmt(ref["diff_var"]),
+                    fmt(ref["throughput_tok_s"], 0),
+                    *_ratios(ref, paper["fcfs"]),
+                )
+            )
+    return rows
+
+
+def vars_of(row: Any) -> dict[str, Any]:
+    return {name: getattr(row, name) for name in row.__slots__}
+
+
+def workload_table(outcomes: Sequence[RunOutcome]) -> Table:
+    rows = []
+    base = next((summary_row(o) for o in outcomes if o.policy == "fcfs"), None)
+    for outcome in outcomes:
+        row = summary_row(outcome)
+        rows.append(
+            (
+                row["policy"],
+                fmt(row["max_diff"]),
+                fmt(row["avg_diff"]),
+                fmt(row["diff_var"]),
+                fmt(row["throughput_tok_s"], 0),
+                _ratios(row, base)[0],
+                fmt(row["ttft_p90_s"], 1),
+                fmt(row["jain_per_tick_mean"], 3),
+                f"{row['acc_diff_final']:,.0f}" if row["acc_diff_scope"] == BACKLOGGED else "–",
+                str(row["rejected"]),
+                str(row["preemptions"]),
+            )
+        )
+    header = (
+        "policy",
+        "Max Diff",
+        "Avg Diff",
+        "Diff Var",
+        "Throughput (tok/s)",
+        "Max Diff ÷ FCFS",
+        "TTFT p90 (s)",
+        "Jain (mean per tick)",
+        "acc. service diff at T",
+        "rejected",
+        "preemptions",
+    )
+    caption = (
+        "acc. service diff at T: max − min service received in [warmup, T] among the "
+        "clients backlogged throughout (– when fewer than two are). Jain: mean over the "
+        "ticks of Jain's index among clients backlogged in the tick's window (– when no "
+        "window has two)."
+    )
+    return Table(header, tuple(rows), caption)
+
+
+def target_blocks(targets: Sequence[TargetCheck]) -> list[Block]:
+    if not targets:
+        return []
+    verdict = {True: "reproduced", False: "not reproduced (a finding)", None: "not run"}
+    rows = tuple((t.target, t.measured, verdict[t.passed]) for t in targets)
+    met = sum(t.passed is True for t in targets)
+    evaluated = sum(t.passed is not None for t in targets)
+    return [
+        Heading("The paper's findings, as targets"),
+        Paragraph(
+            f"Each target restates a result of the paper; {met} of {evaluated} evaluated "
+            "targets are reproduced by this run. A target not reproduced is reported as "
+            "measured, not tuned away: it is a difference between this simulation and the "
+            "paper's measured system."
+        ),
+        Table(("target", "measured", "result"), rows),
+    ]
+
+
+def _trend(values: Sequence[float]) -> str:
+    if all(b > a for a, b in itertools.pairwise(values)):
+        return "grows"
+    if all(b < a for a, b in itertools.pairwise(values)):
+        return "shrinks"
+    return "does not change monotonically"
+
+
+def _ablation_table(rows: Sequence[AblationRow], caption: str) -> Table:
+    body = tuple(
+        (
+            r.policy,
+            f"{r.kv_tokens:,}",
+            f"{r.length}/{r.length}",
+            f"{r.max_acc_diff:,.0f}",
+            f"{r.mean_acc_diff:,.0f}",
+            f"{r.bound:,.0f}",
+            fmt(r.ratio_to_bound, 3),
+            fmt(r.max_diff),
+            fmt(r.throughput_tok_s, 0),
+        )
+        for r in rows
+    )
+    header = (
+        "policy",
+        "KV pool (tokens)",
+        "in/out tokens",
+        "peak acc. service diff",
+        "mean acc. service diff",
+        "bound B",
+        "peak ÷ B",
+        "Max Diff",
+        "Throughput (tok/s)",
+    )
+    return Table(header, body, caption)
+
+
+def ablation_blocks(rows: Sequence[AblationRow], figures: Sequence[Figure]) -> list[Block]:
+    if not rows:
+        return []
+    pools, lengths = pool_sweep(rows), length_sweep(rows)
+    text = []
+    if len(pools) > 1:
+        text.append(
+            f"With 256/256-token requests, VTC's peak accumulated service difference "
+            f"{_trend([r.max_acc_diff for r in pools])} with the KV pool "
+            f"({', '.join(f'{r.max_acc_diff:,.0f} at {r.kv_tokens:,}' for r in pools)})."
+        )
+    if len(lengths) > 1:
+        text.append(
+            f"With the {lengths[0].kv_tokens:,}-token pool it "
+            f"{_trend([r.max_acc_diff for r in lengths])} with request length "
+            f"({', '.join(f'{r.max_acc_diff:,.0f} at {r.length}' for r in lengths)})."
+        )
+    within = sum(r.max_acc_diff <= r.bound for r in rows if r.policy == "vtc")
+    total = sum(r.policy == "vtc" for r in rows)
+    text.append(f"VTC stays within its bound B in {within} of {total} settings.")
+    fcfs = [r for r in rows if r.policy == "fcfs"]
+    if fcfs:
+        low, high = min(r.ratio_to_bound for r in fcfs), max(r.ratio_to_bound for r in fcfs)
+        text.append(f"FCFS's peak is {low:.2f} to {high:.2f} times B in the same settings.")
+    others = sorted(r for r in {r.policy for r in rows} if r != "vtc")
+    blocks: list[Block] = [
+        Heading("Ablation: KV pool size and request length"),
+        Paragraph(
+            "Two clients send uniform 3 and 6 req/s of 256/256-token requests for 360 s (the "
+            "`overload` suite at twice its rates, so both stay backlogged even with the 65k "
+            "pool; longer requests at rates x 256/length, the same tokens per second); the "
+            "service difference is the accumulated one between them, from 30 s to 360 s. "
+            "B = max(w_in L_in, w_out M) with M the KV pool in tokens."
+        ),
+        Paragraph(" ".join(text)),
+        _ablation_table(
+            [r for p in ["vtc", *others] for r in pool_sweep(rows, p)],
+            "KV pool sweep (256/256-token requests).",
+        ),
+        _ablation_table(
+            [r for p in ["vtc", *others] for r in length_sweep(rows, p)],
+            "Request length sweep (10,000-token pool).",
+        ),
+    ]
+    blocks += [Image(f.path, f.title, f.caption) for f in figures if f.workload == "ablation"]
+    return blocks
+
+
+def _images(figures: Sequence[Figure], workload: str) -> list[Block]:
+    return [Image(f.path, f.title, f.caption) for f in figures if f.workload == workload]
+
+
+def intro_blocks(result: ExperimentResult) -> list[Block]:
+    settings = result.settings
+    mode = "quick" if result.quick else "full"
+    policies = ", ".join(f"`{p}`" for p in settings.get("policies", []))
+    lines = [
+        f"Generated by tokenfair in {result.wall_s:.0f} s ({mode} mode). Every number "
+        f"below was computed in this run, except the rows labelled “{PAPER_LABEL}”, "
+        "which are the paper's Table (SPEC section 7).",
+        f"System: simulated `{settings.get('profile')}` step times under the paper's "
+        f"router (`SchedulerConfig.paper()`: reserve admission, separate prefill, "
+        f"admission every 10 decode steps), KV pool {settings.get('kv_tokens', 0):,} "
+        f"tokens. Policies: {policies}.",
+    ]
+    if "suite_policies" in settings:
+        suite_policies = ", ".join(f"`{p}`" for p in settings["suite_policies"])
+        lines.append(
+            f"The arena trace runs under every policy; the synthetic suites under "
+            f"{suite_policies}, and `wvtc` on the weighted suite."
+        )
+    lines.append(
+        f"Metrics (SPEC section 6): service = {DEFAULT_COST.unit}; ticks "
+        "x_i = (T − warmup)/20 · i, i = 1..19, window w and warmup per workload (T = 600 s "
+        "for the arena trace, the suite's duration otherwise; w = 60 s, warmup = 30 s). "
+        "Throughput counts input + output tokens from the first arrival to the last finish."
+    )
+    return [Heading(result.title, 1), *(Paragraph(line) for line in lines)]
+
+
+def report_blocks(result: ExperimentResult, figures: Sequence[Figure]) -> list[Block]:
+    blocks = intro_blocks(result)
+    blocks += target_blocks(result.targets)
+    arena = result.outcomes_for(ARENA)
+    if arena:
+        workload = next(w for w in result.workloads if w.name == ARENA)
+        blocks += [
+            Heading("Real trace (Chatbot Arena, 27 clients, 600 s)"),
+            Paragraph(workload_paragraph(workload, arena)),
+            Table(
+                ARENA_HEADER,
+                tuple(arena_table_rows(arena)),
+                "Ratios are to FCFS of the same source. RPM's low Diff comes from rejecting "
+                "work, which Diff does not punish: read it with throughput.",
+            ),
+            workload_table(arena),
+            *_images(figures, ARENA),
+        ]
+    others = [w for w in result.workloads if w.name != ARENA and result.outcomes_for(w.name)]
+    if others:
+        blocks.append(Heading("Synthetic suites" if result.targets else "Workloads"))
+    for workload in others:
+        outcomes = result.outcomes_for(workload.name)
+        blocks += [
+            Heading(workload.name, 3),
+            Paragraph(workload_paragraph(workload, outcomes)),
+            workload_table(outcomes),
+            *_images(figures, workload.name),
+        ]
+    blocks += ablation_blocks(result.ablation, figures)
+    blocks += [
+        Heading("Figures"),
+        Bullets(tuple(f"`{f.path}`: {f.caption}" for f in figures)),
+        Heading("Files"),
+        Bullets(
+            (
+                "`metrics.json`: every run's summary row, the ablation and the target checks.",
+                "`results/<workload>/<policy>.jsonl`: per-request results; "
+                "`tokenfair metrics FILE --duration T` recomputes any row.",
+            )
+        ),
+    ]
+    return blocks
+
+
+def write_report(result: ExperimentResult, figures: Sequence[Figure]) -> None:
+    """Write report.md and report.html into the experiment's output folder."""
+    blocks = report_blocks(result, figures)
+    result.report_md.write_text(to_markdown(blocks), encoding="utf-8")
+    result.report_html.write_text(to_html(blocks, result.title), encoding="utf-8")
+
+
+def publish(result: ExperimentResult) -> list[Figure]:
+    """Draw every figure of an experiment and write its report; returns the figures."""
+    figures = experiment_figures(result)
+    write_report(result, figures)
+    return figures

@@ -1,0 +1,82 @@
+"""The admin API, behind the admin key (admin_key_sha256); tenant keys are refused (403).
+
+GET  /admin/tenants                     every tenant: weight, VTC counter, waiting,
+                                        running, service received, preemptions
+POST /admin/tenants/{name}/weight       {"weight": 2.0}: the next decision uses it
+POST /admin/requests/{request_id}/abort abort one request (its id is the response's `id`)
+POST /admin/reload                      re-read the tenants file (as SIGHUP does)
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from tokenfair.server.errors import APIError
+from tokenfair.server.routes import json_response
+from tokenfair.server.state import ServerState
+
+
+def _state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.server
+    state.tenants.check_admin(request.headers.get("authorization"))
+    return state
+
+
+router = APIRouter(prefix="/admin", tags=["admin"])
+AdminState = Annotated[ServerState, Depends(_state)]
+
+
+class WeightChange(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    weight: float = Field(gt=0, le=1e9, allow_inf_nan=False)
+
+
+@router.get("/tenants", summary="Tenants with their counters and queues")
+async def list_tenants(state: AdminState) -> Response:
+    snap = await state.snapshot()
+    names = {t.name for t in state.tenants.tenants} | set(snap.running) | set(snap.waiting)
+    rows: list[dict[str, Any]] = []
+    for name in sorted(names):
+        tenant = state.tenants.get(name)
+        rows.append(
+            {
+                "name": name,
+                "weight": snap.weights.get(name, tenant.weight if tenant else 1.0),
+                "priority": tenant.priority if tenant else 0,
+                "counter": snap.counters.get(name, 0.0),
+                "waiting": snap.waiting.get(name, 0),
+                "running": snap.running.get(name, 0),
+                "swapped": snap.swapped.get(name, 0),
+                "service": state.metrics.service.get(name, 0.0),
+                "preemptions": snap.preemptions.get(name, 0),
+            }
+        )
+    return json_response({"object": "list", "data": rows})
+
+
+@router.post("/tenants/{name}/weight", summary="Change a tenant's weight at run time")
+async def set_weight(name: str, change: WeightChange, state: AdminState) -> Response:
+    if state.tenants.get(name) is None:
+        raise APIError(404, f"no tenant named {name!r}", param="name")
+    await state.set_weight(name, change.weight)
+    return json_response({"name": name, "weight": change.weight})
+
+
+@router.post("/requests/{request_id}/abort", summary="Abort a request by id")
+async def abort_request(request_id: str, state: AdminState) -> Response:
+    if request_id not in state.engine.streams:
+        raise APIError(404, f"no request {request_id!r} in flight", param="request_id")
+    state.engine.abort(request_id)
+    return json_response({"id": request_id, "aborted": True})
+
+
+@router.post("/reload", summary="Re-read the tenants file")
+async def reload(state: AdminState) -> Response:
+    error = await state.reload_tenants()
+    if error is not None:
+        raise APIError(400, f"tenants file not reloaded, the previous one stays: {error}")
+    return json_response({"reloaded": True, "tenants": [t.name for t in state.tenants.tenants]})

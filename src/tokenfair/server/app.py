@@ -1,0 +1,128 @@
+"""The FastAPI application: `create_app(model, tenants, config)`.
+
+Endpoints: /v1/completions, /v1/chat/completions (routes), /v1/models, /health,
+/metrics (Prometheus text), /admin/* (admin), /openapi.json. The engine thread starts
+with the app and stops with it; on shutdown requests still in flight are aborted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from tokenfair.engine.async_engine import AsyncEngine
+from tokenfair.server import admin, routes
+from tokenfair.server.admission import AdmissionControl
+from tokenfair.server.errors import APIError, install_error_handlers
+from tokenfair.server.metrics import ServerMetrics
+from tokenfair.server.model import ServedModel
+from tokenfair.server.protocol import ChatCompletionRequest, CompletionRequest
+from tokenfair.server.state import ServerConfig, ServerState
+from tokenfair.server.tenants import TenantDirectory
+
+
+def create_app(
+    model: ServedModel, tenants: TenantDirectory, config: ServerConfig | None = None
+) -> FastAPI:
+    config = config or ServerConfig()
+    metrics = ServerMetrics()
+    metrics.tenants(t.name for t in tenants.tenants)
+    engine = AsyncEngine(model.engine, on_step=metrics.on_step)
+    state = ServerState(
+        model=model,
+        engine=engine,
+        tenants=tenants,
+        config=config,
+        metrics=metrics,
+        admission=AdmissionControl(config.max_waiting_total),
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine.start()
+        try:
+            yield
+        finally:
+            for request_id in list(engine.streams):
+                engine.abort(request_id)
+            await engine.stop()
+
+    app = FastAPI(
+        title="tokenfair",
+        summary="OpenAI-compatible LLM server with fair sharing between tenants (VTC)",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.state.server = state
+    install_error_handlers(app)
+    app.include_router(routes.router)
+    app.include_router(admin.router)
+
+    @app.get("/v1/models", summary="The served model")
+    async def models(request: Request) -> Response:
+        state.tenants.authenticate(request.headers.get("authorization"), request.headers)
+        entry = {
+            "id": model.name,
+            "object": "model",
+            "created": state.created,
+            "owned_by": "tokenfair",
+            "max_model_len": model.max_context,
+        }
+        return routes.json_response({"object": "list", "data": [entry]})
+
+    @app.get("/health", summary="200 while the engine runs, 503 otherwise")
+    async def health() -> Response:
+        if not engine.alive:
+            raise APIError(503, "the engine is not running", code="engine_dead")
+        return routes.json_response({"status": "ok"})
+
+    @app.get("/metrics", summary="Prometheus metrics (text format)")
+    async def metrics_endpoint() -> Response:
+        if not engine.alive:
+            raise APIError(503, "the engine is not running", code="engine_dead")
+        body = metrics.render(await state.snapshot())
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema plus the request bodies the routes parse themselves."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(
+        title=app.title, version=app.version, summary=app.summary, routes=app.routes
+    )
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    for model in (CompletionRequest, ChatCompletionRequest):
+        body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(body.pop("$defs", {}))
+        components[model.__name__] = body
+    components["ErrorResponse"] = {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["message", "type"],
+                "properties": {
+                    "message": {"type": "string"},
+                    "type": {"type": "string"},
+                    "param": {"type": ["string", "null"]},
+                    "code": {"type": ["string", "null"]},
+                },
+            }
+        },
+    }
+    bearer = {"type": "http", "scheme": "bearer"}
+    schema["components"]["securitySchemes"] = {"bearer": bearer}
+    schema["security"] = [{"bearer": []}]
+    app.openapi_schema = schema
+    return schema

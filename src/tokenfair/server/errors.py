@@ -1,0 +1,128 @@
+"""HTTP errors in OpenAI's JSON shape: `{"error": {"message", "type", "param", "code"}}`.
+
+Every error the server (and the gateway) returns goes through here, so clients written
+against the OpenAI API parse them unchanged. Whatever a client sends ends in a 4xx with
+a message naming the field; a 500 means a bug in the server, never bad input.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+# The OpenAI API's error type for each status we use.
+DEFAULT_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    408: "timeout_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "server_overloaded",
+}
+
+
+class APIError(Exception):
+    """An error answered to the client with `status_code` and OpenAI's error shape."""
+
+    def __init__(
+        self,
+        status_code: int,
+        message: str,
+        type: str | None = None,
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.type = type or DEFAULT_TYPES.get(status_code, "invalid_request_error")
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status_code, headers=self.headers)
+
+
+def error_body(
+    message: str, type: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def field_path(loc: Sequence[object]) -> str:
+    """('body', 'messages', 0, 'role') -> 'messages.0.role' (the request body is implied)."""
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in ("body", "query", "path", "header"):
+        parts = parts[1:]
+    return ".".join(parts)
+
+
+def validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | None]:
+    """One line naming the first bad field, and that field's path."""
+    if not errors:
+        return "invalid request", None
+    first = errors[0]
+    kind = first.get("type", "")
+    if kind == "json_invalid":
+        return "the request body is not valid JSON", None
+    param = field_path(first.get("loc", ()))
+    if kind == "missing":
+        message = f"missing required field {param!r}" if param else "missing request body"
+    elif param:
+        message = f"invalid field {param!r}: {first.get('msg', 'invalid value')}"
+    else:
+        message = f"invalid request body: {first.get('msg', 'invalid value')}"
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
+    return message, param or None
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Answer every error, expected or not, in OpenAI's shape."""
+
+    async def on_api_error(request: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, APIError)
+        return error.response()
+
+    async def on_validation(request: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, RequestValidationError)
+        message, param = validation_message(error.errors())
+        return APIError(400, message, param=param, code="invalid_value").response()
+
+    async def on_http(request: Request, error: Exception) -> JSONResponse:
+        assert isinstance(error, StarletteHTTPException)
+        status = error.status_code
+        message = error.detail if isinstance(error.detail, str) else str(error.detail)
+        if status == 404:
+            message = f"no such endpoint: {request.method} {request.url.path}"
+        elif status == 405:
+            message = f"method {request.method} is not allowed on {request.url.path}"
+        headers = dict(error.headers) if error.headers else None
+        return APIError(status, message, headers=headers).response()
+
+    async def on_unexpected(request: Request, error: Exception) -> JSONResponse:
+        log.exception("internal error on %s %s", request.method, request.url.path)
+        return APIError(500, "internal server error", code="internal_error").response()
+
+    app.add_exception_handler(APIError, on_api_error)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(Exception, on_unexpected)

@@ -1,0 +1,264 @@
+"""Prometheus metrics, vLLM's names under a `tokenfair:` prefix, with a `tenant` label.
+
+Two sources. Events (tokens, latencies, finishes) are recorded on the event loop from
+each engine step's outputs, aggregated per step so the cost does not grow with every
+token. State (running, waiting, KV usage, preemptions, VTC counters) is read from the
+scheduler at scrape time, on the engine thread between two steps (a `Snapshot`), so
+it is exact and costs nothing between scrapes.
+
+Latencies are in engine time: arrival, first token and finish are stamped by the
+engine's clock when the step that produced them ends.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import Counter as PromCounter
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from tokenfair.core.cost import LinearCost
+from tokenfair.core.request import FinishReason
+from tokenfair.engine.engine import Engine, RequestOutput
+
+LATENCY_BUCKETS = (
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 0.75,
+    1.0, 1.5, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
+)  # fmt: skip
+TOKEN_LATENCY_BUCKETS = (
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
+    0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+)  # fmt: skip
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """The scheduler's state between two steps."""
+
+    running: Counter[str] = field(default_factory=Counter)
+    waiting: Counter[str] = field(default_factory=Counter)
+    swapped: Counter[str] = field(default_factory=Counter)
+    preemptions: dict[str, int] = field(default_factory=dict)
+    counters: dict[str, float] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+    kv_used_blocks: int = 0
+    kv_blocks: int = 1
+    prefix_hit_tokens: int = 0
+    prefix_query_tokens: int = 0
+    num_steps: int = 0
+
+    @classmethod
+    def take(cls, engine: Engine) -> Snapshot:
+        """Run on the engine thread (AsyncEngine.call)."""
+        scheduler = engine.scheduler
+        policy = scheduler.policy
+        counters = getattr(policy, "counters", None)
+        kv = scheduler.kv
+        return cls(
+            running=Counter(r.client for r in scheduler.running),
+            waiting=Counter(r.client for r in policy.waiting_requests()),
+            swapped=Counter(r.client for r in scheduler.swapped),
+            preemptions=dict(scheduler.preemptions_by_client),
+            counters=counters() if callable(counters) else {},
+            weights=dict(getattr(policy, "weights", {}) or {}),
+            kv_used_blocks=kv.num_used_blocks,
+            kv_blocks=kv.num_blocks,
+            prefix_hit_tokens=kv.prefix_hit_tokens,
+            prefix_query_tokens=kv.prefix_query_tokens,
+            num_steps=engine.num_steps,
+        )
+
+
+class ServerMetrics:
+    def __init__(self, cost: LinearCost | None = None) -> None:
+        disable_created_metrics()  # no *_created series, as vLLM does
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.cost = cost or LinearCost()
+        registry = self.registry
+        self.prompt_tokens = PromCounter(
+            "tokenfair:prompt_tokens", "Prompt tokens prefilled.", ["tenant"], registry=registry
+        )
+        self.generation_tokens = PromCounter(
+            "tokenfair:generation_tokens", "Tokens generated.", ["tenant"], registry=registry
+        )
+        self.finished = PromCounter(
+            "tokenfair:request_success",
+            "Requests finished, by reason (stop, length, abort).",
+            ["tenant", "finished_reason"],
+            registry=registry,
+        )
+        self.rejected = PromCounter(
+            "tokenfair:requests_rejected",
+            "Requests refused before running (overload, rate limit, bad input).",
+            ["tenant", "reason"],
+            registry=registry,
+        )
+        self.ttft = Histogram(
+            "tokenfair:time_to_first_token_seconds",
+            "Arrival to first token.",
+            ["tenant"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.itl = Histogram(
+            "tokenfair:inter_token_latency_seconds",
+            "Time between two tokens of one request.",
+            ["tenant"],
+            buckets=TOKEN_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.e2e = Histogram(
+            "tokenfair:e2e_request_latency_seconds",
+            "Arrival to finish.",
+            ["tenant"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.service: dict[str, float] = {}  # weighted tokens received, per tenant
+        self.known_tenants: set[str] = set()
+        self.snapshot = Snapshot()
+        self._last_token_s: dict[str, float] = {}  # request id -> engine time of its last token
+        registry.register(_SnapshotCollector(self))
+
+    def tenants(self, names: Iterable[str]) -> None:
+        """Tenants to report even before they send anything (zeros, not absent series)."""
+        self.known_tenants.update(names)
+
+    def reject(self, tenant: str, reason: str) -> None:
+        self.rejected.labels(tenant, reason).inc()
+
+    def on_step(self, outputs: list[RequestOutput], now: float) -> None:
+        """Record one engine step's outputs (called on the loop before streams see them)."""
+        last = self._last_token_s
+        generated: Counter[str] = Counter()
+        w_in, w_out = self.cost.w_in, self.cost.w_out
+        service = self.service
+        for output in outputs:
+            request = output.request
+            tenant = request.client
+            rid = request.request_id
+            n = len(output.new_token_ids)
+            if n:
+                generated[tenant] += n
+                previous = last.get(rid)
+                if previous is None:
+                    self.known_tenants.add(tenant)
+                    first = request.first_token_s if request.first_token_s is not None else now
+                    self.ttft.labels(tenant).observe(first - request.arrival_s)
+                    self.prompt_tokens.labels(tenant).inc(request.input_tokens)
+                    service[tenant] = service.get(tenant, 0.0) + w_in * request.input_tokens
+                else:
+                    self.itl.labels(tenant).observe(now - previous)
+                last[rid] = now
+            if output.finished:
+                last.pop(rid, None)
+                reason = request.finish_reason
+                if reason is not FinishReason.REJECTED:
+                    label = reason.value if reason is not None else "abort"
+                    self.finished.labels(tenant, label).inc()
+                    finish = request.finish_s if request.finish_s is not None else now
+                    self.e2e.labels(tenant).observe(finish - request.arrival_s)
+        for tenant, n in generated.items():
+            self.generation_tokens.labels(tenant).inc(n)
+            service[tenant] = service.get(tenant, 0.0) + w_out * n
+
+    def render(self, snapshot: Snapshot) -> bytes:
+        self.snapshot = snapshot
+        return generate_latest(self.registry)
+
+
+class _SnapshotCollector:
+    """Scheduler state as gauges (and the preemption counter) at scrape time."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        metrics = self.metrics
+        snap = metrics.snapshot
+        tenants = sorted(
+            metrics.known_tenants
+            | set(snap.running)
+            | set(snap.waiting)
+            | set(snap.counters)
+            | set(metrics.service)
+        )
+
+        def per_tenant(family: GaugeMetricFamily | CounterMetricFamily, values: dict) -> Metric:
+            for tenant in tenants:
+                family.add_metric([tenant], float(values.get(tenant, 0)))
+            return family
+
+        yield per_tenant(
+            GaugeMetricFamily(
+                "tokenfair:num_requests_running", "Requests in the batch.", labels=["tenant"]
+            ),
+            snap.running,
+        )
+        yield per_tenant(
+            GaugeMetricFamily(
+                "tokenfair:num_requests_waiting",
+                "Requests waiting to be admitted.",
+                labels=["tenant"],
+            ),
+            snap.waiting,
+        )
+        yield per_tenant(
+            GaugeMetricFamily(
+                "tokenfair:num_requests_swapped",
+                "Requests swapped out to host memory.",
+                labels=["tenant"],
+            ),
+            snap.swapped,
+        )
+        yield per_tenant(
+            CounterMetricFamily(
+                "tokenfair:num_preemptions", "Requests preempted.", labels=["tenant"]
+            ),
+            snap.preemptions,
+        )
+        yield per_tenant(
+            GaugeMetricFamily(
+                "tokenfair:vtc_counter", "The tenant's virtual token counter.", labels=["tenant"]
+            ),
+            snap.counters,
+        )
+        yield per_tenant(
+            GaugeMetricFamily(
+                "tokenfair:tenant_service",
+                "Weighted service received (w_in x prompt + w_out x generated tokens).",
+                labels=["tenant"],
+            ),
+            metrics.service,
+        )
+        yield per_tenant(
+            GaugeMetricFamily(
+                "tokenfair:tenant_weight", "The tenant's fair-share weight.", labels=["tenant"]
+            ),
+            {t: snap.weights.get(t, 1.0) for t in tenants},
+        )
+        usage = GaugeMetricFamily("tokenfair:kv_cache_usage_perc", "KV cache usage (1 = full).")
+        usage.add_metric([], snap.kv_used_blocks / max(1, snap.kv_blocks))
+        yield usage
+        used = GaugeMetricFamily("tokenfair:kv_cache_used_blocks", "KV blocks held by requests.")
+        used.add_metric([], snap.kv_used_blocks)
+        yield used
+        hits = CounterMetricFamily(
+            "tokenfair:prefix_cache_hits", "Prompt tokens found in the prefix cache."
+        )
+        hits.add_metric([], snap.prefix_hit_tokens)
+        yield hits
+        queries = CounterMetricFamily(
+            "tokenfair:prefix_cache_queries", "Prompt tokens looked up in the prefix cache."
+        )
+        queries.add_metric([], snap.prefix_query_tokens)
+        yield queries
+        steps = CounterMetricFamily("tokenfair:engine_steps", "Engine steps run.")
+        steps.add_metric([], snap.num_steps)
+        yield steps

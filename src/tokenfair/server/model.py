@@ -1,0 +1,139 @@
+"""What the server serves: an Engine plus the tokenizer and limits around it.
+
+`build_served_model(spec, ...)` makes one from `builtin:tiny`, a local transformers
+model directory (the HF executor) or `sim:PROFILE` (the simulator's executor on the wall
+clock); the scheduler is the same in all three. The policy gets the tenants' weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from tokenfair.core.policies.base import Policy
+from tokenfair.core.policies.registry import make_policy
+from tokenfair.core.scheduler import Scheduler, SchedulerConfig
+from tokenfair.engine.engine import Engine
+from tokenfair.server.sim_model import (
+    SIM_PREFIX,
+    SimDetokenizer,
+    SimTokenizer,
+    WallClockSimExecutor,
+    sim_profile,
+)
+
+# sim: has no position limit of its own; the KV pool and the tenant bound apply.
+SIM_MAX_CONTEXT = 1 << 30
+
+
+class ModelTokenizer(Protocol):
+    eos_token_ids: frozenset[int]
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, token_ids: list[int]) -> str: ...
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> list[int]: ...
+
+
+class NoChatTemplateError(ValueError):
+    """The model directory has no chat template: /v1/chat/completions cannot render."""
+
+
+@dataclass(slots=True)
+class ServedModel:
+    name: str  # the model id clients send and /v1/models lists
+    engine: Engine
+    tokenizer: ModelTokenizer
+    max_context: int  # positions the model can attend to (prompt + output)
+    vocab_size: int | None  # None: any token id is fine (sim)
+    has_chat_template: bool
+    keeps_token_ids: bool  # False for sim: prompts are only counted
+    is_sim: bool
+
+    @property
+    def kv_tokens(self) -> int:
+        kv = self.engine.scheduler.kv
+        return kv.num_blocks * kv.block_size
+
+    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        if not self.has_chat_template:
+            raise NoChatTemplateError(
+                f"model {self.name!r} has no chat template (tokenizer_config.json has no "
+                "chat_template): use /v1/completions with a prompt instead"
+            )
+        return self.tokenizer.chat_prompt(messages)
+
+
+def build_policy(spec: str, weights: dict[str, float]) -> Policy:
+    return make_policy(spec, weights=weights or None)
+
+
+def build_served_model(
+    spec: str,
+    *,
+    policy: str = "vtc",
+    weights: dict[str, float] | None = None,
+    served_name: str | None = None,
+    kv_tokens: int | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    seed: int = 0,
+    **scheduler_options: Any,
+) -> ServedModel:
+    """Load `spec` and build its engine; ValueError (one line) for anything wrong."""
+    chosen = build_policy(policy, weights or {})
+    name = served_name or spec
+    if spec.startswith(SIM_PREFIX):
+        profile = sim_profile(spec.removeprefix(SIM_PREFIX))
+        config = SchedulerConfig.from_dict(
+            {**scheduler_options, "kv_tokens": kv_tokens if kv_tokens is not None else 1_000_000}
+        )
+        engine = Engine(
+            Scheduler(config, chosen),
+            WallClockSimExecutor(profile),
+            detokenizer=SimDetokenizer(),
+        )
+        return ServedModel(
+            name=name,
+            engine=engine,
+            tokenizer=SimTokenizer(),
+            max_context=SIM_MAX_CONTEXT,
+            vocab_size=None,
+            has_chat_template=True,
+            keeps_token_ids=False,
+            is_sim=True,
+        )
+    try:
+        from tokenfair.engine.hf.factory import make_hf_engine
+        from tokenfair.engine.hf.loader import load_model
+    except ImportError as error:
+        raise ValueError(
+            f"real models need the model extra (pip install -e '.[model]'): {error}"
+        ) from None
+    loaded = load_model(spec, device, dtype)
+    if loaded.tokenizer is None:
+        raise ValueError(f"model {spec!r} has no tokenizer: the server needs one for text")
+    built = make_hf_engine(
+        loaded, policy="fcfs", kv_tokens=kv_tokens, seed=seed, **scheduler_options
+    )
+    # Same config and executor, our policy (it carries the tenants' weights).
+    engine = Engine(
+        Scheduler(built.scheduler.config, chosen), built.executor, detokenizer=built.detokenizer
+    )
+    model_config: Any = getattr(loaded.model, "config", None)
+    text_config = model_config.get_text_config()
+    max_positions = int(getattr(text_config, "max_position_embeddings", 0) or 0)
+    inner = getattr(loaded.tokenizer, "inner", None)
+    has_template = inner is None or getattr(inner, "chat_template", None) is not None
+    vocab = getattr(text_config, "vocab_size", None)
+    return ServedModel(
+        name=name,
+        engine=engine,
+        tokenizer=loaded.tokenizer,  # type: ignore[arg-type]
+        max_context=max_positions or engine.scheduler.config.kv_tokens,
+        vocab_size=int(vocab) if vocab else None,
+        has_chat_template=has_template,
+        keeps_token_ids=True,
+        is_sim=False,
+    )

@@ -1,0 +1,200 @@
+"""/v1/completions and /v1/chat/completions: authenticate, parse, prepare, run, answer.
+
+Bodies are read with a size bound (413 beyond it), parsed with orjson and validated
+with the pydantic models of `protocol`; FastAPI's own body handling is bypassed for
+speed and for control over the bound, and the OpenAPI schema is declared explicitly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, TypeVar
+
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ValidationError
+from starlette.types import Receive, Scope, Send
+
+from tokenfair.server.errors import APIError, validation_message
+from tokenfair.server.generation import (
+    Job,
+    Prepared,
+    prepare,
+    start,
+    timeout_error,
+    watch_disconnect,
+)
+from tokenfair.server.protocol import ChatCompletionRequest, CompletionRequest
+from tokenfair.server.responses import DONE, ChunkEncoder, LogprobsBuilder, completion_body
+from tokenfair.server.state import ServerState
+
+M = TypeVar("M", bound=BaseModel)
+router = APIRouter()
+CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        orjson.dumps(body), status_code=status, media_type="application/json", headers=headers
+    )
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The body as JSON; 413 past `limit` bytes (checked before and while reading)."""
+    declared = request.headers.get("content-length")
+    too_big = APIError(
+        413,
+        f"the request body is larger than {limit} bytes (--max-body-bytes)",
+        code="body_too_large",
+    )
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_big
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        chunks.append(chunk)
+    try:
+        return orjson.loads(b"".join(chunks))
+    except orjson.JSONDecodeError:
+        raise APIError(400, "the request body is not valid JSON", code="invalid_json") from None
+
+
+def parse(model: type[M], data: Any) -> M:
+    if not isinstance(data, dict):
+        raise APIError(400, "the request body must be a JSON object", code="invalid_value")
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        message, param = validation_message(error.errors(include_url=False))
+        raise APIError(400, message, param=param, code="invalid_value") from None
+
+
+def body_schema(name: str) -> dict[str, Any]:
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{name}"}}},
+        }
+    }
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {
+        "description": text,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
+    }
+    for code, text in {
+        400: "Invalid request (the message names the field).",
+        401: "Missing or unknown API key.",
+        404: "Unknown model.",
+        408: "The request timed out.",
+        413: "Request body too large.",
+        429: "Tenant over its waiting limit or rate limit (see Retry-After).",
+        503: "Server overloaded (see Retry-After).",
+    }.items()
+}
+
+
+async def _handle(
+    request: Request, model: type[CompletionRequest] | type[ChatCompletionRequest], kind: str
+) -> Response:
+    state: ServerState = request.app.state.server
+    tenant = state.tenants.authenticate(request.headers.get("authorization"), request.headers)
+    body = parse(model, await read_json(request, state.config.max_body_bytes))
+    tenant = state.tenants.for_user(tenant, body.user)
+    prepared = prepare(state, body, tenant, kind)
+    job = await start(state, prepared)
+    if prepared.stream:
+        return EventStreamResponse(job)
+    return await _collect(request, job, prepared)
+
+
+async def _collect(request: Request, job: Job, prepared: Prepared) -> Response:
+    watcher = asyncio.ensure_future(watch_disconnect(request.receive, job))
+    logprobs = (
+        LogprobsBuilder(job.state.model.tokenizer, prepared.logprobs or 0, prepared.chat)
+        if prepared.logprobs is not None
+        else None
+    )
+    parts: list[str] = []
+    try:
+        while batch := await job.next_batch():
+            for output in batch:
+                parts.append(output.new_text)
+                if logprobs is not None:
+                    logprobs.add(output)
+    finally:
+        watcher.cancel()
+        job.close()
+    if job.timed_out:
+        raise timeout_error(job)
+    if job.client_gone:
+        return Response(status_code=CLIENT_CLOSED)
+    headers = {"x-request-id": job.request.request_id}
+    return json_response(completion_body(job, "".join(parts), logprobs), headers=headers)
+
+
+class EventStreamResponse(Response):
+    """Server-sent events from a running job; a disconnect aborts the job."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, job: Job) -> None:
+        # Not Response.__init__: it would declare a Content-Length for an empty body.
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-request-id", job.request.request_id.encode()),
+        ]
+        self.job = job
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        job = self.job
+        encoder = ChunkEncoder(job)
+        watcher = asyncio.ensure_future(watch_disconnect(receive, job))
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            opening = encoder.first()
+            if opening:
+                await send({"type": "http.response.body", "body": opening, "more_body": True})
+            while batch := await job.next_batch():
+                data = encoder.outputs(batch)
+                if data:
+                    await send({"type": "http.response.body", "body": data, "more_body": True})
+            tail = b""
+            if job.timed_out:
+                tail += encoder.error(408, timeout_error(job).body())
+            elif job.prepared.include_usage:
+                tail += encoder.usage()
+            await send({"type": "http.response.body", "body": tail + DONE, "more_body": False})
+        except OSError:
+            job.on_disconnect()
+        finally:
+            watcher.cancel()
+            job.close()
+
+
+@router.post(
+    "/v1/completions",
+    openapi_extra=body_schema("CompletionRequest"),
+    responses=ERROR_RESPONSES,
+    summary="Complete a prompt (OpenAI-compatible; stream=true for server-sent events)",
+)
+async def completions(request: Request) -> Response:
+    return await _handle(request, CompletionRequest, "cmpl")
+
+
+@router.post(
+    "/v1/chat/completions",
+    openapi_extra=body_schema("ChatCompletionRequest"),
+    responses=ERROR_RESPONSES,
+    summary="Reply to a conversation (OpenAI-compatible; stream=true for server-sent events)",
+)
+async def chat_completions(request: Request) -> Response:
+    return await _handle(request, ChatCompletionRequest, "chatcmpl")

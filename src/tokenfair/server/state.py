@@ -1,0 +1,87 @@
+"""Everything one server instance holds: model, engine thread, tenants, limits, metrics."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tokenfair.engine.async_engine import AsyncEngine
+from tokenfair.server.admission import AdmissionControl
+from tokenfair.server.metrics import ServerMetrics, Snapshot
+from tokenfair.server.model import ServedModel
+from tokenfair.server.tenants import TenantDirectory, TenantsFileError, load_tenants
+
+log = logging.getLogger(__name__)
+
+# What a request gets without max_tokens (also the sim: default output length).
+DEFAULT_MAX_TOKENS = 256
+
+
+@dataclass(slots=True)
+class ServerConfig:
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
+    max_body_bytes: int = 1 << 20  # 1 MiB
+    max_waiting_total: int = 4096  # across tenants, then 503
+    request_timeout_s: float | None = 600.0  # per request; tenants may override
+    tenants_path: Path | None = None
+    tenant_from_user: bool = False
+
+    def __post_init__(self) -> None:
+        if self.default_max_tokens < 1:
+            raise ValueError(f"default_max_tokens must be >= 1, got {self.default_max_tokens}")
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
+        if self.request_timeout_s is not None and not self.request_timeout_s > 0:
+            raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
+
+
+@dataclass(slots=True)
+class ServerState:
+    model: ServedModel
+    engine: AsyncEngine
+    tenants: TenantDirectory
+    config: ServerConfig
+    metrics: ServerMetrics
+    admission: AdmissionControl
+    created: int = field(default_factory=lambda: int(time.time()))
+    _ids: itertools.count[int] = field(default_factory=itertools.count)
+    _id_prefix: str = field(default_factory=lambda: secrets.token_hex(4))
+
+    def new_request_id(self, kind: str) -> str:
+        return f"{kind}-{self._id_prefix}{next(self._ids):x}"
+
+    async def snapshot(self) -> Snapshot:
+        return await self.engine.call(Snapshot.take)
+
+    async def reload_tenants(self) -> str | None:
+        """Re-read the tenants file; None on success, else the error (the old file stays)."""
+        path = self.config.tenants_path
+        if path is None:
+            return "no tenants file was given (--tenants)"
+        try:
+            loaded = load_tenants(path)
+        except TenantsFileError as error:
+            log.error("tenants file not reloaded, the previous one stays in force: %s", error)
+            return str(error)
+        self.tenants.replace(loaded)
+        weights = {t.name: t.weight for t in loaded.tenants}
+        await self.engine.call(lambda engine: _set_weights(engine, weights))
+        self.metrics.tenants(weights)
+        log.info("tenants file reloaded: %d tenants", len(loaded.tenants))
+        return None
+
+    async def set_weight(self, tenant: str, weight: float) -> None:
+        """Change a tenant's weight; the scheduler's next decision uses it."""
+        self.tenants.set_weight(tenant, weight)
+        await self.engine.call(lambda engine: _set_weights(engine, {tenant: weight}))
+
+
+def _set_weights(engine: object, weights: dict[str, float]) -> None:
+    policy = engine.scheduler.policy  # type: ignore[attr-defined]
+    current = getattr(policy, "weights", None)
+    if isinstance(current, dict):
+        current.update(weights)

@@ -1,0 +1,219 @@
+"""Experiments end to end: runs, files written, numbers equal to a direct computation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tokenfair.commands.experiment import experiment_app
+from tokenfair.core.policies import make_policy
+from tokenfair.core.scheduler import SchedulerConfig
+from tokenfair.engine.sim.profile import load_profile
+from tokenfair.engine.sim.simulator import simulate
+from tokenfair.experiments.ablation import ablation_points, ablation_workload
+from tokenfair.experiments.experiment import (
+    PAPER_POLICIES,
+    run_experiment,
+    run_paper_experiment,
+)
+from tokenfair.experiments.paper_table import PAPER_ARENA_TABLE, PAPER_LABEL
+from tokenfair.experiments.runner import Job, run_job
+from tokenfair.experiments.targets import check_targets, linear_fit
+from tokenfair.experiments.workloads import ARENA, Workload
+from tokenfair.fairness.bounds import service_bound
+from tokenfair.fairness.curves import service_in_interval
+from tokenfair.fairness.report import fairness_report
+from tokenfair.report.experiment_report import arena_table_rows, publish
+from tokenfair.results import read_results
+from tokenfair.workloads.arrivals import Uniform
+from tokenfair.workloads.lengths import fixed
+from tokenfair.workloads.suites import ClientWorkload, generate_workload
+from tokenfair.workloads.trace import TraceRecord, write_trace
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def tiny_workload() -> Workload:
+    """Two clients, one asking twice as much, 90 s: a miniature `overload`."""
+    clients = [
+        ClientWorkload("client-0", Uniform(1.5), fixed(64, 64)),
+        ClientWorkload("client-1", Uniform(3.0), fixed(64, 64)),
+    ]
+    suite = generate_workload(clients, 90.0, seed=1, name="tiny")
+    return Workload(
+        "tiny", tuple(suite.records), 90.0, "tiny overload", window_s=20.0, warmup_s=10.0
+    )
+
+
+def assert_png(path: Path) -> None:
+    assert path.read_bytes()[:8] == PNG_MAGIC, path
+
+
+@pytest.fixture(scope="module")
+def tiny_experiment(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny")
+    result = run_experiment([tiny_workload()], ["fcfs", "vtc"], out, workers=1)
+    publish(result)
+    return result
+
+
+@pytest.fixture(scope="module")
+def quick_paper(tmp_path_factory, shared_dir):
+    """The quick paper experiment on the arena trace and one suite (no ablation)."""
+    out = tmp_path_factory.mktemp("paper")
+    result = run_paper_experiment(out, True, shared_dir, suites=["overload"], ablation=False)
+    publish(result)
+    return result
+
+
+def test_tiny_experiment_writes_report_figures_and_results(tiny_experiment):
+    out = tiny_experiment.out_dir
+    assert (out / "report.md").is_file() and (out / "report.html").is_file()
+    for name in ("service_rate", "response_time", "service_difference"):
+        assert_png(out / "figures" / f"tiny_{name}.png")
+    figures = sorted((out / "figures").glob("*.png"))
+    assert figures
+    for path in figures:
+        assert_png(path)
+        assert f"](figures/{path.name})" in (out / "report.md").read_text()
+    assert read_results(out / "results" / "tiny" / "vtc.jsonl")
+    summary = json.loads((out / "metrics.json").read_text())
+    assert [r["policy"] for r in summary["runs"]] == ["fcfs", "vtc"]
+
+
+def test_report_numbers_equal_a_direct_fairness_report(tiny_experiment):
+    workload = tiny_workload()
+    for policy in ("fcfs", "vtc"):
+        sim = simulate(
+            list(workload.records),
+            make_policy(policy),
+            load_profile("a10g-llama-7b"),
+            SchedulerConfig.paper(),
+        )
+        direct = fairness_report(sim.results, duration_s=90.0, window_s=20.0, warmup_s=10.0)
+        row = next(r for r in tiny_experiment.rows_for("tiny") if r["policy"] == policy)
+        for key in ("max_diff", "avg_diff", "diff_var", "throughput_tok_s"):
+            assert row[key] == pytest.approx(getattr(direct, key), rel=1e-12, abs=1e-9), key
+        report = (tiny_experiment.out_dir / "report.md").read_text()
+        assert f"| {policy} | {direct.max_diff:,.2f} | {direct.avg_diff:,.2f} |" in report
+
+
+def test_saved_results_rescore_to_the_reported_row(tiny_experiment):
+    records = read_results(tiny_experiment.out_dir / "results" / "tiny" / "fcfs.jsonl")
+    again = fairness_report(records, duration_s=90.0, window_s=20.0, warmup_s=10.0)
+    row = tiny_experiment.rows_for("tiny")[0]
+    assert again.max_diff == pytest.approx(row["max_diff"])
+
+
+@pytest.mark.slow
+def test_quick_arena_table_has_every_scheduler(quick_paper):
+    arena = [row["policy"] for row in quick_paper.rows_for(ARENA)]
+    assert arena == list(PAPER_POLICIES)
+    assert [row["policy"] for row in quick_paper.rows_for("overload")] == ["fcfs", "vtc"]
+    rows = arena_table_rows(quick_paper.outcomes_for(ARENA))
+    # Ours for every scheduler, the paper's beside each one it measured.
+    assert sum(r[1] == PAPER_LABEL for r in rows) == len(PAPER_ARENA_TABLE)
+    report = quick_paper.report_md.read_text()
+    for policy in PAPER_POLICIES:
+        assert f"| {policy} | tokenfair (simulated) |" in report
+    html = quick_paper.report_html.read_text()
+    assert "<table>" in html and 'src="figures/arena_table.png"' in html
+
+
+@pytest.mark.slow
+def test_quick_paper_checks_every_target(quick_paper):
+    names = {t.name for t in quick_paper.targets}
+    assert {"vtc-max-diff", "lcf-max-diff", "rpm5-throughput", "overload-vtc-bound"} <= names
+    # Every target could be evaluated: the runs it needs were all part of the experiment.
+    assert all(t.passed is not None for t in quick_paper.targets)
+    fcfs = next(r for r in quick_paper.rows_for(ARENA) if r["policy"] == "fcfs")
+    vtc = next(r for r in quick_paper.rows_for(ARENA) if r["policy"] == "vtc")
+    check = next(t for t in quick_paper.targets if t.name == "vtc-max-diff")
+    assert check.passed == (vtc["max_diff"] <= 0.55 * fcfs["max_diff"])
+
+
+def test_targets_without_runs_are_not_evaluated():
+    assert all(t.passed is None for t in check_targets([]))
+
+
+def test_linear_fit_of_a_line_and_of_noise():
+    slope, r2 = linear_fit([0, 1, 2, 3], [1, 3, 5, 7])
+    assert slope == pytest.approx(2.0) and r2 == pytest.approx(1.0)
+    _, r2 = linear_fit([0, 1, 2, 3], [0, 5, 0, 5])
+    assert r2 < 0.5
+
+
+def test_service_bound_is_the_larger_of_prompt_and_pool():
+    records = [TraceRecord(0.0, "a", 300, 10, "r0")]
+    assert service_bound(records, kv_tokens=10_000) == 20_000
+    assert service_bound(records, kv_tokens=100) == 300
+
+
+def test_ablation_sweeps_pool_and_length_at_equal_token_demand():
+    points = ablation_points()
+    assert {(p.kv_tokens, p.length) for p in points} == {
+        (10_000, 256),
+        (35_000, 256),
+        (65_000, 256),
+        (10_000, 512),
+        (10_000, 768),
+    }
+    short = ablation_workload(points[0])
+    long = ablation_workload(next(p for p in points if p.length == 768))
+    tokens = [sum(r.input_tokens + r.output_tokens for r in w.records) for w in (short, long)]
+    assert tokens[1] == pytest.approx(tokens[0], rel=0.02)
+
+
+def test_weights_reach_only_weighted_vtc():
+    clients = [
+        ClientWorkload("client-0", Uniform(4.0), fixed(128, 128)),
+        ClientWorkload("client-1", Uniform(8.0), fixed(128, 128)),
+    ]
+    records = tuple(generate_workload(clients, 60.0, seed=3).records)  # both backlogged
+    plain = Workload("plain", records, 60.0, window_s=20.0, warmup_s=10.0)
+    weighted = Workload("w", records, 60.0, weights={"client-0": 3.0, "client-1": 1.0},
+                        window_s=20.0, warmup_s=10.0)  # fmt: skip
+    vtc, wvtc = (run_job(Job(weighted, p)) for p in ("vtc", "wvtc"))
+    unweighted = run_job(Job(plain, "vtc"))
+    assert [r.first_token_s for r in vtc.results] == [r.first_token_s for r in unweighted.results]
+    # Within [warmup, T]: over the whole run every backlog drains and shares equal demand.
+    served = {o.policy: service_in_interval(o.results, 10.0, 60.0) for o in (vtc, wvtc)}
+    assert served["wvtc"]["client-0"] > 1.1 * served["vtc"]["client-0"]
+
+
+def test_compare_command_on_a_small_trace(tmp_path):
+    trace = tmp_path / "small.jsonl"
+    write_trace(tiny_workload().records, trace)
+    out = tmp_path / "cmp"
+    result = CliRunner().invoke(
+        experiment_app,
+        [
+            "compare",
+            "--trace", str(trace),
+            "--policies", "fcfs,vtc",
+            "--out", str(out),
+            "--duration", "90", "--window", "20", "--warmup", "10",
+            "--workers", "1",
+        ],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "fcfs" in result.output and "report.md" in result.output
+    assert (out / "report.md").is_file() and (out / "report.html").is_file()
+    assert_png(out / "figures" / "small_service_rate.png")
+    assert {r["policy"] for r in json.loads((out / "metrics.json").read_text())["runs"]} == {
+        "fcfs",
+        "vtc",
+    }
+
+
+def test_compare_command_rejects_an_unknown_policy(tmp_path):
+    trace = tmp_path / "small.jsonl"
+    write_trace(tiny_workload().records, trace)
+    result = CliRunner().invoke(
+        experiment_app, ["compare", "--trace", str(trace), "--policies", "fcfs,nope"]
+    )
+    assert result.exit_code == 2
+    assert "nope" in result.output

@@ -1,0 +1,135 @@
+"""Real processes on loopback for the gateway's tests: upstreams and gateways."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from tests.gateway.redis_server import free_port, wait_for_port
+
+ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}", "PYTHONUNBUFFERED": "1"}
+KEYS = {"light": "key-light", "heavy": "key-heavy", "other": "key-other", "tight": "key-tight"}
+# The "tight" tenant runs under small limits.
+TIGHT = {"max_waiting": 1, "max_tokens_per_request": 100}
+
+
+class Process:
+    def __init__(self, args: list[str], port: int, log: Path) -> None:
+        self.args, self.port, self.log = args, port, log
+        self.popen: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30.0) -> Process:
+        out = self.log.open("ab")
+        self.popen = subprocess.Popen(
+            self.args, cwd=ROOT, env=ENV, stdout=out, stderr=subprocess.STDOUT
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.popen.poll() is not None:
+                raise RuntimeError(f"{self.args} exited: {self.log.read_text()[-2000:]}")
+            try:
+                wait_for_port(self.port, timeout=0.2)
+                return self
+            except TimeoutError:
+                if time.monotonic() > deadline:
+                    raise
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def kill(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGKILL)
+            self.popen.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def fake_upstream(
+    tmp: Path, name: str, token_interval: float = 0.0, fail_status: int | None = None
+) -> Process:
+    port = free_port()
+    args = [
+        sys.executable,
+        "-m",
+        "tests.gateway.fake_upstream",
+        "--port",
+        str(port),
+        "--token-interval",
+        str(token_interval),
+        "--name",
+        name,
+    ]
+    if fail_status is not None:
+        args += ["--fail-status", str(fail_status)]
+    return Process(args, port, tmp / f"{name}.log").start()
+
+
+def tenants_file(tmp: Path, weights: dict[str, float] | None = None) -> Path:
+    from tokenfair.server.tenants import hash_key
+
+    weights = weights or {}
+    tenants = [
+        {
+            "name": name,
+            "key_sha256": [hash_key(key)],
+            "weight": weights.get(name, 1.0),
+            "max_waiting": 1024,
+            **(TIGHT if name == "tight" else {}),
+        }
+        for name, key in KEYS.items()
+    ]
+    path = tmp / "tenants.yaml"
+    path.write_text(yaml.safe_dump({"tenants": tenants}))
+    return path
+
+
+def gateway(
+    tmp: Path, upstreams: list[dict[str, Any]], name: str = "gateway", **settings: Any
+) -> Process:
+    port = free_port()
+    config = {
+        "listen": {"port": port},
+        "tenants": str(tenants_file(tmp)),
+        "upstreams": upstreams,
+        **settings,
+    }
+    config.setdefault("health", {"interval_s": 0.2, "timeout_s": 0.5, "fail_after": 1})
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    args = [
+        sys.executable,
+        "-c",
+        "from tokenfair.cli import app; app()",
+        "gateway",
+        "--config",
+        str(path),
+        "--log-level",
+        "warning",
+    ]
+    return Process(args, port, tmp / f"{name}.log").start()
+
+
+def state(gateway: Process) -> dict[str, Any]:
+    return httpx.get(gateway.url + "/v1/gateway/state", timeout=5).json()  # type: ignore[no-any-return]
+
+
+def stats(upstream: Process) -> dict[str, Any]:
+    return httpx.get(upstream.url + "/stats", timeout=5).json()  # type: ignore[no-any-return]

@@ -1,0 +1,60 @@
+"""`tokenfair gateway --check`: validate a config without starting anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from tokenfair.cli import app
+from tokenfair.server.tenants import hash_key
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "gateway.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_check_accepts_a_good_config(tmp_path: Path) -> None:
+    (tmp_path / "tenants.yaml").write_text(
+        f"tenants:\n  - name: a\n    key_sha256: ['{hash_key('k')}']\n"
+    )
+    path = _write(
+        tmp_path,
+        "tenants: tenants.yaml\nupstreams:\n  - {url: 'http://127.0.0.1:1', models: [m], max_concurrent: 2}\n",
+    )
+    result = CliRunner().invoke(app, ["gateway", "--config", str(path), "--check"])
+    assert result.exit_code == 0, result.output
+    assert "ok" in result.output and "1 tenant(s)" in result.output
+
+
+def test_check_names_the_bad_key(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path, "upstreams:\n  - {url: 'http://127.0.0.1:1', models: [m], max_concurrent: -1}\n"
+    )
+    result = CliRunner().invoke(app, ["gateway", "--config", str(path), "--check"])
+    assert result.exit_code == 2
+    assert "gateway.yaml:2: upstreams.0.max_concurrent" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_check_reports_a_bad_tenants_file_by_its_key(tmp_path: Path) -> None:
+    (tmp_path / "tenants.yaml").write_text("tenants:\n  - name: a\n    weight: 0\n")
+    path = _write(
+        tmp_path,
+        "tenants: tenants.yaml\nupstreams:\n  - {url: 'http://127.0.0.1:1', models: [m], max_concurrent: 2}\n",
+    )
+    result = CliRunner().invoke(app, ["gateway", "--config", str(path), "--check"])
+    assert result.exit_code == 2
+    assert "tenants.yaml: tenants.0.weight" in result.output
+
+
+def test_inline_tenants_are_checked_too(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "tenants: {tenants: [{name: a, rpm: 0}]}\nupstreams:\n  - {url: 'http://127.0.0.1:1', models: [m], max_concurrent: 2}\n",
+    )
+    result = CliRunner().invoke(app, ["gateway", "--config", str(path), "--check"])
+    assert result.exit_code == 2
+    assert "tenants: tenants.0.rpm" in result.output

@@ -1,0 +1,96 @@
+"""The gateway's config file: what it accepts, and errors that name the key and line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tokenfair.gateway.config import GatewayConfigError, load_config, parse_config
+
+GOOD = """
+listen: {host: 127.0.0.1, port: 9000}
+policy: vtc
+redis: {url: "redis://127.0.0.1:6379/0"}
+upstreams:
+  - url: http://127.0.0.1:8001/v1
+    models: [m]
+    max_concurrent: 8
+  - url: http://127.0.0.1:8002
+    models: [m, other]
+    max_inflight_tokens: 10000
+"""
+
+
+def test_a_good_config_loads() -> None:
+    config = parse_config(GOOD)
+    assert config.listen.port == 9000
+    assert [u.url for u in config.upstreams] == ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+    assert [u.name for u in config.upstreams] == ["upstream-0", "upstream-1"]
+    assert config.served_models() == ["m", "other"]
+    assert config.shared_counters and config.lift_rule == "paper"
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("upstreams: []", "<config>:1: upstreams: List should have at least 1 item"),
+        (
+            "upstreams:\n  - url: http://x\n    models: [m]\n",
+            "<config>:2: upstreams.0: give a capacity",
+        ),
+        (
+            "upstreams:\n  - url: http://x\n    models: [m]\n    max_concurrent: 0\n",
+            "<config>:4: upstreams.0.max_concurrent: Input should be greater than or equal to 1",
+        ),
+        (
+            "upstreams:\n  - url: ftp://x\n    models: [m]\n    max_concurrent: 1\n",
+            "<config>:2: upstreams.0.url: must be an http:// or https:// URL",
+        ),
+        (
+            "policy: nope\nupstreams:\n  - {url: 'http://x', models: [m], max_concurrent: 1}\n",
+            "<config>:1: policy: unknown or unsupported policy 'nope'",
+        ),
+        (
+            "policy: vtc-preempt\nupstreams:\n  - {url: 'http://x', models: [m], max_concurrent: 1}\n",
+            "policy: unknown or unsupported policy 'vtc-preempt'",
+        ),
+        (
+            "policy: 'rpm:x'\nupstreams:\n  - {url: 'http://x', models: [m], max_concurrent: 1}\n",
+            "policy: policy 'rpm:x': argument 'x' is not a number",
+        ),
+        (
+            "redis: {url: 'http://x'}\nupstreams:\n  - {url: 'http://x', models: [m], max_concurrent: 1}\n",
+            "<config>:1: redis.url: must start with redis://",
+        ),
+        (
+            "upstreams:\n  - {url: 'http://x', models: [m], max_concurrent: 1, capacity_from_metrics: prom}\n",
+            "upstreams.0.capacity_from_metrics: Input should be 'none', 'vllm' or 'tokenfair'",
+        ),
+        (
+            "upstreams:\n  - {url: 'http://x', models: [m], max_inflight_tokens: 9, capacity_from_metrics: vllm}\n",
+            "upstreams.0: capacity_from_metrics needs max_concurrent",
+        ),
+        (
+            "listen: {prot: 1}\nupstreams:\n  - {url: 'http://x', models: [m], max_concurrent: 1}\n",
+            "<config>:1: listen.prot: Extra inputs are not permitted",
+        ),
+        (
+            "upstreams:\n  - {url: 'http://x', models: [m], max_concurrent: 1, name: a}\n  - {url: 'http://y', models: [m], max_concurrent: 1, name: a}\n",
+            "<config>:2: upstreams: the name 'a' of upstream 1 is used twice",
+        ),
+        ("[1, 2]", "<config>: expected a mapping"),
+        ("upstreams: [", "<config>:1: not valid YAML"),
+    ],
+)
+def test_errors_name_the_key(text: str, expected: str) -> None:
+    with pytest.raises(GatewayConfigError) as raised:
+        parse_config(text)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith(expected) or expected in message, message
+
+
+def test_a_missing_file_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(GatewayConfigError, match=r"nope.yaml: cannot read the config file"):
+        load_config(tmp_path / "nope.yaml")

@@ -1,0 +1,184 @@
+"""Failures: an upstream killed mid-stream, an upstream that errors, Redis going away."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import openai
+import pytest
+import redis
+
+from tests.gateway.processes import KEYS, fake_upstream, gateway, state, stats
+from tests.gateway.redis_server import RedisServer
+
+pytestmark = pytest.mark.slow
+
+
+def _wait_until(check, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.05)
+
+
+def test_upstream_killed_mid_stream_gives_a_clean_error_and_leaks_nothing(tmp_path: Path) -> None:
+    doomed = fake_upstream(tmp_path, "doomed", token_interval=0.02)
+    survivor = fake_upstream(tmp_path, "survivor", token_interval=0.02)
+    config = [
+        {"url": u.url, "models": ["fake"], "max_concurrent": 2, "name": u.log.stem}
+        for u in (doomed, survivor)
+    ]
+    gw = gateway(tmp_path, config)
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEYS["light"], max_retries=0)
+    received: list[int] = []
+    errors: list[BaseException] = []
+
+    def stream() -> None:
+        n = 0
+        try:
+            for chunk in client.completions.create(
+                model="fake", prompt="x", max_tokens=100, stream=True
+            ):
+                n += len(chunk.choices)
+        except openai.APIError as error:
+            errors.append(error)
+        received.append(n)
+
+    try:
+        threads = [threading.Thread(target=stream) for _ in range(4)]
+        for t in threads:
+            t.start()
+        _wait_until(lambda: stats(doomed)["running"] == 2 and stats(survivor)["running"] == 2)
+        time.sleep(0.3)
+        doomed.kill()
+        for t in threads:
+            t.join(timeout=30)
+        # The two streams on the killed upstream end in an error the client raises; the others finish.
+        assert len(errors) == 2 and sorted(received)[2:] == [100, 100], (errors, received)
+        assert all("failed mid-stream" in str(e) for e in errors)
+        s = state(gw)
+        assert s["upstreams"]["doomed"] == {"healthy": False, "running": 0, "inflight_tokens": 0}
+        assert (
+            s["upstreams"]["survivor"]["running"] == 0
+            and s["upstreams"]["survivor"]["inflight_tokens"] == 0
+        )
+        assert s["waiting"] == {} and s["running"] == {}
+        # Charged exactly what was served: the finished streams at the upstream's usage
+        # (2 prompt tokens + 100 output each), the broken ones at the gateway's prompt
+        # estimate (1 token) plus the chunks that reached the client.
+        broken = sorted(received)[:2]
+        expected = 2 * (2 + 2 * 100) + sum(1 + 2 * n for n in broken)
+        assert s["counters"]["light"] == pytest.approx(expected)
+        # New requests go to the survivor.
+        reply = client.completions.create(model="fake", prompt="x", max_tokens=3)
+        assert reply.choices[0].text == "tok " * 3
+    finally:
+        gw.stop()
+        survivor.stop()
+        doomed.stop()
+
+
+def test_failure_before_the_first_byte_is_retried_once_elsewhere(tmp_path: Path) -> None:
+    failing = fake_upstream(tmp_path, "failing", fail_status=503)
+    good = fake_upstream(tmp_path, "good")
+    gw = gateway(
+        tmp_path,
+        [
+            {"url": u.url, "models": ["fake"], "max_concurrent": 8, "name": u.log.stem}
+            for u in (failing, good)
+        ],
+    )
+    alone = gateway(
+        tmp_path, [{"url": failing.url, "models": ["fake"], "max_concurrent": 8}], name="alone"
+    )
+    try:
+        client = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEYS["light"], max_retries=0)
+        for _ in range(10):
+            assert (
+                client.completions.create(model="fake", prompt="x", max_tokens=2).choices[0].text
+                == "tok tok "
+            )
+        assert stats(failing)["started"] == 0 and stats(good)["finished"] == 10
+        # With no other upstream, the client gets the upstream's own answer.
+        with pytest.raises(openai.InternalServerError) as raised:
+            openai.OpenAI(
+                base_url=alone.url + "/v1", api_key=KEYS["light"], max_retries=0
+            ).completions.create(model="fake", prompt="x")
+        assert raised.value.status_code == 503 and "failing on purpose" in str(raised.value)
+        assert state(alone)["counters"].get("light", 0.0) == 0.0  # nothing served, nothing charged
+    finally:
+        gw.stop()
+        alone.stop()
+        failing.stop()
+        good.stop()
+
+
+def test_redis_outage_and_recovery_with_requests_flowing(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path)
+    server.start()
+    upstream = fake_upstream(tmp_path, "u", token_interval=0.001)
+    gw = gateway(
+        tmp_path,
+        [{"url": upstream.url, "models": ["fake"], "max_concurrent": 4}],
+        redis={"url": server.url, "namespace": "out"},
+    )
+    failures: list[BaseException] = []
+    served = {"light": 0, "heavy": 0}
+    stop = threading.Event()
+
+    async def flow(tenant: str) -> None:
+        client = openai.AsyncOpenAI(
+            base_url=gw.url + "/v1", api_key=KEYS[tenant], max_retries=0, timeout=20
+        )
+        while not stop.is_set():
+            try:
+                await client.completions.create(model="fake", prompt="a b", max_tokens=5)
+                served[tenant] += 1
+            except openai.APIError as error:
+                failures.append(error)
+        await client.close()
+
+    runner = threading.Thread(target=_run_flows, args=(flow,))
+    try:
+        runner.start()
+        _wait_until(lambda: served["light"] > 20)
+        server.stop()
+        _wait_until(lambda: state(gw)["degraded"])
+        during = dict(served)
+        _wait_until(
+            lambda: (
+                served["light"] > during["light"] + 20 and served["heavy"] > during["heavy"] + 20
+            )
+        )
+        local = state(gw)["counters"]
+        server.start()  # an empty Redis: the gateway re-seeds it
+        _wait_until(lambda: not state(gw)["degraded"])
+        after = dict(served)
+        _wait_until(lambda: served["light"] > after["light"] + 20)
+        stop.set()
+        runner.join(timeout=30)
+        assert failures == []
+        shared = {
+            k.decode(): float(v)
+            for k, v in redis.Redis.from_url(server.url).hgetall("out:counters").items()
+        }
+        # Nothing the gateway counted during the outage was lost, and charging went on.
+        for tenant, value in local.items():
+            assert shared[tenant] >= value
+        assert shared["light"] > local["light"]
+    finally:
+        stop.set()
+        gw.stop()
+        upstream.stop()
+        server.stop()
+
+
+def _run_flows(flow) -> None:  # type: ignore[no-untyped-def]
+    async def main() -> None:
+        await asyncio.gather(flow("light"), flow("heavy"), flow("heavy"))
+
+    asyncio.run(main())

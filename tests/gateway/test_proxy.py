@@ -1,0 +1,202 @@
+"""The gateway in front of two real upstreams, driven by the official openai client."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.gateway.processes import KEYS, Process, fake_upstream, gateway, state, stats
+
+
+@pytest.fixture(scope="module")
+def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("proxy")
+    ups = [
+        fake_upstream(tmp, "u0", token_interval=0.002),
+        fake_upstream(tmp, "u1", token_interval=0.002),
+    ]
+    configs = [
+        {"url": u.url + "/v1", "models": ["fake"], "max_concurrent": 4, "name": f"u{i}"}
+        for i, u in enumerate(ups)
+    ]
+    gw = gateway(tmp, configs)
+    try:
+        yield {"gateway": gw, "upstreams": ups}
+    finally:
+        gw.stop()
+        for u in ups:
+            u.stop()
+
+
+def client(gw: Process, tenant: str = "light") -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.url + "/v1", api_key=KEYS[tenant], max_retries=0)
+
+
+def test_chat_and_completions_streaming_and_not(pool: dict[str, Any]) -> None:
+    c = client(pool["gateway"])
+    chat = c.chat.completions.create(
+        model="fake", messages=[{"role": "user", "content": "hello there"}], max_tokens=5
+    )
+    assert chat.choices[0].message.content == "tok " * 5
+    assert (
+        chat.usage is not None
+        and chat.usage.completion_tokens == 5
+        and chat.usage.prompt_tokens == 3
+    )
+    text = c.completions.create(model="fake", prompt="a b c", max_tokens=3)
+    assert text.choices[0].text == "tok " * 3
+    chunks = list(
+        c.chat.completions.create(
+            model="fake", messages=[{"role": "user", "content": "x"}], max_tokens=7, stream=True
+        )
+    )
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == "tok " * 7
+    # The gateway asked the upstream for usage; the client did not, so it sees no usage chunk.
+    assert all(ch.usage is None for ch in chunks) and all(ch.choices for ch in chunks)
+    with_usage = list(
+        c.completions.create(
+            model="fake",
+            prompt="one two",
+            max_tokens=4,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert with_usage[-1].usage is not None and with_usage[-1].usage.completion_tokens == 4
+
+
+def test_async_client_spreads_over_both_upstreams(pool: dict[str, Any]) -> None:
+    gw = pool["gateway"]
+    before = [stats(u)["started"] for u in pool["upstreams"]]
+
+    async def run() -> list[str]:
+        c = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=KEYS["heavy"], max_retries=0)
+        replies = await asyncio.gather(
+            *(c.completions.create(model="fake", prompt="p", max_tokens=20) for _ in range(16))
+        )
+        await c.close()
+        return [r.choices[0].text for r in replies]
+
+    assert asyncio.run(run()) == ["tok " * 20] * 16
+    after = [stats(u)["started"] for u in pool["upstreams"]]
+    assert all(a - b >= 4 for a, b in zip(after, before, strict=True))  # least-loaded spreads them
+
+
+def test_errors_have_the_openai_shape(pool: dict[str, Any]) -> None:
+    gw = pool["gateway"]
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=gw.url + "/v1", api_key="wrong", max_retries=0).completions.create(
+            model="fake", prompt="x"
+        )
+    with pytest.raises(openai.NotFoundError) as missing:
+        client(gw).completions.create(model="nope", prompt="x")
+    assert missing.value.body["code"] == "model_not_found"  # type: ignore[index]
+    for body, param in [
+        (b"{", None),
+        (b'{"model": "fake"}', "prompt"),
+        (b'{"model": "fake", "prompt": "x", "max_tokens": 0}', "max_tokens"),
+        (b"[]", None),
+    ]:
+        reply = httpx.post(
+            gw.url + "/v1/completions",
+            content=body,
+            headers={"authorization": f"Bearer {KEYS['light']}"},
+        )
+        assert reply.status_code == 400
+        assert set(reply.json()["error"]) == {"message", "type", "param", "code"}
+        assert reply.json()["error"]["param"] == param
+    reply = httpx.get(gw.url + "/v1/nothing")
+    assert reply.status_code == 404 and "error" in reply.json()
+    models = client(gw).models.list()
+    assert [m.id for m in models.data] == ["fake"]
+
+
+def test_disconnect_closes_the_upstream_request(pool: dict[str, Any]) -> None:
+    gw = pool["gateway"]
+    slow = 400  # tokens at 2 ms: the stream would last ~0.8 s
+    with (
+        httpx.Client(timeout=10) as http,
+        http.stream(
+            "POST",
+            gw.url + "/v1/completions",
+            json={"model": "fake", "prompt": "x", "max_tokens": slow, "stream": True},
+            headers={"authorization": f"Bearer {KEYS['light']}"},
+        ) as response,
+    ):
+        for _ in response.iter_raw():
+            break  # first bytes arrived; now vanish
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        s = state(gw)
+        if (
+            all(u["running"] == 0 for u in s["upstreams"].values())
+            and sum(stats(u)["running"] for u in pool["upstreams"]) == 0
+        ):
+            break
+        time.sleep(0.05)
+    assert all(u["running"] == 0 for u in state(gw)["upstreams"].values())
+    assert sum(stats(u)["aborted"] for u in pool["upstreams"]) >= 1
+    assert sum(stats(u)["running"] for u in pool["upstreams"]) == 0
+
+
+def test_metrics_use_the_server_names(pool: dict[str, Any]) -> None:
+    client(pool["gateway"]).completions.create(model="fake", prompt="x y", max_tokens=2)
+    text = httpx.get(pool["gateway"].url + "/metrics").text
+    for name in [
+        "tokenfair:num_requests_waiting",
+        "tokenfair:prompt_tokens_total",
+        "tokenfair:generation_tokens_total",
+        "tokenfair:time_to_first_token_seconds",
+        "tokenfair:vtc_counter",
+        "tokenfair:gateway_upstream_healthy",
+    ]:
+        assert name in text, name
+    assert 'tokenfair:generation_tokens_total{tenant="light"}' in text
+
+
+def test_non_streaming_reserves_max_tokens_and_is_refunded_from_usage(pool: dict[str, Any]) -> None:
+    gw = pool["gateway"]
+    client(gw, "other").completions.create(model="fake", prompt="x", max_tokens=1)  # after its lift
+    before = state(gw)["counters"]["other"]
+    # No max_tokens: the gateway reserves its default (256); the upstream makes 16.
+    reply = client(gw, "other").completions.create(model="fake", prompt="one two three")
+    assert reply.usage is not None and reply.usage.completion_tokens == 16
+    after = state(gw)["counters"]["other"]
+    assert after - before == pytest.approx(reply.usage.prompt_tokens + 2 * 16)
+
+
+def test_tenant_limits(pool: dict[str, Any]) -> None:
+    gw = pool["gateway"]
+    tight = client(gw, "tight")
+    with pytest.raises(openai.BadRequestError) as too_long:
+        tight.completions.create(model="fake", prompt="x", max_tokens=200)
+    assert too_long.value.body["param"] == "max_tokens"  # type: ignore[index]
+
+    async def burst() -> list[int]:
+        c = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=KEYS["tight"], max_retries=0)
+        # Fill all 8 upstream slots with other tenants' long streams, then send two.
+        hog = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=KEYS["heavy"], max_retries=0)
+        hogs = [
+            asyncio.ensure_future(hog.completions.create(model="fake", prompt="p", max_tokens=300))
+            for _ in range(8)
+        ]
+        await asyncio.sleep(0.3)
+        statuses = []
+        for reply in await asyncio.gather(
+            *(c.completions.create(model="fake", prompt="x", max_tokens=2) for _ in range(3)),
+            return_exceptions=True,
+        ):
+            statuses.append(reply.status_code if isinstance(reply, openai.APIStatusError) else 200)
+        await asyncio.gather(*hogs)
+        await c.close()
+        await hog.close()
+        return sorted(statuses)
+
+    # One may wait; the others are refused with 429 while it does.
+    assert asyncio.run(burst()) == [200, 429, 429]
