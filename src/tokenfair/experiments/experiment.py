@@ -53,11 +53,13 @@ from tokenfair.fairness.metrics import DEFAULT_WARMUP_S, DEFAULT_WINDOW_S
 from tokenfair.measured import read_measured_reference
 from tokenfair.results import ResultRecord, write_results
 
-# The schedulers of the paper's real-trace table, plus our preempting VTC.
+# The schedulers of the paper's real-trace table, the artifact's exact VTC queue (the
+# one the paper's VTC row was measured with), and our preempting VTC.
 PAPER_POLICIES = (
     "fcfs",
     "lcf",
     "vtc",
+    "vtc-artifact",
     "vtc-predict",
     "vtc-oracle",
     "rpm:5",
