@@ -125,6 +125,14 @@ def test_quick_arena_table_has_every_scheduler(quick_paper):
     assert "<table>" in html and 'src="figures/arena_table.png"' in html
 
 
+def test_quick_paper_report_compares_fcfs_ttft_with_the_measured_run(quick_paper):
+    assert len(quick_paper.measured_fcfs_arena) == 1500
+    assert_png(quick_paper.out_dir / "figures" / "arena_ttft_validation.png")
+    report = quick_paper.report_md.read_text()
+    assert "](figures/arena_ttft_validation.png)" in report
+    assert "per-request absolute error median" in report
+
+
 @pytest.mark.slow
 def test_quick_paper_checks_every_target(quick_paper):
     names = {t.name for t in quick_paper.targets}

@@ -50,13 +50,16 @@ from tokenfair.experiments.workloads import (
     trace_workload,
 )
 from tokenfair.fairness.metrics import DEFAULT_WARMUP_S, DEFAULT_WINDOW_S
-from tokenfair.results import write_results
+from tokenfair.measured import read_measured_reference
+from tokenfair.results import ResultRecord, write_results
 
-# The schedulers of the paper's real-trace table, plus our preempting VTC.
+# The schedulers of the paper's real-trace table, the artifact's exact VTC queue (the
+# one the paper's VTC row was measured with), and our preempting VTC.
 PAPER_POLICIES = (
     "fcfs",
     "lcf",
     "vtc",
+    "vtc-artifact",
     "vtc-predict",
     "vtc-oracle",
     "rpm:5",
@@ -73,6 +76,9 @@ WEIGHTED_POLICY = "wvtc"
 # The ablation compares VTC with FCFS in the full run; --quick runs VTC alone.
 ABLATION_POLICIES = ("fcfs", "vtc")
 QUICK_ABLATION_POLICIES = ("vtc",)
+# The arena trace served FCFS on the paper's A10G system (under shared/): the report
+# compares the simulated FCFS run with it request by request.
+MEASURED_FCFS_ARENA = "reference/a10g_llama7b_fcfs_arena_measured.jsonl"
 
 
 @dataclass(slots=True)
@@ -89,6 +95,8 @@ class ExperimentResult:
     quick: bool = False
     wall_s: float = 0.0
     settings: dict[str, Any] = field(default_factory=dict)
+    # The measured FCFS run of the arena trace (shared/), when the run had it.
+    measured_fcfs_arena: list[ResultRecord] = field(default_factory=list)
 
     def outcomes_for(self, workload: str) -> list[RunOutcome]:
         return [o for o in self.outcomes if o.workload.name == workload]
@@ -217,6 +225,7 @@ def run_paper_experiment(
         jobs += ablation_jobs(QUICK_ABLATION_POLICIES if quick else ABLATION_POLICIES)
     outcomes = run_jobs(jobs, workers, progress)
     main = [o for o in outcomes if not o.job.variant]
+    measured_path = shared_dir / MEASURED_FCFS_ARENA
     result = ExperimentResult(
         title="tokenfair: reproducing “Fairness in Serving Large Language Models”",
         out_dir=Path(out_dir),
@@ -234,6 +243,9 @@ def run_paper_experiment(
             "suite_policies": list(suite_policies),
             "workers": workers,
         },
+        measured_fcfs_arena=(
+            read_measured_reference(measured_path) if measured_path.exists() else []
+        ),
     )
     return _finish(result, started)
 

@@ -32,6 +32,7 @@ from tokenfair.report.document import (
 )
 from tokenfair.report.figures import Figure, experiment_figures
 from tokenfair.report.narrative import workload_paragraph
+from tokenfair.report.validation_figure import validation_figures
 
 ARENA = "arena"
 SIMULATED_LABEL = "tokenfair (simulated)"
@@ -340,6 +341,6 @@ def write_report(result: ExperimentResult, figures: Sequence[Figure]) -> None:
 
 def publish(result: ExperimentResult) -> list[Figure]:
     """Draw every figure of an experiment and write its report; returns the figures."""
-    figures = experiment_figures(result)
+    figures = experiment_figures(result) + validation_figures(result)
     write_report(result, figures)
     return figures
