@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, generate_latest
 from prometheus_client import Counter as PromCounter
@@ -120,6 +121,7 @@ class ServerMetrics:
         self.service: dict[str, float] = {}  # weighted tokens received, per tenant
         self.known_tenants: set[str] = set()
         self.snapshot = Snapshot()
+        self._by_tenant: dict[str, tuple[Any, Any, Any, Any, Any]] = {}
         self._last_token_s: dict[str, float] = {}  # request id -> engine time of its last token
         registry.register(_SnapshotCollector(self))
 
@@ -129,6 +131,20 @@ class ServerMetrics:
 
     def reject(self, tenant: str, reason: str) -> None:
         self.rejected.labels(tenant, reason).inc()
+
+    def _children(self, tenant: str) -> tuple[Any, Any, Any, Any, Any]:
+        """The tenant's labelled series, looked up once (labels() takes a lock each call)."""
+        children = self._by_tenant.get(tenant)
+        if children is None:
+            self.known_tenants.add(tenant)
+            children = self._by_tenant[tenant] = (
+                self.ttft.labels(tenant),
+                self.itl.labels(tenant),
+                self.e2e.labels(tenant),
+                self.prompt_tokens.labels(tenant),
+                self.generation_tokens.labels(tenant),
+            )
+        return children
 
     def on_step(self, outputs: list[RequestOutput], now: float) -> None:
         """Record one engine step's outputs (called on the loop before streams see them)."""
@@ -140,18 +156,18 @@ class ServerMetrics:
             request = output.request
             tenant = request.client
             rid = request.request_id
+            ttft, itl, e2e, prompt_tokens, _ = self._children(tenant)
             n = len(output.new_token_ids)
             if n:
                 generated[tenant] += n
                 previous = last.get(rid)
                 if previous is None:
-                    self.known_tenants.add(tenant)
                     first = request.first_token_s if request.first_token_s is not None else now
-                    self.ttft.labels(tenant).observe(first - request.arrival_s)
-                    self.prompt_tokens.labels(tenant).inc(request.input_tokens)
+                    ttft.observe(first - request.arrival_s)
+                    prompt_tokens.inc(request.input_tokens)
                     service[tenant] = service.get(tenant, 0.0) + w_in * request.input_tokens
                 else:
-                    self.itl.labels(tenant).observe(now - previous)
+                    itl.observe(now - previous)
                 last[rid] = now
             if output.finished:
                 last.pop(rid, None)
@@ -160,9 +176,9 @@ class ServerMetrics:
                     label = reason.value if reason is not None else "abort"
                     self.finished.labels(tenant, label).inc()
                     finish = request.finish_s if request.finish_s is not None else now
-                    self.e2e.labels(tenant).observe(finish - request.arrival_s)
+                    e2e.observe(finish - request.arrival_s)
         for tenant, n in generated.items():
-            self.generation_tokens.labels(tenant).inc(n)
+            self._children(tenant)[4].inc(n)
             service[tenant] = service.get(tenant, 0.0) + w_out * n
 
     def render(self, snapshot: Snapshot) -> bytes:
