@@ -93,7 +93,7 @@ class ServerMetrics:
         )
         self.rejected = PromCounter(
             "tokenfair:requests_rejected",
-            "Requests refused before running (overload, rate limit, bad input).",
+            "Requests refused at admission (waiting limits, rate limits, the policy).",
             ["tenant", "reason"],
             registry=registry,
         )
