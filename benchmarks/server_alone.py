@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import argparse
 
-from server_common import emit, run_load, tokenfair_server
+from server_tools.common import emit, run_load, tokenfair_server
 
 STEP_S = 0.01
 STREAM_TOKENS = 16

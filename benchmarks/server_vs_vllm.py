@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from server_common import (
+from server_tools.common import (
     OUT,
     ROOT,
     Process,
@@ -90,7 +90,7 @@ def vllm_server(python: str, model_dir: Path, timeout: float = 600) -> Process:
         python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
         "--served-model-name", NAME, "--host", "127.0.0.1", "--port", str(port),
         "--max-model-len", "2048", "--dtype", "float32", "--enforce-eager",
-        "--max-num-seqs", str(SEATS), "--disable-log-requests",
+        "--max-num-seqs", str(SEATS),
     ]  # fmt: skip
     server = Process(command, env, OUT / f"vllm-{port}.log", f"http://127.0.0.1:{port}")
     server.wait_healthy(timeout)

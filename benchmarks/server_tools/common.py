@@ -1,6 +1,6 @@
 """Helpers shared by the server benchmarks: start/stop servers, run the load generator.
 
-Every process runs under `nice -n 10`. The load generator (server_loadgen.py) always runs
+Every process runs under `nice -n 10`. The load generator (server_tools/loadgen.py) always runs
 in its own process, as a client would.
 """
 
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
-LOADGEN = ROOT / "benchmarks" / "server_loadgen.py"
+LOADGEN = ROOT / "benchmarks" / "server_tools" / "loadgen.py"
 OUT = ROOT / "out" / "bench-server"
 
 

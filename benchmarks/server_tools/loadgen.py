@@ -4,7 +4,7 @@ Raw asyncio sockets with keep-alive and pre-encoded requests, so the client cost
 little CPU as possible on a machine it shares with the server. Closed loop: C workers
 each send one request at a time, for N requests in all or for D seconds.
 
-    python benchmarks/server_loadgen.py --url http://127.0.0.1:8000 --model sim:zero \
+    python benchmarks/server_tools/loadgen.py --url http://127.0.0.1:8000 --model sim:zero \
         --concurrency 64 --requests 5000 --max-tokens 4 [--stream] [--key KEY]
 
 Prints one JSON line: requests/s, output tokens/s, latency and TTFT percentiles
