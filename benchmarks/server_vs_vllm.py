@@ -12,7 +12,8 @@ alone (the other is stopped), the load generator in its own process.
    tenant B sends 10 requests one at a time (8 tokens): B's TTFT p50/p90. tokenfair
    runs VTC with A and B as tenants (API keys); vLLM has no tenants (FCFS).
 
-Prints one JSON line per server and scenario. Without vLLM it says so and measures
+Also tokenfair's engine offline (tokenfair.LLM) on the throughput workload, to see what
+the server costs. Prints one JSON line per server and scenario. Without vLLM it says so and measures
 tokenfair alone.
 
     nice -n 10 .venv/bin/python benchmarks/server_vs_vllm.py [--vllm-python .venv-vllm/bin/python]
@@ -21,8 +22,10 @@ tokenfair alone.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,6 +44,7 @@ from server_tools.common import (
 )
 
 SEATS = 16
+OFFLINE = ROOT / "benchmarks" / "server_tools" / "offline.py"
 NAME = "tiny"
 PROMPT = " ".join(f"t{5 + i % 1000}" for i in range(128))
 LIGHT_PROMPT = " ".join(f"t{7 + i}" for i in range(16))
@@ -149,6 +153,14 @@ def main() -> None:
         )
     )
     if args.skip != "tokenfair":
+        offline = subprocess.run(
+            ["nice", "-n", "10", sys.executable, str(OFFLINE), str(model_dir)],
+            env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+            capture_output=True,
+            check=True,
+        )
+        emit({"benchmark": "server_vs_vllm", "server": "tokenfair-offline", "scenario": "throughput",
+              **json.loads(offline.stdout.decode().strip().splitlines()[-1])})  # fmt: skip
         server = tokenfair_server(
             "--model", str(model_dir), "--served-model-name", NAME, "--policy", "vtc",
             "--tenants", str(tenants), "--device", "cpu", "--dtype", "float32",

@@ -18,10 +18,14 @@ import argparse
 import asyncio
 import json
 import random
+import re
 import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+
+TEXT = re.compile(rb'"(?:text|content)":\s*"[^"]')  # a chunk with generated text
+COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
 
 
 @dataclass
@@ -61,7 +65,7 @@ async def read_response(reader: asyncio.StreamReader, started: float, tally: Tal
             chunk = await reader.readexactly(size + 2)
             if size == 0:
                 break
-            if first is None and b'"text":"' in chunk and b'"text":""' not in chunk:
+            if first is None and TEXT.search(chunk):
                 first = time.perf_counter()
             body += chunk[:-2]
     else:
@@ -75,9 +79,9 @@ async def read_response(reader: asyncio.StreamReader, started: float, tally: Tal
     tally.latencies.append(done - started)
     if first is not None:
         tally.ttfts.append(first - started)
-    at = body.rfind(b'"completion_tokens":')
-    if at >= 0:
-        tally.tokens += int(body[at + 20 : body.index(b",", at)])
+    counts = COMPLETION_TOKENS.findall(body)
+    if counts:
+        tally.tokens += int(counts[-1])
     return keep
 
 
