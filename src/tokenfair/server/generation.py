@@ -213,6 +213,7 @@ async def start(state: ServerState, prepared: Prepared) -> Job:
     job = Job(state, prepared, admission)
     try:
         job.stream = state.engine.submit(prepared.request)
+        state.metrics.arrived(prepared.request.request_id, state.model.engine.num_steps)
         accepted = await job.stream.accepted
     except EngineDeadError:
         admission.release()
