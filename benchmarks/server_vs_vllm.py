@@ -9,7 +9,8 @@ alone (the other is stopped), the load generator in its own process.
    ignored), 96 requests: output tokens/s and TTFT p50/p90.
 2. flood: tenant A keeps 64 streams open (16-112 output tokens each, seeded, back to
    back) while
-   tenant B sends 10 requests one at a time (8 tokens): B's TTFT p50/p90. tokenfair
+   tenant B sends 10 requests one at a time (8 tokens; those not done within 900 s are
+   dropped): B's TTFT p50/p90. tokenfair
    runs VTC with A and B as tenants (API keys); vLLM has no tenants (FCFS).
 
 Also tokenfair's engine offline (tokenfair.LLM) on the throughput workload, to see what
@@ -117,7 +118,7 @@ def scenarios(server_name: str, url: str) -> None:
     try:
         time.sleep(8)  # A fills every seat and builds its backlog
         light = run_load(
-            url, NAME, "--concurrency", "1", "--requests", "10", "--max-tokens", "8",
+            url, NAME, "--concurrency", "1", "--requests", "10", "--duration", "900", "--max-tokens", "8",
             "--prompt", LIGHT_PROMPT, "--stream", "--ignore-eos", "--key", "light-key",
         )  # fmt: skip
         emit(
@@ -138,6 +139,8 @@ def main() -> None:
     parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     parser.add_argument("--skip", choices=["tokenfair", "vllm"], default=None)
     args = parser.parse_args()
+    # SIGTERM (e.g. from `timeout`) runs the finally blocks that stop the servers.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     model_dir = build_model_dir(OUT / "model")
     tenants = OUT / "flood-tenants.yaml"
     from tokenfair.server.tenants import hash_key

@@ -129,9 +129,14 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     budget = [args.requests]
     started = time.perf_counter()
     deadline = started + args.duration
-    await asyncio.gather(
+    workers = asyncio.gather(
         *(worker(args, tally, budget, deadline, i) for i in range(args.concurrency))
     )
+    cut_short = False
+    try:  # requests still in flight at the deadline are dropped, not waited for
+        await asyncio.wait_for(workers, timeout=min(args.duration + 1, 1e8))
+    except TimeoutError:
+        cut_short = True
     elapsed = time.perf_counter() - started
     done = len(tally.latencies)
     return {
@@ -149,6 +154,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         "ttft_p90_s": pct(tally.ttfts, 90),
         "ttft_p99_s": pct(tally.ttfts, 99),
         "errors": dict(tally.errors),
+        "cut_short_at_duration": cut_short,
     }
 
 
