@@ -2,8 +2,8 @@
 
 Under FCFS, B queues behind A's backlog; under VTC, B's counter is the lowest whenever
 it waits, so it takes the next free seat. B's time to first token (p90, measured by the
-client) must be at most 0.2x its FCFS value, and must not grow by more than 25% when A
-goes from 64 to 256 concurrent streams.
+server, in engine steps from arrival to first token) must be at most 0.2x its FCFS
+value, and must not grow by more than 25% when A goes from 64 to 256 concurrent streams.
 
 sim: with a fixed 10 ms step and 16 seats keeps this quick and meaningful: A's
 requests ask 16-112 tokens (seeded), so seats free at random steps, like real traffic.
@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.server.conftest import Server, launch
+from tests.server.conftest import ADMIN_KEY, Server, launch
 from tokenfair.server.tenants import hash_key
 
 pytestmark = pytest.mark.slow
@@ -30,10 +30,11 @@ pytestmark = pytest.mark.slow
 MODEL = "sim:fixed:0.01"
 SEATS = 16
 FLOOD_TENANTS = {
+    "admin_key_sha256": hash_key(ADMIN_KEY),
     "tenants": [
         {"name": "heavy", "key_sha256": [hash_key("heavy-key")], "max_waiting": 1024},
         {"name": "light", "key_sha256": [hash_key("light-key")], "max_waiting": 1024},
-    ]
+    ],
 }
 
 
@@ -113,7 +114,20 @@ def p90(values: list[float]) -> float:
     return statistics.quantiles(values, n=10, method="inclusive")[-1]
 
 
-def flood(server: Server, streams: int, samples: int) -> float:
+def server_ttft_steps(server: Server, count: int) -> list[int]:
+    """B's last `count` TTFTs in engine steps, as the server measured them."""
+    rows = httpx.get(
+        f"{server.url}/admin/requests/recent",
+        params={"tenant": "light", "limit": count},
+        headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+    ).json()["data"]
+    assert len(rows) == count
+    return [row["ttft_steps"] for row in rows]
+
+
+def flood(server: Server, streams: int, samples: int) -> tuple[float, float]:
+    """B's TTFT p90 under the flood: (engine steps, client-measured seconds)."""
+
     async def run() -> float:
         stop = asyncio.Event()
         rng = random.Random(streams)
@@ -132,20 +146,36 @@ def flood(server: Server, streams: int, samples: int) -> float:
                 worker.cancel()
             await asyncio.gather(*workers, return_exceptions=True)
 
-    result = asyncio.run(run())
+    seconds = asyncio.run(run())
+    steps = p90([float(s) for s in server_ttft_steps(server, samples)])
     for _ in range(200):  # let the aborted flood drain before the next scenario
         if server.metric("tokenfair:kv_cache_used_blocks") == 0:
             break
         time.sleep(0.05)
-    return result
+    return steps, seconds
 
 
 def test_vtc_protects_the_light_tenant(flood_servers):
-    vtc_64 = flood(flood_servers["vtc"], 64, 30)
-    vtc_256 = flood(flood_servers["vtc"], 256, 30)
+    """Asserted in engine steps (the server's own measure, immune to a busy machine's
+    wall-clock noise); the client-measured seconds are printed beside them."""
+    vtc_64 = flood(flood_servers["vtc"], 64, 40)
+    vtc_256 = flood(flood_servers["vtc"], 256, 40)
     fcfs_64 = flood(flood_servers["fcfs"], 64, 6)
     print(
-        json.dumps({"light_ttft_p90_s": {"vtc_64": vtc_64, "vtc_256": vtc_256, "fcfs_64": fcfs_64}})
+        json.dumps(
+            {
+                "light_ttft_p90_steps": {
+                    "vtc_64": vtc_64[0],
+                    "vtc_256": vtc_256[0],
+                    "fcfs_64": fcfs_64[0],
+                },
+                "light_ttft_p90_s": {
+                    "vtc_64": vtc_64[1],
+                    "vtc_256": vtc_256[1],
+                    "fcfs_64": fcfs_64[1],
+                },
+            }
+        )
     )
-    assert vtc_64 <= 0.2 * fcfs_64
-    assert vtc_256 <= 1.25 * vtc_64
+    assert vtc_64[0] <= 0.2 * fcfs_64[0]
+    assert vtc_256[0] <= 1.25 * vtc_64[0]

@@ -104,6 +104,20 @@ def test_admin_lists_tenants_and_changes_weights(sim_server):
     )
     assert unknown.status_code == 404
     httpx.post(f"{sim_server.url}/admin/tenants/team-b/weight", json={"weight": 2.0}, headers=ADMIN)
+    recent = httpx.get(
+        f"{sim_server.url}/admin/requests/recent",
+        params={"tenant": "team-b", "limit": 1},
+        headers=ADMIN,
+    )
+    (row,) = recent.json()["data"]
+    assert row["tenant"] == "team-b" and row["completion_tokens"] == 2
+    assert row["ttft_steps"] >= 1 and 0 < row["ttft_s"] <= row["e2e_s"]
+    assert (
+        httpx.get(
+            f"{sim_server.url}/admin/requests/recent", headers=sim_server.headers()
+        ).status_code
+        == 403
+    )
 
 
 def test_trusted_header_only_when_configured(server_dir):

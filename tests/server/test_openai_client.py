@@ -174,3 +174,26 @@ def test_stop_string_ends_the_request(sim_server):
     assert result.choices[0].finish_reason == "stop"
     assert result.choices[0].text == " "
     assert result.usage.completion_tokens == 2  # ended in the step the stop appeared
+
+
+def test_logprobs_on_a_real_model(tiny_server):
+    c = client(tiny_server)
+    result = c.completions.create(
+        model="builtin:tiny", prompt="Hello", max_tokens=5, temperature=0, logprobs=2
+    )
+    lp = result.choices[0].logprobs
+    assert lp is not None
+    assert len(lp.tokens) == len(lp.token_logprobs) == result.usage.completion_tokens
+    assert all(len(top) <= 3 for top in lp.top_logprobs)  # the sampled token + the top 2
+    assert all(v <= 0 for v in lp.token_logprobs)
+    chat = c.chat.completions.create(
+        model="builtin:tiny",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=4,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=1,
+    )
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens
+    assert all(len(entry.top_logprobs) <= 1 for entry in content)

@@ -151,3 +151,36 @@ def test_policy_rejection_is_429(server_dir):
     finally:
         with contextlib.suppress(Exception):
             server.stop()
+
+
+def test_priority_field_orders_the_queue(server_dir):
+    """--policy priority, one seat: waiting requests run lowest priority value first."""
+    server = launch(
+        server_dir, "--model", "sim:fixed:0.005", "--policy", "priority", "--max-num-seqs", "1"
+    )
+
+    async def scenario() -> list[str]:
+        order: list[str] = []
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as c:
+
+            async def send(name: str, priority: int, max_tokens: int = 2) -> None:
+                body = {
+                    "model": "sim:fixed:0.005",
+                    "prompt": name,
+                    "max_tokens": max_tokens,
+                    "priority": priority,
+                }
+                r = await c.post("/v1/completions", json=body)
+                assert r.status_code == 200
+                order.append(name)
+
+            seat = asyncio.ensure_future(send("seat", -10, max_tokens=60))  # never preempted
+            await asyncio.sleep(0.1)
+            late = [asyncio.ensure_future(send(f"p{p}", p)) for p in (5, 9, -3, 1)]
+            await asyncio.gather(seat, *late)
+        return order
+
+    try:
+        assert asyncio.run(scenario()) == ["seat", "p-3", "p1", "p5", "p9"]
+    finally:
+        server.stop()
