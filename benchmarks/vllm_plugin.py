@@ -267,15 +267,18 @@ def arena_figures(results: list[dict[str, Any]], args: argparse.Namespace) -> di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--flood", type=int, default=16, help="heavy requests (default 16)")
+    parser.add_argument("--flood", type=int, default=48, help="heavy requests (default 48)")
     parser.add_argument("--time-scale", type=float, default=0.2, help="trace time factor")
-    parser.add_argument("--length-scale", type=float, default=0.1, help="trace length factor")
+    parser.add_argument("--length-scale", type=float, default=0.15, help="trace length factor")
     parser.add_argument(
-        "--sample", type=float, default=0.1, help="share of the trace's requests replayed"
+        "--sample", type=float, default=0.3, help="share of the trace's requests replayed"
     )
     parser.add_argument("--max-num-seqs", type=int, default=8)
     parser.add_argument("--kv-tokens", type=int, default=8192)
     parser.add_argument("--shared", type=Path, default=ROOT.parent / "shared")
+    parser.add_argument(
+        "--scenarios", default="flood,arena", help="comma-separated, of flood and arena"
+    )
     args = parser.parse_args()
     if not VLLM_PYTHON.exists():
         raise SystemExit(f"vLLM environment not found at {VLLM_PYTHON}: `make vllm-env` builds it")
@@ -301,15 +304,19 @@ def main() -> None:
             check=True,
             cwd=ROOT,
         )
+    scenarios = {name.strip() for name in args.scenarios.split(",")}
+    if not scenarios <= {"flood", "arena"}:
+        raise SystemExit(f"--scenarios: expected flood and/or arena, got {args.scenarios!r}")
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for mode in ("stock", "plugin"):
         server = Server(model_dir, mode == "plugin", args, OUT / f"server-{mode}.log")
         try:
             server.wait_healthy()
-            runs[mode] = {
-                "flood": asyncio.run(flood(server.url, args)),
-                "arena": asyncio.run(arena(server.url, trace, args)),
-            }
+            runs[mode] = {}
+            if "flood" in scenarios:
+                runs[mode]["flood"] = asyncio.run(flood(server.url, args))
+            if "arena" in scenarios:
+                runs[mode]["arena"] = asyncio.run(arena(server.url, trace, args))
         finally:
             server.stop()
         for scenario, results in runs[mode].items():
@@ -317,6 +324,13 @@ def main() -> None:
                 for row in results:
                     file.write(json.dumps(row) + "\n")
     common = {"benchmark": "vllm_plugin", "policy": "vtc", "max_num_seqs": args.max_num_seqs}
+    if "flood" in scenarios:
+        print_flood(runs, args, common)
+    if "arena" in scenarios:
+        print_arena(runs, args, common, len(trace))
+
+
+def print_flood(runs: dict[str, Any], args: argparse.Namespace, common: dict[str, Any]) -> None:
     stock, plugin = flood_figures(runs["stock"]["flood"]), flood_figures(runs["plugin"]["flood"])
     heavy_text = {
         mode: {r["request_id"]: r["text"] for r in runs[mode]["flood"] if r["client"] == "heavy"}
@@ -338,6 +352,11 @@ def main() -> None:
             }
         )
     )
+
+
+def print_arena(
+    runs: dict[str, Any], args: argparse.Namespace, common: dict[str, Any], requests: int
+) -> None:
     stock_a = arena_figures(runs["stock"]["arena"], args)
     plugin_a = arena_figures(runs["plugin"]["arena"], args)
     print(
@@ -348,7 +367,7 @@ def main() -> None:
                 "time_scale": round(args.time_scale, 4),
                 "length_scale": args.length_scale,
                 "sample": args.sample,
-                "requests": len(trace),
+                "requests": requests,
                 "kv_tokens": args.kv_tokens,
                 "stock": stock_a,
                 "plugin": plugin_a,
