@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from tests.integrations.vllm.harness import add, make_request, make_scheduler, new_ids, run, step
@@ -291,3 +293,53 @@ def test_abort_while_waiting_and_running(tiny_model_dir):
     # a0 paid its prompt and the tokens it made, a2 nothing, a1 everything.
     assert fair.ledger.counters()["a"] == 16 + 2 * 4 + 16 + 2 * 50
     assert len(fair.waiting) == 0 and not fair.running
+
+
+workloads = st.lists(
+    st.tuples(st.sampled_from("abc"), st.integers(1, 50), st.integers(1, 20)),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    workload=workloads,
+    policy=st.sampled_from(["vtc", "wvtc", "lcf", "fcfs", "priority", "sjf"]),
+    num_blocks=st.integers(6, 40),
+    max_num_seqs=st.integers(1, 4),
+)
+def test_every_request_finishes_and_is_charged_exactly_once(
+    tiny_model_dir, workload, policy, num_blocks, max_num_seqs
+):
+    weights = {"a": 2.0, "b": 0.5}
+    fair = make_scheduler(
+        tiny_model_dir,
+        FairScheduler,
+        num_blocks=num_blocks,
+        max_num_seqs=max_num_seqs,
+        tokenfair={"policy": policy, "weights": weights},
+    )
+    requests = add(
+        fair, [make_request(fair, f"r{i}", t, p, o) for i, (t, p, o) in enumerate(workload)]
+    )
+    run(fair)
+    assert [r.num_output_tokens for r in requests] == [o for _, _, o in workload]
+    ledger = fair.ledger
+    assert len(ledger) == 0 and not any(f"r{i}" in ledger for i in range(len(workload)))
+    stats = ledger.tenants()
+    for tenant, s in stats.items():
+        mine = [(p, o) for t, p, o in workload if t == tenant]
+        assert (s.prompt_tokens, s.output_tokens) == (
+            sum(p for p, _ in mine),
+            sum(o for _, o in mine),
+        )
+        assert s.waiting == s.running == 0 and s.finished == len(mine)
+    if policy in ("vtc", "wvtc", "lcf"):
+        # Everyone arrived before the first step: nobody was lifted above 0.
+        for tenant in stats:
+            weight = weights.get(tenant, 1.0)
+            expected = sum(p + 2 * o for t, p, o in workload if t == tenant) / weight
+            assert ledger.counters()[tenant] == pytest.approx(expected)
