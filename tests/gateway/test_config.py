@@ -57,7 +57,7 @@ def test_a_good_config_loads() -> None:
         ),
         (
             "policy: 'rpm:x'\nupstreams:\n  - {url: 'http://x', models: [m], max_concurrent: 1}\n",
-            "policy: policy 'rpm:x': argument 'x' is not a number",
+            "<config>:1: policy: policy 'rpm:x': ",
         ),
         (
             "redis: {url: 'http://x'}\nupstreams:\n  - {url: 'http://x', models: [m], max_concurrent: 1}\n",
