@@ -17,7 +17,13 @@ from tests.gateway.redis_server import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}", "PYTHONUNBUFFERED": "1"}
-KEYS = {"light": "key-light", "heavy": "key-heavy", "other": "key-other", "tight": "key-tight"}
+KEYS = {
+    "light": "key-light",
+    "heavy": "key-heavy",
+    "other": "key-other",
+    "tight": "key-tight",
+    "limited": "key-limited",
+}
 # The "tight" tenant runs under small limits.
 TIGHT = {"max_waiting": 1, "max_tokens_per_request": 100}
 
@@ -93,6 +99,7 @@ def tenants_file(tmp: Path, weights: dict[str, float] | None = None) -> Path:
             "weight": weights.get(name, 1.0),
             "max_waiting": 1024,
             **(TIGHT if name == "tight" else {}),
+            **({"rpm": 3} if name == "limited" else {}),
         }
         for name, key in KEYS.items()
     ]
