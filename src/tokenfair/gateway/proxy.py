@@ -226,10 +226,11 @@ class CompletionProxy:
     ) -> tuple[httpx.Response | None, BaseException | None]:
         path = "/v1/chat/completions" if call.kind == "chat" else "/v1/completions"
         try:
-            request = upstream.client.build_request(
+            client = upstream.client
+            request = client.build_request(
                 "POST", path, content=call.body, headers=_UPSTREAM_HEADERS
             )
-            return await upstream.client.send(request, stream=True), None
+            return await client.send(request, stream=True), None
         except httpx.HTTPError as error:
             self.gw.pool.mark_failure(upstream, f"request failed ({type(error).__name__})")
             return None, error
