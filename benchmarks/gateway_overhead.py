@@ -265,8 +265,7 @@ def main() -> None:
                     [
                         sys.executable,
                         "-c",
-                        "from tokenfair.cli import app; app()",
-                        "gateway",
+                        "import typer; from tokenfair.commands.gateway import gateway; typer.run(gateway)",
                         "--config",
                         str(tmp / f"{name}.yaml"),
                     ],
@@ -320,13 +319,13 @@ def main() -> None:
                     lenv,
                 )
             )
-            if _wait_http(f"http://127.0.0.1:{port}", "/health/liveliness", 180):
+            if _wait_http(f"http://127.0.0.1:{port}", "/health/liveliness", 420):
                 targets["litellm(2 workers)"] = {
                     "short": f"http://127.0.0.1:{port}",
                     "stream": f"http://127.0.0.1:{port}",
                 }
             else:
-                litellm_note = f"LiteLLM did not start: {(tmp / 'litellm.log').read_text()[-400:]}"
+                litellm_note = f"LiteLLM did not answer within 420 s: {(tmp / 'litellm.log').read_text()[-400:]}"
         else:
             litellm_note = f"LiteLLM not installed at {args.litellm} (pip install 'litellm[proxy]' into that venv)"
         for target, urls in targets.items():

@@ -17,7 +17,14 @@ from tests.gateway.redis_server import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}", "PYTHONUNBUFFERED": "1"}
-KEYS = {"light": "key-light", "heavy": "key-heavy", "other": "key-other", "tight": "key-tight"}
+GATEWAY_MAIN = "import typer; from tokenfair.commands.gateway import gateway; typer.run(gateway)"
+KEYS = {
+    "light": "key-light",
+    "heavy": "key-heavy",
+    "other": "key-other",
+    "tight": "key-tight",
+    "limited": "key-limited",
+}
 # The "tight" tenant runs under small limits.
 TIGHT = {"max_waiting": 1, "max_tokens_per_request": 100}
 
@@ -93,6 +100,7 @@ def tenants_file(tmp: Path, weights: dict[str, float] | None = None) -> Path:
             "weight": weights.get(name, 1.0),
             "max_waiting": 1024,
             **(TIGHT if name == "tight" else {}),
+            **({"rpm": 3} if name == "limited" else {}),
         }
         for name, key in KEYS.items()
     ]
@@ -117,8 +125,8 @@ def gateway(
     args = [
         sys.executable,
         "-c",
-        "from tokenfair.cli import app; app()",
-        "gateway",
+        # The gateway command alone: the whole CLI would also import plotting libraries.
+        GATEWAY_MAIN,
         "--config",
         str(path),
         "--log-level",

@@ -182,3 +182,22 @@ def _run_flows(flow) -> None:  # type: ignore[no-untyped-def]
         await asyncio.gather(flow("light"), flow("heavy"), flow("heavy"))
 
     asyncio.run(main())
+
+
+def test_no_upstream_in_rotation_is_a_quick_503(tmp_path: Path) -> None:
+    from tests.gateway.redis_server import free_port
+
+    gw = gateway(
+        tmp_path,
+        [{"url": f"http://127.0.0.1:{free_port()}", "models": ["fake"], "max_concurrent": 2}],
+    )
+    try:
+        _wait_until(lambda: not state(gw)["upstreams"]["upstream-0"]["healthy"])
+        client = openai.OpenAI(
+            base_url=gw.url + "/v1", api_key=KEYS["light"], max_retries=0, timeout=10
+        )
+        with pytest.raises(openai.InternalServerError) as raised:
+            client.completions.create(model="fake", prompt="x", max_tokens=1)
+        assert raised.value.status_code == 503 and raised.value.body["code"] == "no_upstream"  # type: ignore[index]
+    finally:
+        gw.stop()

@@ -27,7 +27,7 @@ def pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     ]
     gw = gateway(tmp, configs)
     try:
-        yield {"gateway": gw, "upstreams": ups}
+        yield {"gateway": gw, "upstreams": ups, "tmp": tmp}
     finally:
         gw.stop()
         for u in ups:
@@ -200,3 +200,46 @@ def test_tenant_limits(pool: dict[str, Any]) -> None:
 
     # One may wait; the others are refused with 429 while it does.
     assert asyncio.run(burst()) == [200, 429, 429]
+
+
+def test_rpm_limit_returns_429_with_retry_after(pool: dict[str, Any]) -> None:
+    limited = client(pool["gateway"], "limited")
+    for _ in range(3):
+        limited.completions.create(model="fake", prompt="x", max_tokens=1)
+    with pytest.raises(openai.RateLimitError) as raised:
+        limited.completions.create(model="fake", prompt="x", max_tokens=1)
+    assert raised.value.response.headers["retry-after"] == "1"
+    assert raised.value.body["code"] == "rate_limited"  # type: ignore[index]
+
+
+def test_sighup_reloads_the_tenants_file_and_refuses_a_bad_one(pool: dict[str, Any]) -> None:
+    import signal
+
+    import yaml
+
+    from tokenfair.server.tenants import hash_key
+
+    gw, path = pool["gateway"], pool["tmp"] / "tenants.yaml"
+    original = path.read_text()
+    data = yaml.safe_load(original)
+    data["tenants"].append({"name": "newcomer", "key_sha256": [hash_key("key-new")]})
+    try:
+        path.write_text(yaml.safe_dump(data))
+        gw.popen.send_signal(signal.SIGHUP)
+        fresh = openai.OpenAI(base_url=gw.url + "/v1", api_key="key-new", max_retries=0)
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                fresh.completions.create(model="fake", prompt="x", max_tokens=1)
+                break
+            except openai.AuthenticationError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        path.write_text("tenants: [{name: broken, weight: -1}]\n")
+        gw.popen.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        fresh.completions.create(model="fake", prompt="x", max_tokens=1)  # the old file stays
+        assert "tenants file not reloaded" in gw.log.read_text()
+    finally:
+        path.write_text(original)
+        gw.popen.send_signal(signal.SIGHUP)

@@ -99,6 +99,12 @@ class Admission:
     # --- the request side ---
     async def wait(self, ticket: Ticket, tenant_max_waiting: int) -> Upstream:
         """Queue `ticket` and return the upstream it was dispatched to."""
+        if not self.pool.any_eligible(ticket.model):
+            raise AdmissionRefused(
+                503,
+                f"no upstream serving {ticket.model!r} is in rotation; retry later",
+                "no_upstream",
+            )
         if self.num_waiting >= self.max_waiting:
             raise AdmissionRefused(
                 503, "the gateway's waiting queue is full; retry later", "overloaded"

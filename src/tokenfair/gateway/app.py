@@ -7,8 +7,11 @@ error handlers, so every error has OpenAI's shape.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import signal
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,6 +19,8 @@ from fastapi import FastAPI, Header
 from fastapi.responses import JSONResponse, Response
 
 from tokenfair.core.cost import LinearCost
+from tokenfair.core.policies.rpm import RPMPolicy
+from tokenfair.core.request import Request
 from tokenfair.gateway.admission import Admission
 from tokenfair.gateway.config import GatewayConfig, GatewayConfigError
 from tokenfair.gateway.counters import CounterStore, MemoryCounterStore
@@ -24,7 +29,13 @@ from tokenfair.gateway.pool import UpstreamPool
 from tokenfair.gateway.proxy import HOT_PATHS, CompletionProxy
 from tokenfair.gateway.tokens import TokenCounter, load_tokenizer
 from tokenfair.server.errors import APIError, install_error_handlers
-from tokenfair.server.tenants import TenantDirectory, TenantsFileError, load_tenants, parse_tenants
+from tokenfair.server.tenants import (
+    Tenant,
+    TenantDirectory,
+    TenantsFileError,
+    load_tenants,
+    parse_tenants,
+)
 
 log = logging.getLogger("tokenfair.gateway")
 
@@ -84,11 +95,37 @@ class Gateway:
                         f"models.{model}.tokenizer: cannot load {settings.tokenizer!r}: {error}"
                     ) from None
         self._estimate = TokenCounter()
+        self._rate: dict[str, RPMPolicy] = {}
+
+    def rate_ok(self, tenant: Tenant) -> bool:
+        """The tenant's `rpm` limit (the core's sliding 60 s window), if it has one."""
+        if tenant.rpm is None:
+            return True
+        limiter = self._rate.get(tenant.name)
+        if limiter is None or limiter.limit != tenant.rpm:
+            limiter = self._rate[tenant.name] = RPMPolicy(limit=tenant.rpm)
+        now = time.monotonic()
+        return limiter.accept(Request("rate", tenant.name, input_tokens=1, arrival_s=now), now)
+
+    def reload_tenants(self) -> None:
+        """SIGHUP: re-read the tenants file; a bad one is refused and the old one stays."""
+        if not isinstance(self.config.tenants, str):
+            return
+        try:
+            self.directory.replace(load_tenants(self.config.base_dir / self.config.tenants))
+        except TenantsFileError as error:
+            log.error("tenants file not reloaded, the previous one stays in force: %s", error)
+            return
+        log.warning("tenants file reloaded")
 
     def token_counter(self, model: str) -> TokenCounter:
         return self._counters.get(model, self._estimate)
 
     async def start(self) -> None:
+        with contextlib.suppress(
+            NotImplementedError, RuntimeError
+        ):  # no signals off the main thread
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.reload_tenants)
         if self.store is not None:
             await self.store.start()
         self.pool.start()

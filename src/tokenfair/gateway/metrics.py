@@ -106,6 +106,12 @@ class GatewayMetrics:
             ["tenant", "outcome"],
             registry=r,
         )
+        self.rejected = Counter(
+            "tokenfair:requests_rejected",
+            "Requests refused before running (overload, rate limit, bad input).",
+            ["tenant", "reason"],
+            registry=r,
+        )
         self.retries = Counter(
             "tokenfair:gateway_retries", "Requests retried on another upstream", registry=r
         )

@@ -23,6 +23,7 @@ from tokenfair.gateway.config import HealthConfig, UpstreamConfig
 
 log = logging.getLogger("tokenfair.gateway")
 
+POOL_SHARDS = 16
 _METRIC_PREFIX = {"vllm": "vllm:", "tokenfair": "tokenfair:"}
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEnaNinf]+)")
 
@@ -46,11 +47,14 @@ def parse_load(text: str, flavour: str) -> tuple[float, float]:
 
 
 class Upstream:
-    def __init__(self, config: UpstreamConfig, client: httpx.AsyncClient) -> None:
+    def __init__(self, config: UpstreamConfig, clients: list[httpx.AsyncClient]) -> None:
         self.config = config
         self.name: str = config.name or config.url
         self.url = config.url
-        self.client = client
+        # Several small connection pools instead of one big one: httpcore scans its
+        # whole pool on every request event, which is quadratic in the concurrency.
+        self.clients = clients
+        self._next = 0
         self.healthy = True
         self.failures = 0  # consecutive
         self.running = 0
@@ -59,6 +63,12 @@ class Upstream:
         # gateway sent since that scrape.
         self.reported: float | None = None
         self.sent_since_scrape = 0
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """The next connection pool, round robin."""
+        self._next = (self._next + 1) % len(self.clients)
+        return self.clients[self._next]
 
     def load(self) -> float:
         running = float(self.running)
@@ -109,13 +119,16 @@ class UpstreamPool:
         self.upstreams: list[Upstream] = []
         for config in configs:
             headers = {"authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-            client = httpx.AsyncClient(
-                base_url=config.url,
-                headers=headers,
-                timeout=httpx.Timeout(None, connect=5.0),
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=512),
-            )
-            self.upstreams.append(Upstream(config, client))
+            clients = [
+                httpx.AsyncClient(
+                    base_url=config.url,
+                    headers=headers,
+                    timeout=httpx.Timeout(None, connect=5.0),
+                    limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+                )
+                for _ in range(POOL_SHARDS)
+            ]
+            self.upstreams.append(Upstream(config, clients))
         self.by_model: dict[str, list[Upstream]] = {}
         for upstream in self.upstreams:
             for model in upstream.config.models:
@@ -204,5 +217,6 @@ class UpstreamPool:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         for upstream in self.upstreams:
-            await upstream.client.aclose()
+            for client in upstream.clients:
+                await client.aclose()
         await self._probe.aclose()

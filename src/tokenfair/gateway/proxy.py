@@ -150,7 +150,20 @@ class CompletionProxy:
         gw = self.gw
         prompt = max(1, self._prompt_tokens(call))
         max_tokens = call.max_tokens or gw.config.default_max_tokens
+        if not gw.rate_ok(tenant):
+            gw.metrics.rejected.labels(tenant.name, "rate_limited").inc()
+            limit = f"{tenant.rpm} requests per minute"
+            await response.error(
+                APIError(
+                    429,
+                    f"tenant {tenant.name!r} is over its limit of {limit}",
+                    code="rate_limited",
+                    headers={"retry-after": "1"},
+                )
+            )
+            return
         if prompt + max_tokens > tenant.max_tokens_per_request:
+            gw.metrics.rejected.labels(tenant.name, "too_long").inc()
             await response.error(
                 APIError(
                     400,
@@ -176,6 +189,7 @@ class CompletionProxy:
                 try:
                     await gw.admission.wait(ticket, tenant.max_waiting)
                 except AdmissionRefused as refused:
+                    gw.metrics.rejected.labels(tenant.name, refused.code).inc()
                     retry = {"retry-after": "1"} if refused.status in (429, 503) else {}
                     await response.error(
                         APIError(refused.status, refused.message, code=refused.code, headers=retry)
@@ -212,10 +226,11 @@ class CompletionProxy:
     ) -> tuple[httpx.Response | None, BaseException | None]:
         path = "/v1/chat/completions" if call.kind == "chat" else "/v1/completions"
         try:
-            request = upstream.client.build_request(
+            client = upstream.client
+            request = client.build_request(
                 "POST", path, content=call.body, headers=_UPSTREAM_HEADERS
             )
-            return await upstream.client.send(request, stream=True), None
+            return await client.send(request, stream=True), None
         except httpx.HTTPError as error:
             self.gw.pool.mark_failure(upstream, f"request failed ({type(error).__name__})")
             return None, error
