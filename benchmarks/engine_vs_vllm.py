@@ -159,13 +159,15 @@ def _serve(run, channel) -> None:
 
 def worker_tokenfair(model_dir: str) -> None:
     channel = _private_channel()
-    import torch
-
-    torch.set_num_threads(THREADS)
-    from tokenfair.core.request import SamplingParams
+    # tokenfair.engine.hf before torch: it sets torch's OpenMP wait policy.
+    from tokenfair.core.request import SamplingParams  # noqa: I001
     from tokenfair.engine.hf.kv_pool import kv_bytes_per_token
     from tokenfair.engine.hf.loader import load_model
     from tokenfair.llm import LLM
+
+    import torch
+
+    torch.set_num_threads(THREADS)
 
     loaded = load_model(model_dir, device="cpu", dtype="float32")
     kv_tokens = KV_GIB * 2**30 // kv_bytes_per_token(loaded.model.config, torch.float32)

@@ -17,6 +17,7 @@ import torch
 
 from tokenfair.core.batch import ExecutorOutput, SchedulerOutput
 from tokenfair.engine.hf.attention import ATTENTION_NAME, LAYOUT_KWARG
+from tokenfair.engine.hf.cpu_runtime import keep_freed_memory, passive_wait_in_effect
 from tokenfair.engine.hf.kv_pool import KVPool, KVShape, describe_kv_budget
 from tokenfair.engine.hf.paged_cache import PagedKVCache
 from tokenfair.engine.hf.sampler import Sampler
@@ -72,6 +73,14 @@ class HFExecutor:
             raise ValueError(f"attention must be 'paged' or 'masked', got {attention!r}")
         self.model = model.eval()
         self.device = next(model.parameters()).device
+        if self.device.type == "cpu":
+            keep_freed_memory()
+            if not passive_wait_in_effect():
+                log.warning(
+                    "torch was imported before tokenfair.engine.hf and OMP_WAIT_POLICY is not "
+                    "PASSIVE: on a busy machine OpenMP threads will spin; set "
+                    "OMP_WAIT_POLICY=PASSIVE in the environment"
+                )
         self.dtype = next(model.parameters()).dtype
         self.kv_shape = KVShape.from_config(model.config, self.dtype)
         self.pool = KVPool(self.kv_shape, num_blocks, block_size, self.device, num_swap_blocks)
