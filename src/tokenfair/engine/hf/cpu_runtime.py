@@ -40,13 +40,20 @@ def default_openmp_environment() -> None:
 
     Must run before torch is first imported; later it changes nothing.
     """
+    global _policy_set_here
     if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+        _policy_set_here = True
 
 
 def passive_wait_in_effect() -> bool:
     """False when torch was imported before the policy was set (it then spins)."""
     return os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE" and not _torch_preloaded
+
+
+def policy_came_too_late() -> bool:
+    """We chose the policy (the user did not) but torch had already been loaded."""
+    return _policy_set_here and _torch_preloaded
 
 
 def keep_freed_memory() -> bool:
@@ -73,3 +80,4 @@ def keep_freed_memory() -> bool:
 
 
 _torch_preloaded = "torch" in sys.modules
+_policy_set_here = False

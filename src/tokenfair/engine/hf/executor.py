@@ -17,7 +17,7 @@ import torch
 
 from tokenfair.core.batch import ExecutorOutput, SchedulerOutput
 from tokenfair.engine.hf.attention import ATTENTION_NAME, LAYOUT_KWARG
-from tokenfair.engine.hf.cpu_runtime import keep_freed_memory, passive_wait_in_effect
+from tokenfair.engine.hf.cpu_runtime import keep_freed_memory, policy_came_too_late
 from tokenfair.engine.hf.decode_graphs import StaticDecode
 from tokenfair.engine.hf.kv_pool import KVPool, KVShape, describe_kv_budget
 from tokenfair.engine.hf.paged_cache import PagedKVCache
@@ -77,7 +77,7 @@ class HFExecutor:
         self.device = next(model.parameters()).device
         if self.device.type == "cpu":
             keep_freed_memory()
-            if not passive_wait_in_effect():
+            if policy_came_too_late():
                 log.warning(
                     "torch was imported before tokenfair.engine.hf and OMP_WAIT_POLICY is not "
                     "PASSIVE: on a busy machine OpenMP threads will spin; set "
