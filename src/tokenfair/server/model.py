@@ -130,7 +130,7 @@ def build_served_model(
     return ServedModel(
         name=name,
         engine=engine,
-        tokenizer=loaded.tokenizer,  # type: ignore[arg-type]
+        tokenizer=loaded.tokenizer,
         max_context=max_positions or engine.scheduler.config.kv_tokens,
         vocab_size=int(vocab) if vocab else None,
         has_chat_template=has_template,

@@ -102,7 +102,7 @@ def build_tiny(
         head = model.lm_head.weight
         head.mul_(keep[:, None] * OUTPUT_SCALE)
         head[EOS].mul_(EOS_SCALE)
-    model = model.to(device=device, dtype=dtype)  # type: ignore[call-arg]  # transformers' .to stub
+    model = model.to(device=device, dtype=dtype)
     return model.eval()
 
 

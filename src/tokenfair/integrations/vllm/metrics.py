@@ -144,7 +144,7 @@ def serve_prometheus(ledger: Ledger[Any], host: str, port: int, engine: str) -> 
     from prometheus_client import CollectorRegistry, start_http_server
 
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(_LedgerCollector(ledger, engine))  # type: ignore[arg-type]
+    registry.register(_LedgerCollector(ledger, engine))
     try:
         server, _thread = start_http_server(port, addr=host, registry=registry)
     except OSError as error:
