@@ -7,7 +7,7 @@ import pytest
 
 from tests.server.conftest import Server
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 PROMPTS = ["Hello", "The quick brown fox", "tokenfair serves tenants fairly. "]
 

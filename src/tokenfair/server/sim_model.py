@@ -44,7 +44,10 @@ def sim_profile(name: str) -> StepTimeProfile:
             raise ValueError(f"sim profile {name!r}: step time must be in [0, 60) seconds")
         fixed = LinearStepProfile(name, seconds, 0.0, 0.0, 0.0, 0.0, 0.0, f"{seconds} s per step")
         return cast(StepTimeProfile, fixed)
-    return load_profile(name)
+    try:
+        return load_profile(name)
+    except ValueError as error:
+        raise ValueError(f"sim:{name}: {error}; or zero, or fixed:SECONDS") from None
 
 
 class WallClockSimExecutor:
