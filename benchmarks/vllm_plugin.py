@@ -4,8 +4,9 @@ Two scenarios, each against stock vLLM (FCFS) and vLLM with
 `--scheduler-cls tokenfair.integrations.vllm.FairScheduler` (VTC), on a random Llama
 (hidden 256, 4 layers, vocab 1024) on vLLM's CPU build, one server per mode:
 
-- flood: a heavy tenant sends `--flood` requests at once (64 in, 64 out); a light
-  tenant sends one request at a time (16 in, 8 out) while the flood lasts. Light TTFT
+- flood: for `--flood-s` seconds a heavy tenant keeps `--flood` requests outstanding
+  (64 in, 64 out; each one that ends is replaced) while a light tenant sends one
+  request at a time (16 in, 8 out). Light TTFT
   p90 and output tok/s; greedy outputs of every request compared between the modes;
 - arena: the paper's trace (shared/traces/arena_vtc_600s.jsonl, 27 clients) replayed
   in real time: a seeded `--sample` of its requests (every client keeps its arrival
@@ -170,23 +171,29 @@ def make_client(url: str) -> openai.AsyncOpenAI:
 
 
 async def flood(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The heavy tenant keeps `--flood` requests outstanding for `--flood-s` seconds
+    (each one that ends is replaced); the light tenant sends its next request when the
+    previous one ends, for as long."""
     client = make_client(url)
-    rng = random.Random(1)
-    heavy_prompts = [prompt(HEAVY[0], rng) for _ in range(args.flood)]
-    light_prompts = [prompt(LIGHT[0], rng) for _ in range(1000)]
     results: list[dict[str, Any]] = []
     start = time.monotonic()
-    heavy = [
-        asyncio.create_task(stream(client, f"heavy-{i}", "heavy", p, HEAVY[1], start, results))
-        for i, p in enumerate(heavy_prompts)
-    ]
-    light = 0
-    while not all(task.done() for task in heavy):
-        await stream(
-            client, f"light-{light}", "light", light_prompts[light], LIGHT[1], start, results
-        )
-        light += 1
-    await asyncio.gather(*heavy)
+    end = start + args.flood_s
+    counter = iter(range(1_000_000))
+
+    async def heavy_loop() -> None:
+        while time.monotonic() < end:
+            i = next(counter)
+            tokens = prompt(HEAVY[0], random.Random(f"heavy-{i}"))
+            await stream(client, f"heavy-{i}", "heavy", tokens, HEAVY[1], start, results)
+
+    async def light_loop() -> None:
+        i = 0
+        while time.monotonic() < end:
+            tokens = prompt(LIGHT[0], random.Random(f"light-{i}"))
+            await stream(client, f"light-{i}", "light", tokens, LIGHT[1], start, results)
+            i += 1
+
+    await asyncio.gather(*(heavy_loop() for _ in range(args.flood)), light_loop())
     await client.close()
     return results
 
@@ -267,11 +274,12 @@ def arena_figures(results: list[dict[str, Any]], args: argparse.Namespace) -> di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--flood", type=int, default=48, help="heavy requests (default 48)")
-    parser.add_argument("--time-scale", type=float, default=0.2, help="trace time factor")
+    parser.add_argument("--flood", type=int, default=48, help="heavy requests outstanding")
+    parser.add_argument("--flood-s", type=float, default=40.0, help="flood duration (s)")
+    parser.add_argument("--time-scale", type=float, default=0.1, help="trace time factor")
     parser.add_argument("--length-scale", type=float, default=0.15, help="trace length factor")
     parser.add_argument(
-        "--sample", type=float, default=0.3, help="share of the trace's requests replayed"
+        "--sample", type=float, default=0.5, help="share of the trace's requests replayed"
     )
     parser.add_argument("--max-num-seqs", type=int, default=8)
     parser.add_argument("--kv-tokens", type=int, default=8192)
@@ -332,23 +340,25 @@ def main() -> None:
 
 def print_flood(runs: dict[str, Any], args: argparse.Namespace, common: dict[str, Any]) -> None:
     stock, plugin = flood_figures(runs["stock"]["flood"]), flood_figures(runs["plugin"]["flood"])
-    heavy_text = {
-        mode: {r["request_id"]: r["text"] for r in runs[mode]["flood"] if r["client"] == "heavy"}
-        for mode in runs
-    }
+    # Greedy outputs: each request's text, for the requests both modes sent (a
+    # request's prompt is seeded by its id).
+    texts = {mode: {r["request_id"]: r["text"] for r in runs[mode]["flood"]} for mode in runs}
+    both = texts["stock"].keys() & texts["plugin"].keys()
     print(
         json.dumps(
             {
                 **common,
                 "scenario": "flood",
-                "heavy_requests": args.flood,
+                "heavy_outstanding": args.flood,
+                "seconds": args.flood_s,
                 "stock": stock,
                 "plugin": plugin,
                 "light_ttft_p90_ratio": round(
                     plugin["light_ttft_p90_s"] / stock["light_ttft_p90_s"], 3
                 ),
                 "throughput_ratio": round(plugin["output_tok_s"] / stock["output_tok_s"], 3),
-                "greedy_identical": heavy_text["stock"] == heavy_text["plugin"],
+                "greedy_identical": all(texts["stock"][r] == texts["plugin"][r] for r in both),
+                "greedy_compared": len(both),
             }
         )
     )
