@@ -168,7 +168,17 @@ async def _flood(url: str):
         asyncio.create_task(_stream(client, "heavy", 64, 24 + (13 * i) % 32, i, log))
         for i in range(20)
     ]
-    await asyncio.sleep(1.0)  # the flood is queued and running
+    # The flood is queued and running: wait for vLLM's own gauge rather than a fixed
+    # delay, which a busy machine stretches past the flood's start.
+    async with httpx.AsyncClient(base_url=url, timeout=10) as probe:
+        for _ in range(600):
+            text = (await probe.get("/metrics")).text
+            waiting = re.search(
+                r"^vllm:num_requests_waiting(?:\{[^}]*\})? ([0-9.e+]+)$", text, re.M
+            )
+            if waiting and float(waiting.group(1)) >= 2 * MAX_NUM_SEQS:
+                break
+            await asyncio.sleep(0.1)
     for i in range(4):
         await _stream(client, "light", 16, 4, 100 + i, log)
     await asyncio.gather(*heavy)
