@@ -50,6 +50,23 @@ def test_help_prints_brackets_and_no_type_noise_on_flags() -> None:
     assert "--full / --no-full" in metrics and "<bool>" not in metrics
 
 
+def test_no_help_text_shows_type_noise_on_flags() -> None:
+    commands = [
+        [],
+        ["simulate"],
+        ["metrics"],
+        ["generate"],
+        ["profile"],
+        ["demo"],
+        ["trace", "gen"],
+    ]
+    commands += [["trace", "convert"], ["experiment", "paper"], ["experiment", "compare"]]
+    for command in commands:
+        result = runner.invoke(app, [*command, "--help"])
+        assert result.exit_code == 0, command
+        assert "<bool>" not in result.stdout and "Traceback" not in result.stdout, command
+
+
 def test_simulate_help_shows_each_presets_defaults() -> None:
     text = " ".join(runner.invoke(app, ["simulate", "--help"]).stdout.split())
     for fragment in (

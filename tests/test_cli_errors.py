@@ -227,3 +227,43 @@ def test_compare_needs_a_folder(tmp_path: Path) -> None:
         ["experiment", "compare", "--trace", str(trace_file(tmp_path)), "--out", str(file)]
     )
     assert f"--out {file} is a file" in line
+
+
+def test_weights_file_that_cannot_be_read(tmp_path: Path) -> None:
+    trace = str(trace_file(tmp_path))
+    missing = tmp_path / "absent.json"
+    line = error_line(["simulate", "--trace", trace, "--weights", str(missing)])
+    assert f"cannot read weights file {missing}: No such file or directory" in line
+    broken = tmp_path / "w.json"
+    broken.write_text('{"c0": 1,\n')
+    line = error_line(["simulate", "--trace", trace, "--weights", str(broken)])
+    assert f"weights file {broken}:2: not JSON" in line
+
+
+def test_experiment_outputs_and_profile_checked_first(tmp_path: Path) -> None:
+    file = tmp_path / "a-file"
+    file.write_text("")
+    line = error_line(["experiment", "paper", "--out", str(file), "--shared", str(tmp_path)])
+    assert f"--out {file} is a file" in line
+    line = error_line(
+        [
+            "experiment",
+            "compare",
+            "--trace",
+            str(trace_file(tmp_path)),
+            "--profile",
+            "nope",
+            "--out",
+            str(tmp_path / "c"),
+        ]
+    )
+    assert "unknown profile 'nope'" in line and not (tmp_path / "c").exists()
+
+
+def test_output_in_a_new_folder_is_made_before_the_work(tmp_path: Path) -> None:
+    out = tmp_path / "new" / "deeper" / "r.jsonl"
+    result = runner.invoke(
+        app, ["simulate", "--trace", str(trace_file(tmp_path)), "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert out.is_file()

@@ -120,8 +120,13 @@ def test_no_import_cycle_between_modules() -> None:
             visit(name, [])
 
 
+# Modules allowed over MAX_LINES while being split (none now).
+LONG_MODULES_BEING_SPLIT: dict[str, int] = {}
+
+
 def test_no_module_over_400_lines() -> None:
+    lengths = {name: len(path.read_text().splitlines()) for name, path in MODULES.items()}
     long = {
-        name: n for name, p in MODULES.items() if (n := len(p.read_text().splitlines())) > MAX_LINES
+        name: n for name, n in lengths.items() if n > LONG_MODULES_BEING_SPLIT.get(name, MAX_LINES)
     }
     assert not long

@@ -55,21 +55,32 @@ def test_too_long_request_is_an_error_not_a_hang():
         small.generate("hello", SamplingParams(max_tokens=100))
 
 
-def test_generate_command_streams_the_completion():
+def test_generate_command_streams_the_completion(llm):
     pieces = list(generate_command("builtin:tiny", "Hello", max_tokens=12, temperature=0.0))
     text = "".join(pieces)
     assert all(isinstance(p, str) and p for p in pieces)
     assert 0 < len(text) <= 12
     assert len(pieces) > 1  # piece by piece, not the whole text at the end
-    assert "".join(generate_command("builtin:tiny", "Hello", max_tokens=12)) == text
-    llm = LLM("builtin:tiny", device="cpu")
     sampling = SamplingParams(max_tokens=12)
-    assert "".join(llm.stream("Hello", sampling)) == llm.generate("Hello", sampling)[0].text
+    assert text == llm.generate("Hello", sampling)[0].text
+    assert "".join(llm.stream("Hello", sampling)) == text
 
 
-def test_abandoned_stream_aborts_its_request():
-    llm = LLM("builtin:tiny", device="cpu")
+def test_abandoned_stream_aborts_its_request(llm):
     stream = llm.stream("Hello", SamplingParams(max_tokens=50, ignore_eos=True))
     next(stream)
     stream.close()
     assert not llm.engine.has_unfinished()
+
+
+def test_generate_command_line_prints_the_streamed_text(llm):
+    from typer.testing import CliRunner
+
+    from tokenfair.cli import app
+
+    result = CliRunner().invoke(
+        app, ["generate", "--prompt", "Hello", "--max-tokens", "12", "--device", "cpu"]
+    )
+    assert result.exit_code == 0, result.output
+    expected = llm.generate("Hello", SamplingParams(max_tokens=12))[0].text
+    assert result.stdout == expected + "\n"

@@ -7,13 +7,18 @@ random bf16 weights on the GPU (nothing downloaded), then for batch sizes 1, 32 
 - decode tok/s: B requests generating `--output` tokens; decode time is the run's time
   minus the prefill-only run's, over B x (output - 1) tokens;
 - for our engine, the mean decode step time at each batch and its share of the memory
-  bandwidth limit (weight bytes / `--hbm-tb-s` per step: every decode step reads all
-  weights once).
+  bandwidth limit: every decode step reads all weights once plus every running
+  request's KV cache, so the limit is (weight bytes + batch x mean context x KV bytes
+  per token) / `--hbm-tb-s`.
+
+Pure-decode steps run as CUDA graphs in batch/width buckets (the engine's default on
+CUDA); `--eager` measures without them, for comparison.
 
 Exits with a message (and status 0) when there is no CUDA device. `--smoke` runs the
 same code with a tiny model on CPU, to check the script itself. Prints one JSON line.
 
-    python benchmarks/gpu/decode_throughput.py [--batches 1 32 128] [--prompt 512] [--output 128]
+    PYTHONPATH=src .venv/bin/python benchmarks/gpu/decode_throughput.py [--eager]
+        [--batches 1 32 128] [--prompt 512] [--output 128] [--hbm-tb-s 4.8]
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from tokenfair.core.request import Request, SamplingParams
 from tokenfair.engine.hf.factory import make_hf_engine
+from tokenfair.engine.hf.kv_pool import kv_bytes_per_token as kv_bytes_per_token_for
 from tokenfair.engine.hf.loader import LoadedModel
 
 LLAMA2_7B = dict(
@@ -54,7 +60,7 @@ def build_model(shape: dict, device: str, dtype: torch.dtype) -> LlamaForCausalL
     torch.manual_seed(0)
     with torch.device(device):
         model = LlamaForCausalLM(LlamaConfig(**shape, dtype=dtype))
-    return model.to(dtype).eval()
+    return model.to(dtype).eval()  # type: ignore[arg-type]
 
 
 def sync(device: str) -> None:
@@ -104,6 +110,7 @@ def main() -> int:
     parser.add_argument("--output", type=int, default=128)
     parser.add_argument("--hbm-tb-s", type=float, default=4.8, help="memory bandwidth (H200: 4.8)")
     parser.add_argument("--skip-generate-batch", action="store_true")
+    parser.add_argument("--eager", action="store_true", help="no CUDA graphs for decode steps")
     parser.add_argument("--smoke", action="store_true", help="tiny model on CPU: checks the script")
     args = parser.parse_args()
 
@@ -121,12 +128,17 @@ def main() -> int:
 
     model = build_model(shape, device, dtype)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    bound_step_s = weight_bytes / (args.hbm_tb_s * 1e12)
+    bandwidth = args.hbm_tb_s * 1e12
+    kv_bytes_per_token = kv_bytes_per_token_for(model.config, dtype)
     vocab = shape["vocab_size"]
     kv_tokens = max(args.batches) * (args.prompt + args.output + 16) + 4096
     loaded = LoadedModel("llama-2-7b-shaped-random", model, None)
     engine = make_hf_engine(
-        loaded, kv_tokens=kv_tokens, max_num_seqs=max(args.batches), max_batched_tokens=8192
+        loaded,
+        kv_tokens=kv_tokens,
+        max_num_seqs=max(args.batches),
+        max_batched_tokens=8192,
+        static_decode=not args.eager,
     )
     run_ours(engine, prompts_for(2, 16, vocab), 4, "warm")
 
@@ -136,10 +148,13 @@ def main() -> int:
         prefill_s, _ = run_ours(engine, prompts, 1, f"p{batch}")
         total_s, step_s = run_ours(engine, prompts, args.output, f"d{batch}")
         decode_tokens = batch * (args.output - 1)
+        mean_context = args.prompt + args.output / 2
+        bound_step_s = (weight_bytes + batch * mean_context * kv_bytes_per_token) / bandwidth
         ours[str(batch)] = {
             "prefill_tok_s": round(batch * args.prompt / prefill_s, 1),
             "decode_tok_s": round(decode_tokens / max(total_s - prefill_s, 1e-9), 1),
             "decode_step_ms": round(1000 * step_s, 3),
+            "bound_step_ms": round(1000 * bound_step_s, 3),
             "bandwidth_share": round(bound_step_s / step_s, 3),
         }
 
@@ -167,7 +182,8 @@ def main() -> int:
                 "model": "llama-2-7b-shaped random" if not args.smoke else "tiny smoke",
                 "dtype": str(dtype),
                 "weight_gb": round(weight_bytes / 1e9, 2),
-                "bandwidth_bound_step_ms": round(1000 * bound_step_s, 3),
+                "weights_only_step_ms": round(1000 * weight_bytes / bandwidth, 3),
+                "cuda_graphs": not args.eager and device == "cuda",
                 "prompt": args.prompt,
                 "output": args.output,
                 "tokenfair": ours,

@@ -63,6 +63,7 @@ def main_options(
 def policies() -> None:
     """List the scheduling policies by name.
 
+    \b
     Example: tokenfair policies
     """
     table = Table("policy", "what it does")
@@ -75,6 +76,7 @@ def policies() -> None:
 def profiles() -> None:
     """List the shipped simulator step-time profiles.
 
+    \b
     Example: tokenfair profiles
     """
     from tokenfair.engine.sim.profile import builtin_profiles, load_profile
@@ -97,6 +99,7 @@ def demo(
     print the arena table, which of the paper's findings this run reproduces, and where
     the report (markdown, HTML, PNG) is.
 
+    \b
     Example: tokenfair demo --shared ../shared --out out/demo
     """
     from tokenfair.commands.experiment import run_demo

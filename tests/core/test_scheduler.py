@@ -185,6 +185,9 @@ def test_vtc_preempt_admits_underserved_client_within_one_step():
     # The heavy client's 4 running requests gain 2 x 4 per step: about 50/8 steps.
     assert step - 40 <= threshold // 8 + 2
     assert scheduler.num_preemptions == 1
+    # The policy's own choice, not memory pressure (no sizing problem to report).
+    assert scheduler.num_policy_preemptions == 1
+    assert scheduler.num_memory_preemptions == 0
 
 
 def test_plain_vtc_keeps_an_underserved_client_waiting_for_a_free_seat():

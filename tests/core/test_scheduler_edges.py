@@ -1,9 +1,12 @@
 """Edge cases found in review: each test pins one fixed behaviour."""
 
+import pytest
+
+from tokenfair.core.kv_cache import KVCacheManager
 from tokenfair.core.policies import make_policy
 from tokenfair.core.policies.priority import PriorityPolicy
 from tokenfair.core.request import FinishReason
-from tokenfair.core.scheduler import Scheduler, SchedulerConfig
+from tokenfair.core.scheduler import ConfigError, Scheduler, SchedulerConfig
 
 from .helpers import fake_step, make_request
 
@@ -122,3 +125,54 @@ def test_vtc_preempt_never_pushes_out_a_request_admitted_in_the_same_step():
         fake_step(scheduler, step)
     assert victims, "threshold 0 must preempt"
     assert all(computed > 0 for computed in victims)  # every victim had run a step
+
+
+def test_a_fairness_preemption_gives_the_victims_tokens_back_to_the_step_budget():
+    # Four decoding requests leave 1 token of the 5-token budget; the one preempted for
+    # the light client gives its token back, so the light prompt's 2 tokens both run
+    # in that step instead of a 1-token chunk.
+    config = SchedulerConfig(kv_tokens=1024, block_size=4, max_num_seqs=4, max_batched_tokens=5)
+    scheduler = Scheduler(config, make_policy("vtc-preempt:0"))
+    for _ in range(6):
+        scheduler.add_request(make_request(client="heavy", input_tokens=1, output_tokens=200), 0)
+    for step in range(5):
+        fake_step(scheduler, step)
+    assert len(scheduler.running) == 4
+    light = make_request(client="light", input_tokens=2, output_tokens=5)
+    scheduler.add_request(light, 5)
+    for step in range(5, 20):
+        out = fake_step(scheduler, step)
+        if scheduler.num_policy_preemptions:
+            break
+    assert [s.num_new_tokens for s in out.scheduled if s.request is light] == [2]
+    assert sum(s.num_new_tokens for s in out.scheduled) == config.max_batched_tokens
+    assert scheduler.num_policy_preemptions == 1 and scheduler.num_memory_preemptions == 0
+
+
+def test_allocate_decides_and_takes_nothing_when_the_pool_is_short():
+    kv = KVCacheManager(num_blocks=4, block_size=4)
+    a, b = make_request(input_tokens=8), make_request(input_tokens=12)
+    assert kv.allocate(a, 8) and kv.num_free_blocks == 2
+    assert not kv.allocate(b, 12)  # needs 3 blocks, 2 free
+    assert kv.num_free_blocks == 2 and b.request_id not in kv.block_tables
+    assert kv.blocks_for(9) == 3 and kv.blocks_needed(a, 9) == 1
+    kv.check_invariants()
+
+
+def test_a_trace_request_stops_at_its_output_length_under_a_larger_max_tokens():
+    scheduler = Scheduler(SchedulerConfig.paper(kv_tokens=1000), make_policy("fcfs"))
+    request = make_request(input_tokens=10, output_tokens=5, max_tokens=50)
+    request.eos_token_ids = frozenset()  # no EOS: only the target can stop it
+    scheduler.add_request(request, 0)
+    for step in range(20):
+        fake_step(scheduler, step)
+    assert request.num_output_tokens == 5
+    assert request.finish_reason is FinishReason.STOP
+
+
+def test_router_settings_without_reserve_admission_are_refused():
+    with pytest.raises(ConfigError, match="adapter_tokens_per_client"):
+        SchedulerConfig(adapter_tokens_per_client=32)
+    config = SchedulerConfig.paper()
+    assert config.retry_admission_every_step and config.reserve_strictly_below_pool
+    assert config.reserve_peak_excludes_last_token and config.adapter_tokens_per_client == 32

@@ -94,9 +94,11 @@ def test_report_numbers_equal_a_direct_fairness_report(tiny_experiment):
             SchedulerConfig.paper(),
         )
         direct = fairness_report(sim.results, duration_s=90.0, window_s=20.0, warmup_s=10.0)
-        row = next(r for r in tiny_experiment.rows_for("tiny") if r["policy"] == policy)
+        row = next(r for r in tiny_experiment.rows_for("tiny") if r.policy == policy)
         for key in ("max_diff", "avg_diff", "diff_var", "throughput_tok_s"):
-            assert row[key] == pytest.approx(getattr(direct, key), rel=1e-12, abs=1e-9), key
+            assert getattr(row, key) == pytest.approx(getattr(direct, key), rel=1e-12, abs=1e-9), (
+                key
+            )
         report = (tiny_experiment.out_dir / "report.md").read_text()
         assert f"| {policy} | {direct.max_diff:,.2f} | {direct.avg_diff:,.2f} |" in report
 
@@ -105,14 +107,14 @@ def test_saved_results_rescore_to_the_reported_row(tiny_experiment):
     records = read_results(tiny_experiment.out_dir / "results" / "tiny" / "fcfs.jsonl")
     again = fairness_report(records, duration_s=90.0, window_s=20.0, warmup_s=10.0)
     row = tiny_experiment.rows_for("tiny")[0]
-    assert again.max_diff == pytest.approx(row["max_diff"])
+    assert again.max_diff == pytest.approx(row.max_diff)
 
 
 @pytest.mark.slow
 def test_quick_arena_table_has_every_scheduler(quick_paper):
-    arena = [row["policy"] for row in quick_paper.rows_for(ARENA)]
+    arena = [row.policy for row in quick_paper.rows_for(ARENA)]
     assert arena == list(PAPER_POLICIES)
-    assert [row["policy"] for row in quick_paper.rows_for("overload")] == ["fcfs", "vtc"]
+    assert [row.policy for row in quick_paper.rows_for("overload")] == ["fcfs", "vtc"]
     rows = arena_table_rows(quick_paper.outcomes_for(ARENA))
     # Ours for every scheduler, the paper's beside each one it measured.
     assert sum(r[1] == PAPER_LABEL for r in rows) == len(PAPER_ARENA_TABLE)
@@ -123,16 +125,24 @@ def test_quick_arena_table_has_every_scheduler(quick_paper):
     assert "<table>" in html and 'src="figures/arena_table.png"' in html
 
 
+def test_quick_paper_report_compares_fcfs_ttft_with_the_measured_run(quick_paper):
+    assert len(quick_paper.measured_fcfs_arena) == 1500
+    assert_png(quick_paper.out_dir / "figures" / "arena_ttft_validation.png")
+    report = quick_paper.report_md.read_text()
+    assert "](figures/arena_ttft_validation.png)" in report
+    assert "per-request absolute error median" in report
+
+
 @pytest.mark.slow
 def test_quick_paper_checks_every_target(quick_paper):
     names = {t.name for t in quick_paper.targets}
     assert {"vtc-max-diff", "lcf-max-diff", "rpm5-throughput", "overload-vtc-bound"} <= names
     # Every target could be evaluated: the runs it needs were all part of the experiment.
     assert all(t.passed is not None for t in quick_paper.targets)
-    fcfs = next(r for r in quick_paper.rows_for(ARENA) if r["policy"] == "fcfs")
-    vtc = next(r for r in quick_paper.rows_for(ARENA) if r["policy"] == "vtc")
+    fcfs = next(r for r in quick_paper.rows_for(ARENA) if r.policy == "fcfs")
+    vtc = next(r for r in quick_paper.rows_for(ARENA) if r.policy == "vtc")
     check = next(t for t in quick_paper.targets if t.name == "vtc-max-diff")
-    assert check.passed == (vtc["max_diff"] <= 0.55 * fcfs["max_diff"])
+    assert check.passed == (vtc.max_diff <= 0.55 * fcfs.max_diff)
 
 
 def test_targets_without_runs_are_not_evaluated():

@@ -57,7 +57,7 @@ def test_a_good_config_loads() -> None:
         ),
         (
             "policy: 'rpm:x'\nupstreams:\n  - {url: 'http://x', models: [m], max_concurrent: 1}\n",
-            "<config>:1: policy: policy 'rpm:x': ",
+            "policy: policy 'rpm:x': the limit must be a whole number of requests per minute",
         ),
         (
             "redis: {url: 'http://x'}\nupstreams:\n  - {url: 'http://x', models: [m], max_concurrent: 1}\n",

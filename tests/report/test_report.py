@@ -103,5 +103,9 @@ def test_report_has_a_paragraph_table_and_figures_per_workload(light_experiment)
         assert f"figures/light_{kind}.png" in report
     # No paper section without the arena trace, and no typed-in paper numbers.
     assert "paper (A10G, measured)" not in report.split("## Workloads")[1]
+    # The light client waits under FCFS only: no client set is backlogged under both,
+    # so the figure compares the windowed difference D, not two different client sets.
+    titles = {f.title for f in figures}
+    assert "light: service difference over time" in titles
     html = light_experiment.report_html.read_text()
     assert html.count("<figure>") == len(figures)

@@ -10,6 +10,7 @@ score), as is a conversion that keeps no request.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -52,11 +53,12 @@ def describe_os_error(error: OSError) -> str:
 @contextmanager
 def user_errors(*extra: type[Exception]) -> Iterator[None]:
     """Turn the errors a user's input can cause into one line and exit status 2."""
+    caught: tuple[type[Exception], ...] = (ValueError, *extra)
     try:
         yield
     except OSError as error:
         fail(describe_os_error(error))
-    except (ValueError, *extra) as error:
+    except caught as error:
         fail(str(error))
 
 
@@ -71,6 +73,13 @@ def check_output_file(path: Path | None, option: str = "--out") -> None:
         parent = parent.parent
     if not parent.is_dir():
         fail(f"{option} {path}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK):
+        fail(f"{option} {path}: cannot write under {parent}")
+    if path.exists() and not os.access(path, os.W_OK):
+        fail(f"{option} {path}: the file is not writable")
+    # The folder is made now, so a long run cannot fail at the end for want of it.
+    with user_errors():
+        path.parent.mkdir(parents=True, exist_ok=True)
 
 
 def check_output_folder(path: Path, option: str = "--out") -> None:
@@ -120,9 +129,10 @@ def read_weights_file(path: Path | None) -> dict[str, float] | None:
 
 
 def check_weights(
-    weights: Mapping[str, float] | None, clients: Iterable[str], policies: Iterable[str]
+    weights: Mapping[str, float] | None, clients: Iterable[str], policies: Iterable[str] = ()
 ) -> None:
-    """Warn about weights that cannot matter: for absent clients or unweighted policies."""
+    """Warn about weights that cannot matter: for clients absent from the trace, or given
+    to `policies` that ignore them (pass none where weights also weigh the metrics)."""
     from tokenfair.core.policies.registry import uses_weights
 
     if not weights:

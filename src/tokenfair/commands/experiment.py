@@ -22,6 +22,7 @@ from tokenfair.commands.common import (
     check_weights,
     console,
     fail,
+    load_profile_option,
     read_trace_file,
     read_weights_file,
 )
@@ -67,7 +68,7 @@ def _ratio_text(value: float | None) -> str:
 def results_table(result: ExperimentResult, workload: str) -> Table:
     """One workload's rows; on the arena trace with the paper's numbers beside ours."""
     rows = result.rows_for(workload)
-    fcfs = next((r for r in rows if r["policy"] == "fcfs"), None)
+    fcfs = next((r for r in rows if r.policy == "fcfs"), None)
     with_paper = workload == ARENA
     columns = ["scheduler", "Max Diff", "Avg Diff", "Diff Var", "tok/s", "Max÷FCFS", "tok/s÷FCFS"]
     if with_paper:
@@ -76,16 +77,16 @@ def results_table(result: ExperimentResult, workload: str) -> Table:
     table = Table(*columns, title=title, box=box.SIMPLE_HEAD)
     for row in rows:
         cells = [
-            row["policy"],
-            f"{row['max_diff']:.1f}",
-            f"{row['avg_diff']:.1f}",
-            f"{row['diff_var']:.0f}",
-            f"{row['throughput_tok_s']:.0f}",
-            _ratio_text(ratio(row["max_diff"], fcfs["max_diff"]) if fcfs else None),
-            _ratio_text(ratio(row["throughput_tok_s"], fcfs["throughput_tok_s"]) if fcfs else None),
+            row.policy,
+            f"{row.max_diff:.1f}",
+            f"{row.avg_diff:.1f}",
+            f"{row.diff_var:.0f}",
+            f"{row.throughput_tok_s:.0f}",
+            _ratio_text(ratio(row.max_diff, fcfs.max_diff) if fcfs else None),
+            _ratio_text(ratio(row.throughput_tok_s, fcfs.throughput_tok_s) if fcfs else None),
         ]
         if with_paper:
-            paper = PAPER_ARENA_TABLE.get(row["policy"])
+            paper = PAPER_ARENA_TABLE.get(row.policy)
             cells += (
                 [f"{paper.max_diff:.1f}", f"{paper.avg_diff:.1f}", f"{paper.throughput_tok_s:.0f}"]
                 if paper
@@ -142,8 +143,10 @@ def paper(
 ) -> None:
     """Run the paper's experiments: every synthetic suite and the arena trace under FCFS, LCF, VTC (+predict, +oracle), RPM(5/20/30), vtc-preempt and weighted VTC, plus the KV pool / request length ablation; write OUT/report.md and OUT/report.html with figures.
 
+    \b
     Example: tokenfair experiment paper --quick --out experiments/paper --shared ../shared
     """
+    check_output_folder(out)
     if not (shared / "traces" / "arena_vtc_600s.jsonl").exists():
         fail(f"no arena trace under {shared}/traces: pass --shared DIR")
     with progress_bar("paper experiment") as advance:
@@ -176,6 +179,7 @@ def compare(
 ) -> None:
     """Replay a trace under several policies (the paper's system, simulated) and write the same report, figures and per-request results as `experiment paper`.
 
+    \b
     Example: tokenfair experiment compare --trace ../shared/traces/arena_vtc_600s.jsonl --policies fcfs,vtc,rpm:20 --out cmp
     """
     chosen = [p.strip() for p in policies.split(",") if p.strip()]
@@ -184,8 +188,10 @@ def compare(
     _check_policies(chosen)
     check_output_folder(out)
     records = read_trace_file(trace)
+    load_profile_option(profile)
     client_weights = read_weights_file(weights)
-    check_weights(client_weights, {r.client for r in records}, chosen)
+    # Weights also weigh the metrics here, so only absent clients are worth a warning.
+    check_weights(client_weights, {r.client for r in records})
     try:
         with progress_bar(f"compare {trace.name}") as advance:
             result = run_compare(
@@ -208,6 +214,7 @@ def compare(
 
 def run_demo(shared_dir: Path, out_dir: Path) -> None:
     """What `make demo` runs: the quick paper experiment, the arena table, the report path."""
+    check_output_folder(out_dir)
     if not (shared_dir / "traces" / "arena_vtc_600s.jsonl").exists():
         fail(f"no arena trace under {shared_dir}/traces: pass --shared DIR")
     with progress_bar("paper experiment (quick)") as advance:

@@ -39,13 +39,14 @@ def metrics(
     """Print the fairness metrics of SPEC section 6 (Max/Avg/Var Diff, throughput,
     per-client TTFT...) as JSON.
 
+    \b
     Example: tokenfair metrics vtc.jsonl --window 60 --warmup 30
     """
     from tokenfair.fairness.report import fairness_report
 
     records = read_results_file(results)
     client_weights = read_weights_file(weights)
-    check_weights(client_weights, {r.client for r in records}, ["vtc"])
+    check_weights(client_weights, {r.client for r in records})
     with user_errors():
         report = fairness_report(
             records,

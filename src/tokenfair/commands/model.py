@@ -46,6 +46,7 @@ def generate(
     builtin:tiny is a small randomly initialised Llama-shaped model: its text is
     meaningless; it exists to exercise the serving path without downloads.
 
+    \b
     Example: tokenfair generate --model builtin:tiny --prompt "Hello" --max-tokens 32 --seed 1
     """
     _require_torch()
@@ -71,6 +72,7 @@ def profile(
     """Measure engine step times over a grid of batch shapes and fit a simulator profile
     (needs the [model] extra).
 
+    \b
     Example: tokenfair profile --model builtin:tiny --out tiny-cpu.json
     then: tokenfair simulate --trace t.jsonl --profile tiny-cpu.json --preset engine --kv-tokens 20000
     """

@@ -90,6 +90,7 @@ def serve(
     from tokenfair.core.scheduler import ConfigError
     from tokenfair.server.app import create_app
     from tokenfair.server.model import build_served_model
+    from tokenfair.server.routes import FastPath
     from tokenfair.server.state import ServerConfig
     from tokenfair.server.tenants import TenantDirectory, TenantsFileError, load_tenants
 
@@ -132,7 +133,7 @@ def serve(
     app = create_app(served, directory, config)
     has = importlib.util.find_spec
     uv_config = uvicorn.Config(
-        app,
+        FastPath(app),
         host=host,
         port=port,
         loop="uvloop" if has("uvloop") else "asyncio",

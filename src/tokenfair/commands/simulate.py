@@ -177,6 +177,7 @@ def simulate(
     Prints one JSON summary (with the settings used); warnings (rejections,
     preemptions, weights) go to stderr.
 
+    \b
     Example: tokenfair simulate --trace ../shared/traces/arena_vtc_600s.jsonl --policy vtc --out vtc.jsonl
     """
     from tokenfair.core.cost import make_cost

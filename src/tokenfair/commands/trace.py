@@ -55,6 +55,7 @@ def generate(
 ) -> None:
     """Write one of the paper's workload suites (SPEC section 7) as a trace file.
 
+    \b
     Example: tokenfair trace gen overload --out overload.jsonl --seed 1
     """
     from tokenfair.workloads.suites import SUITES, generate_suite, suite_descriptions
@@ -74,16 +75,15 @@ def generate(
         fail(f"unknown suite {suite!r}; known suites: {', '.join(SUITES)}")
     check_output_file(out)
     check_output_file(weights_out, "--weights-out")
-    with user_errors():
-        generated = generate_suite(suite, seed=seed)
-    # Checked before anything is written: a failed command leaves no half of its output.
-    if weights_out is not None and not generated.weights:
-        weighted = [name for name in SUITES if generate_suite(name, seed).weights]
+    # Checked before any work: a failed command leaves no half of its output behind.
+    weighted = [n for n, d in SUITES.items() if any(c.weight != 1.0 for c in d.clients)]
+    if weights_out is not None and suite not in weighted:
         fail(
             f"--weights-out: suite {suite!r} has no client weights "
             f"(weighted suites: {', '.join(weighted)})"
         )
     with user_errors():
+        generated = generate_suite(suite, seed=seed)
         write_trace(generated.records, out)
         if weights_out is not None:
             weights_out.write_text(json.dumps(generated.weights, indent=2) + "\n")
@@ -115,6 +115,7 @@ def convert(
 ) -> None:
     """Convert a public trace (BurstGPT, Azure, Mooncake, ShareGPT) into tokenfair's JSONL.
 
+    \b
     Example: tokenfair trace convert burstgpt BurstGPT_1.csv --out burst.jsonl --client column:Model --skip-invalid
     """
     from tokenfair.workloads import convert as converters

@@ -86,7 +86,10 @@ class Scheduler:
 
     def _can_ever_fit(self, request: Request) -> bool:
         # Also in optimistic mode: a request that outgrows the whole pool would preempt
-        # itself forever (vLLM rejects it against max_model_len likewise).
+        # itself forever (vLLM rejects it against max_model_len likewise). In reserve
+        # mode it must pass the peak check alone (adapter share and margin included).
+        if self.config.admission == "reserve":
+            return reserve_peak_fits([request], self.kv, self.config)
         return self.kv.blocks_for(request.max_total_tokens) <= self.kv.num_blocks
 
     def abort(self, request_id: str, now: float, reason: FinishReason = FinishReason.ABORT) -> bool:

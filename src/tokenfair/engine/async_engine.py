@@ -86,11 +86,11 @@ class AsyncEngine:
     def __init__(
         self,
         engine: Engine,
-        on_step: Callable[[list[RequestOutput], float], None] | None = None,
+        on_step: Callable[[list[RequestOutput], float, int], None] | None = None,
     ) -> None:
         self.engine = engine
-        # Called on the loop with each step's outputs and the engine time they were
-        # produced at (metrics), before the streams see them.
+        # Called on the loop with each step's outputs, the engine time they were
+        # produced at and the engine's step count then (metrics), before the streams.
         self.on_step = on_step
         self.streams: dict[str, RequestStream] = {}
         self._cv = threading.Condition()
@@ -190,7 +190,9 @@ class AsyncEngine:
                         loop.call_soon_threadsafe(_resolve, future, result)
                 outputs = engine.step()
                 if outputs:
-                    loop.call_soon_threadsafe(self._dispatch, outputs, engine.clock.now())
+                    loop.call_soon_threadsafe(
+                        self._dispatch, outputs, engine.clock.now(), engine.num_steps
+                    )
         except BaseException as error:  # a bug in a step: fail every stream, loudly
             log.exception("the engine thread crashed")
             self.error = error
@@ -220,9 +222,9 @@ class AsyncEngine:
             if not ok:
                 self._close(stream)
 
-    def _dispatch(self, outputs: list[RequestOutput], now: float) -> None:
+    def _dispatch(self, outputs: list[RequestOutput], now: float, step: int) -> None:
         if self.on_step is not None:
-            self.on_step(outputs, now)
+            self.on_step(outputs, now, step)
         streams = self.streams
         for output in outputs:
             stream = streams.get(output.request_id)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +40,7 @@ from tokenfair.experiments.runner import (
     RunOutcome,
     run_jobs,
 )
-from tokenfair.experiments.summary import summary_row
+from tokenfair.experiments.summary import RunSummary, summary_row
 from tokenfair.experiments.targets import TargetCheck, check_targets
 from tokenfair.experiments.workloads import (
     ARENA,
@@ -50,13 +50,16 @@ from tokenfair.experiments.workloads import (
     trace_workload,
 )
 from tokenfair.fairness.metrics import DEFAULT_WARMUP_S, DEFAULT_WINDOW_S
-from tokenfair.results import write_results
+from tokenfair.measured import read_measured_reference
+from tokenfair.results import ResultRecord, write_results
 
-# The schedulers of the paper's real-trace table, plus our preempting VTC.
+# The schedulers of the paper's real-trace table, the artifact's exact VTC queue (the
+# one the paper's VTC row was measured with), and our preempting VTC.
 PAPER_POLICIES = (
     "fcfs",
     "lcf",
     "vtc",
+    "vtc-artifact",
     "vtc-predict",
     "vtc-oracle",
     "rpm:5",
@@ -73,6 +76,9 @@ WEIGHTED_POLICY = "wvtc"
 # The ablation compares VTC with FCFS in the full run; --quick runs VTC alone.
 ABLATION_POLICIES = ("fcfs", "vtc")
 QUICK_ABLATION_POLICIES = ("vtc",)
+# The arena trace served FCFS on the paper's A10G system (under shared/): the report
+# compares the simulated FCFS run with it request by request.
+MEASURED_FCFS_ARENA = "reference/a10g_llama7b_fcfs_arena_measured.jsonl"
 
 
 @dataclass(slots=True)
@@ -89,11 +95,13 @@ class ExperimentResult:
     quick: bool = False
     wall_s: float = 0.0
     settings: dict[str, Any] = field(default_factory=dict)
+    # The measured FCFS run of the arena trace (shared/), when the run had it.
+    measured_fcfs_arena: list[ResultRecord] = field(default_factory=list)
 
     def outcomes_for(self, workload: str) -> list[RunOutcome]:
         return [o for o in self.outcomes if o.workload.name == workload]
 
-    def rows_for(self, workload: str) -> list[dict[str, Any]]:
+    def rows_for(self, workload: str) -> list[RunSummary]:
         return [summary_row(o) for o in self.outcomes_for(workload)]
 
     @property
@@ -144,7 +152,7 @@ def write_run_files(result: ExperimentResult) -> None:
             }
             for w in result.workloads
         ],
-        "runs": [summary_row(o) for o in result.outcomes],
+        "runs": [summary_row(o).to_json() for o in result.outcomes],
         "ablation": [
             {**row_fields(row), "ratio_to_bound": row.ratio_to_bound} for row in result.ablation
         ],
@@ -153,8 +161,8 @@ def write_run_files(result: ExperimentResult) -> None:
     (result.out_dir / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
-def row_fields(row: Any) -> dict[str, Any]:
-    return {name: getattr(row, name) for name in row.__slots__}
+def row_fields(row: AblationRow | TargetCheck) -> dict[str, Any]:
+    return asdict(row)
 
 
 def _finish(result: ExperimentResult, started: float) -> ExperimentResult:
@@ -217,6 +225,7 @@ def run_paper_experiment(
         jobs += ablation_jobs(QUICK_ABLATION_POLICIES if quick else ABLATION_POLICIES)
     outcomes = run_jobs(jobs, workers, progress)
     main = [o for o in outcomes if not o.job.variant]
+    measured_path = shared_dir / MEASURED_FCFS_ARENA
     result = ExperimentResult(
         title="tokenfair: reproducing “Fairness in Serving Large Language Models”",
         out_dir=Path(out_dir),
@@ -234,6 +243,9 @@ def run_paper_experiment(
             "suite_policies": list(suite_policies),
             "workers": workers,
         },
+        measured_fcfs_arena=(
+            read_measured_reference(measured_path) if measured_path.exists() else []
+        ),
     )
     return _finish(result, started)
 

@@ -1,40 +1,70 @@
-"""One flat row of headline figures per run: what tables, JSON and the CLI print."""
+"""One flat row of headline figures per run: what tables, metrics.json and the CLI print."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from tokenfair.experiments.runner import RunOutcome
 
 
-def summary_row(outcome: RunOutcome) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class RunSummary:
     """The paper's table columns plus what explains them (rejections, preemptions, TTFT)."""
+
+    workload: str
+    policy: str
+    variant: str
+    max_diff: float
+    avg_diff: float
+    diff_var: float
+    throughput_tok_s: float
+    requests: int
+    served: int
+    rejected: int
+    preemptions: int
+    makespan_s: float
+    ttft_p50_s: float | None
+    ttft_p90_s: float | None
+    ttft_p99_s: float | None
+    jain_per_tick_mean: float | None
+    backlogged: list[str]
+    acc_diff_max: float
+    acc_diff_final: float
+    acc_diff_scope: str
+    sim_wall_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def summary_row(outcome: RunOutcome) -> RunSummary:
     report = outcome.report
     difference = report.accumulated_difference
-    return {
-        "workload": outcome.workload.name,
-        "policy": outcome.policy,
-        "variant": outcome.job.variant,
-        "max_diff": report.max_diff,
-        "avg_diff": report.avg_diff,
-        "diff_var": report.diff_var,
-        "throughput_tok_s": report.throughput_tok_s,
-        "requests": report.num_requests,
-        "served": report.num_served,
-        "rejected": report.num_rejected,
-        "preemptions": outcome.preemptions,
-        "makespan_s": outcome.makespan_s,
-        "ttft_p50_s": report.ttft_s.p50,
-        "ttft_p90_s": report.ttft_s.p90,
-        "ttft_p99_s": report.ttft_s.p99,
-        "jain_per_tick_mean": report.jain_per_tick_mean,
-        "backlogged": report.backlogged,
-        "acc_diff_max": difference.peak,
-        "acc_diff_final": difference.final,
-        "acc_diff_scope": difference.scope,
-        "sim_wall_s": outcome.wall_s,
-    }
+    return RunSummary(
+        workload=outcome.workload.name,
+        policy=outcome.policy,
+        variant=outcome.job.variant,
+        max_diff=report.max_diff,
+        avg_diff=report.avg_diff,
+        diff_var=report.diff_var,
+        throughput_tok_s=report.throughput_tok_s,
+        requests=report.num_requests,
+        served=report.num_served,
+        rejected=report.num_rejected,
+        preemptions=outcome.preemptions,
+        makespan_s=outcome.makespan_s,
+        ttft_p50_s=report.ttft_s.p50,
+        ttft_p90_s=report.ttft_s.p90,
+        ttft_p99_s=report.ttft_s.p99,
+        jain_per_tick_mean=report.jain_per_tick_mean,
+        backlogged=list(report.backlogged),
+        acc_diff_max=difference.peak,
+        acc_diff_final=difference.final,
+        acc_diff_scope=difference.scope,
+        sim_wall_s=outcome.wall_s,
+    )
 
 
 def find(outcomes: Sequence[RunOutcome], workload: str, policy: str) -> RunOutcome | None:

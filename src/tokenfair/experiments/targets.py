@@ -57,7 +57,9 @@ def _ratio_check(
     return TargetCheck(name, target, measured, accept(r))
 
 
-def linear_fit(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+def linear_fit(
+    x: Sequence[float] | np.ndarray, y: Sequence[float] | np.ndarray
+) -> tuple[float, float]:
     """Slope and coefficient of determination R² of a least-squares line through (x, y)."""
     xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     slope, intercept = np.polyfit(xs, ys, 1)

@@ -63,6 +63,19 @@ def accumulated_difference(
     when there are two or more of them, else over every served client (the artifact's
     curve, which then also counts clients that simply asked for less)."""
     clients = list(backlogged) if len(backlogged) >= 2 else None
+    return difference_among(records, clients, duration_s, warmup_s, weights, cost)
+
+
+def difference_among(
+    records: Sequence[ResultRecord],
+    clients: Sequence[str] | None,
+    duration_s: float,
+    warmup_s: float,
+    weights: Mapping[str, float] | None = None,
+    cost: CostFunction = DEFAULT_COST,
+) -> ServiceDifference:
+    """The accumulated service difference among `clients` (backlogged ones), or among
+    every served client when None: to compare runs over one set of clients."""
     times, values = accumulated_difference_curve(
         records, clients, duration_s, warmup_s, weights, cost
     )

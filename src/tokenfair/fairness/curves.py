@@ -14,11 +14,15 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from tokenfair.core.cost import DEFAULT_COST, CostFunction, request_cost
-from tokenfair.fairness.spans import accumulated_service, service_spans
+from tokenfair.fairness.metrics import NUM_TICK_INTERVALS, service_difference
+from tokenfair.fairness.spans import accumulated_service, demand_rates, service_rates, service_spans
 from tokenfair.results import ResultRecord
 
 # Points per curve: dense enough to look continuous, cheap for thousands of requests.
 GRID_POINTS = 120
+# The windowed service difference is sampled this many times per metric tick interval,
+# so the dense curve passes through each of the metrics' 19 tick values.
+POINTS_PER_TICK = 6
 # Response-time bins are this fraction of the rate window: short enough to show a
 # client's queue building up within one ON period.
 TTFT_BIN_FRACTION = 0.25
@@ -90,6 +94,28 @@ def accumulated_difference_curve(
         [np.asarray(acc[c]) / (weights.get(c, 1.0) if weights else 1.0) for c in chosen]
     )
     return offsets + warmup_s, stacked.max(axis=0) - stacked.min(axis=0)
+
+
+def service_difference_curve(
+    records: Sequence[ResultRecord],
+    duration_s: float,
+    window_s: float,
+    warmup_s: float,
+    weights: Mapping[str, float] | None = None,
+    cost: CostFunction = DEFAULT_COST,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The service difference D (SPEC section 6) between the metrics' first and last
+    ticks, sampled densely: window centres and D at each. Max/Avg Diff are taken over
+    the 19 tick points of this curve."""
+    step = (duration_s - warmup_s) / NUM_TICK_INTERVALS
+    count = (NUM_TICK_INTERVALS - 2) * POINTS_PER_TICK + 1
+    offsets = step * np.linspace(1.0, NUM_TICK_INTERVALS - 1.0, count)
+    spans = service_spans(records, cost)
+    ticks = offsets.tolist()
+    service = service_rates(spans, ticks, window_s, warmup_s)
+    demand = demand_rates(spans, ticks, window_s, warmup_s)
+    values = service_difference(service, demand, weights) or [0.0] * count
+    return offsets + warmup_s, np.asarray(values, dtype=float)
 
 
 def busiest_clients(

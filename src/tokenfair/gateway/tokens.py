@@ -79,4 +79,4 @@ def load_tokenizer(name: str) -> Tokenizer:
     """A transformers tokenizer from a local directory or the local hub cache."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(name)  # type: ignore[no-any-return]
+    return AutoTokenizer.from_pretrained(name)

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Any
+from typing import Protocol
 
+from tokenfair.core.cost import DEFAULT_COST
 from tokenfair.experiments.ablation import AblationRow, length_sweep, pool_sweep
 from tokenfair.experiments.experiment import ExperimentResult
 from tokenfair.experiments.paper_table import PAPER_ARENA_TABLE, PAPER_LABEL
@@ -31,6 +32,7 @@ from tokenfair.report.document import (
 )
 from tokenfair.report.figures import Figure, experiment_figures
 from tokenfair.report.narrative import workload_paragraph
+from tokenfair.report.validation_figure import validation_figures
 
 ARENA = "arena"
 SIMULATED_LABEL = "tokenfair (simulated)"
@@ -51,27 +53,43 @@ def fmt(value: float | None, digits: int = 2) -> str:
     return "–" if value is None else f"{value:,.{digits}f}"
 
 
-def _ratios(row: dict[str, float], base: dict[str, float] | None) -> list[str]:
+class Headline(Protocol):
+    """A row of the paper's table: ours (RunSummary) or the paper's (PaperRow)."""
+
+    @property
+    def max_diff(self) -> float: ...
+    @property
+    def avg_diff(self) -> float: ...
+    @property
+    def diff_var(self) -> float: ...
+    @property
+    def throughput_tok_s(self) -> float: ...
+
+
+def _ratios(row: Headline, base: Headline | None) -> list[str]:
     if base is None:
         return ["–", "–", "–"]
-    keys = ("max_diff", "avg_diff", "throughput_tok_s")
-    return [fmt(ratio(row[k], base[k]), 3) for k in keys]
+    return [
+        fmt(ratio(row.max_diff, base.max_diff), 3),
+        fmt(ratio(row.avg_diff, base.avg_diff), 3),
+        fmt(ratio(row.throughput_tok_s, base.throughput_tok_s), 3),
+    ]
 
 
 def arena_table_rows(outcomes: Sequence[RunOutcome]) -> list[tuple[str, ...]]:
     """Two rows per scheduler: ours, then the paper's where the paper has it."""
     ours = {o.policy: summary_row(o) for o in outcomes}
-    paper = {p: vars_of(row) for p, row in PAPER_ARENA_TABLE.items()}
+    paper = PAPER_ARENA_TABLE
     rows = []
     for policy, row in ours.items():
         rows.append(
             (
                 policy,
                 SIMULATED_LABEL,
-                fmt(row["max_diff"]),
-                fmt(row["avg_diff"]),
-                fmt(row["diff_var"]),
-                fmt(row["throughput_tok_s"], 0),
+                fmt(row.max_diff),
+                fmt(row.avg_diff),
+                fmt(row.diff_var),
+                fmt(row.throughput_tok_s, 0),
                 *_ratios(row, ours.get("fcfs")),
             )
         )
@@ -81,18 +99,14 @@ def arena_table_rows(outcomes: Sequence[RunOutcome]) -> list[tuple[str, ...]]:
                 (
                     "",
                     PAPER_LABEL,
-                    fmt(ref["max_diff"]),
-                    fmt(ref["avg_diff"]),
-                    fmt(ref["diff_var"]),
-                    fmt(ref["throughput_tok_s"], 0),
+                    fmt(ref.max_diff),
+                    fmt(ref.avg_diff),
+                    fmt(ref.diff_var),
+                    fmt(ref.throughput_tok_s, 0),
                     *_ratios(ref, paper["fcfs"]),
                 )
             )
     return rows
-
-
-def vars_of(row: Any) -> dict[str, Any]:
-    return {name: getattr(row, name) for name in row.__slots__}
 
 
 def workload_table(outcomes: Sequence[RunOutcome]) -> Table:
@@ -102,17 +116,17 @@ def workload_table(outcomes: Sequence[RunOutcome]) -> Table:
         row = summary_row(outcome)
         rows.append(
             (
-                row["policy"],
-                fmt(row["max_diff"]),
-                fmt(row["avg_diff"]),
-                fmt(row["diff_var"]),
-                fmt(row["throughput_tok_s"], 0),
+                row.policy,
+                fmt(row.max_diff),
+                fmt(row.avg_diff),
+                fmt(row.diff_var),
+                fmt(row.throughput_tok_s, 0),
                 _ratios(row, base)[0],
-                fmt(row["ttft_p90_s"], 1),
-                fmt(row["jain_per_tick_mean"], 3),
-                f"{row['acc_diff_final']:,.0f}" if row["acc_diff_scope"] == BACKLOGGED else "–",
-                str(row["rejected"]),
-                str(row["preemptions"]),
+                fmt(row.ttft_p90_s, 1),
+                fmt(row.jain_per_tick_mean, 3),
+                f"{row.acc_diff_final:,.0f}" if row.acc_diff_scope == BACKLOGGED else "–",
+                str(row.rejected),
+                str(row.preemptions),
             )
         )
     header = (
@@ -265,7 +279,7 @@ def intro_blocks(result: ExperimentResult) -> list[Block]:
             f"{suite_policies}, and `wvtc` on the weighted suite."
         )
     lines.append(
-        "Metrics (SPEC section 6): service = input + 2 × output tokens; ticks "
+        f"Metrics (SPEC section 6): service = {DEFAULT_COST.unit}; ticks "
         "x_i = (T − warmup)/20 · i, i = 1..19, window w and warmup per workload (T = 600 s "
         "for the arena trace, the suite's duration otherwise; w = 60 s, warmup = 30 s). "
         "Throughput counts input + output tokens from the first arrival to the last finish."
@@ -327,6 +341,6 @@ def write_report(result: ExperimentResult, figures: Sequence[Figure]) -> None:
 
 def publish(result: ExperimentResult) -> list[Figure]:
     """Draw every figure of an experiment and write its report; returns the figures."""
-    figures = experiment_figures(result)
+    figures = experiment_figures(result) + validation_figures(result)
     write_report(result, figures)
     return figures

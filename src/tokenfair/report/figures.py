@@ -4,8 +4,10 @@ Per workload:
 - `<name>_service_rate.png`: service rate per client over time, one panel per featured
   policy (FCFS, VTC, weighted VTC where it ran) sharing the y axis;
 - `<name>_response_time.png`: mean time to first token per client over time (by arrival);
-- `<name>_service_difference.png`: accumulated service difference over time, one line
-  per policy, with VTC's bound B when the curve is over backlogged clients.
+- `<name>_service_difference.png`: what separates the policies: the accumulated service
+  difference among the clients backlogged under every policy, with VTC's bound B, when
+  there are two or more of them; else the windowed service difference D over time, one
+  panel per policy against FCFS.
 Plus `arena_table.png` (Max/Avg Diff and throughput beside the paper's) and
 `ablation.png` (VTC's accumulated service difference per KV pool and request length).
 """
@@ -29,11 +31,12 @@ from tokenfair.experiments.experiment import ExperimentResult
 from tokenfair.experiments.paper_table import PAPER_ARENA_TABLE, PAPER_LABEL
 from tokenfair.experiments.runner import RunOutcome
 from tokenfair.experiments.workloads import Workload
-from tokenfair.fairness.bounds import BACKLOGGED, service_bound
+from tokenfair.fairness.bounds import difference_among, service_bound
 from tokenfair.fairness.curves import (
     busiest_clients,
     natural_key,
     response_time_curves,
+    service_difference_curve,
     service_rate_curves,
 )
 
@@ -168,27 +171,51 @@ def _policy_style(policy: str) -> dict:
     return {"linestyle": "--"} if policy.startswith("rpm") else {}
 
 
+def common_backlogged(outcomes: Sequence[RunOutcome]) -> list[str]:
+    """Clients backlogged (nearly) throughout under every policy, in natural order."""
+    sets = [set(o.report.backlogged) for o in outcomes]
+    return sorted(set.intersection(*sets), key=natural_key) if sets else []
+
+
 def plot_service_difference(
     workload: Workload, outcomes: Sequence[RunOutcome], out_dir: Path
 ) -> Figure:
+    """Like with like: the accumulated difference among the clients backlogged under
+    every policy when there are two or more; otherwise (light clients get what they ask
+    for under one policy and wait under another) the windowed service difference D over
+    time, per policy, which is what the table's Max/Avg Diff summarise."""
+    clients = common_backlogged(outcomes)
+    if len(clients) >= 2:
+        return _accumulated_difference_figure(workload, outcomes, clients, out_dir)
+    return _windowed_difference_figure(workload, outcomes, out_dir)
+
+
+def _accumulated_difference_figure(
+    workload: Workload, outcomes: Sequence[RunOutcome], clients: list[str], out_dir: Path
+) -> Figure:
     fig, ax = plt.subplots(figsize=(7.5, 4.2), layout="constrained")
-    curves = {o.policy: o.report.accumulated_difference for o in outcomes}
-    scopes = {curve.scope for curve in curves.values()}
+    top = 0.0
     for outcome in outcomes:
-        curve = curves[outcome.policy]
-        # When policies differ in which clients stay backlogged, say so on each line:
-        # a curve over all served clients also counts clients that asked for less.
-        label = outcome.policy if len(scopes) == 1 else f"{outcome.policy} ({curve.scope})"
-        style = _policy_style(outcome.policy)
-        ax.plot(curve.times, curve.values, label=label, linewidth=1.6, **style)
-    if scopes == {BACKLOGGED}:
-        bound = service_bound(workload.records, outcomes[0].job.config.kv_tokens)
-        top = max(line.get_ydata().max() for line in ax.get_lines())
-        if bound <= 3 * top:  # a bound far above every curve would flatten them
-            ax.axhline(bound, color="black", linestyle=":", label=f"VTC bound B = {bound:,.0f}")
+        if set(outcome.report.backlogged) == set(clients):
+            curve = outcome.report.accumulated_difference  # computed once per run
+        else:
+            curve = difference_among(
+                outcome.results, clients, workload.duration_s, workload.warmup_s, workload.weights
+            )
+        ax.plot(
+            curve.times,
+            curve.values,
+            label=outcome.policy,
+            linewidth=1.6,
+            **_policy_style(outcome.policy),
+        )
+        top = max(top, curve.peak)
+    bound = service_bound(workload.records, outcomes[0].job.config.kv_tokens)
+    if bound <= 3 * top:  # a bound far above every curve would flatten them
+        ax.axhline(bound, color="black", linestyle=":", label=f"VTC bound B = {bound:,.0f}")
     weighted = " / weight" if workload.weights else ""
-    scope = f" ({next(iter(scopes))})" if len(scopes) == 1 else ""
-    ax.set_title(f"{workload.name}: accumulated service difference{scope}")
+    shown = ", ".join(clients) if len(clients) <= 4 else f"{len(clients)} clients"
+    ax.set_title(f"{workload.name}: accumulated service difference among {shown}")
     ax.set_xlabel("time (s)")
     ax.set_ylabel(f"accumulated service difference ({SERVICE_UNIT}{weighted})")
     ax.grid(alpha=0.3)
@@ -196,10 +223,69 @@ def plot_service_difference(
     path = _save(fig, out_dir, f"{workload.name}_service_difference.png")
     caption = (
         "Largest minus smallest service received since the end of warm-up "
-        f"({workload.warmup_s:g} s), over the clients backlogged nearly throughout under "
-        "each policy (all served clients when fewer than two are)."
+        f"({workload.warmup_s:g} s) among the same clients under every policy: those "
+        f"backlogged nearly throughout under all of them ({', '.join(clients)})."
     )
     return Figure(path, f"{workload.name}: accumulated service difference", caption, workload.name)
+
+
+def _windowed_difference_figure(
+    workload: Workload, outcomes: Sequence[RunOutcome], out_dir: Path
+) -> Figure:
+    curves = {
+        o.policy: service_difference_curve(
+            o.results, workload.duration_s, workload.window_s, workload.warmup_s, workload.weights
+        )
+        for o in outcomes
+    }
+    base = "fcfs" if "fcfs" in curves else outcomes[0].policy
+    columns = min(3, len(outcomes))
+    rows = -(-len(outcomes) // columns)
+    fig, grid = plt.subplots(
+        rows,
+        columns,
+        figsize=(4.4 * columns, 2.9 * rows),
+        sharex=True,
+        sharey=True,
+        squeeze=False,
+        layout="constrained",
+    )
+    axes = list(grid.flat)
+    for ax, outcome in zip(axes, outcomes, strict=False):
+        times, values = curves[outcome.policy]
+        if outcome.policy != base:
+            ax.plot(*curves[base], color="tab:gray", linewidth=1.0, alpha=0.7, label=base)
+        ax.plot(
+            times,
+            values,
+            color="tab:blue",
+            linewidth=1.6,
+            label=outcome.policy,
+            **_policy_style(outcome.policy),
+        )
+        report = outcome.report
+        ax.set_title(
+            f"{outcome.policy}: Max {report.max_diff:,.0f}, Avg {report.avg_diff:,.0f}, "
+            f"{report.throughput_tok_s:,.0f} tok/s",
+            fontsize=9,
+        )
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
+    for ax in axes[len(outcomes) :]:
+        ax.set_visible(False)
+    for ax in grid[:, 0]:
+        ax.set_ylabel(f"D ({SERVICE_UNIT} / s)", fontsize=8)
+    for ax in grid[-1, :]:
+        ax.set_xlabel("window centre (s)")
+    fig.suptitle(f"{workload.name}: service difference D over time, each policy against {base}")
+    path = _save(fig, out_dir, f"{workload.name}_service_difference.png")
+    caption = (
+        f"The windowed service difference D of SPEC section 6 (w = {workload.window_s:g} s) "
+        f"over time, one panel per policy with {base} in grey; the table's Max and Avg Diff "
+        "are its maximum and mean at the 19 ticks. Fewer than two clients stay backlogged "
+        "under every policy, so an accumulated difference would compare different clients."
+    )
+    return Figure(path, f"{workload.name}: service difference over time", caption, workload.name)
 
 
 def plot_arena_table(outcomes: Sequence[RunOutcome], out_dir: Path) -> Figure:

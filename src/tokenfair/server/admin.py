@@ -5,17 +5,20 @@ GET  /admin/tenants                     every tenant: weight, VTC counter, waiti
 POST /admin/tenants/{name}/weight       {"weight": 2.0}: the next decision uses it
 POST /admin/requests/{request_id}/abort abort one request (its id is the response's `id`)
 POST /admin/reload                      re-read the tenants file (as SIGHUP does)
+GET  /admin/requests/recent             the last finished requests with their timing
+                                        (TTFT in seconds and in engine steps), newest last
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from tokenfair.server.errors import APIError
+from tokenfair.server.metrics import RECENT_REQUESTS
 from tokenfair.server.routes import json_response
 from tokenfair.server.state import ServerState
 
@@ -72,6 +75,16 @@ async def abort_request(request_id: str, state: AdminState) -> Response:
         raise APIError(404, f"no request {request_id!r} in flight", param="request_id")
     state.engine.abort(request_id)
     return json_response({"id": request_id, "aborted": True})
+
+
+@router.get("/requests/recent", summary="Recently finished requests and their timing")
+async def recent_requests(
+    state: AdminState,
+    tenant: Annotated[str | None, Query(max_length=256)] = None,
+    limit: Annotated[int, Query(ge=1, le=RECENT_REQUESTS)] = 100,
+) -> Response:
+    rows = [r for r in state.metrics.recent if tenant is None or r["tenant"] == tenant]
+    return json_response({"object": "list", "data": rows[-limit:]})
 
 
 @router.post("/reload", summary="Re-read the tenants file")

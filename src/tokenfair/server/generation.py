@@ -17,6 +17,7 @@ from typing import Any
 from starlette.types import Receive
 
 from tokenfair.core.request import FinishReason, Request, SamplingParams
+from tokenfair.engine.async_engine import EngineDeadError
 from tokenfair.engine.engine import RequestOutput
 from tokenfair.server.admission import Admission
 from tokenfair.server.errors import APIError
@@ -212,7 +213,11 @@ async def start(state: ServerState, prepared: Prepared) -> Job:
     job = Job(state, prepared, admission)
     try:
         job.stream = state.engine.submit(prepared.request)
+        state.metrics.arrived(prepared.request.request_id, state.model.engine.num_steps)
         accepted = await job.stream.accepted
+    except EngineDeadError:
+        admission.release()
+        raise APIError(503, "the engine is not running", code="engine_dead") from None
     except BaseException:
         admission.release()
         if job.stream is not None:

@@ -12,18 +12,20 @@ engine's clock when the step that produced them ends.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, generate_latest
 from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from tokenfair.core.cost import LinearCost
-from tokenfair.core.request import FinishReason
+from tokenfair.core.request import FinishReason, Request
 from tokenfair.engine.engine import Engine, RequestOutput
 
+RECENT_REQUESTS = 2048  # finished requests kept for GET /admin/requests/recent
 LATENCY_BUCKETS = (
     0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 0.75,
     1.0, 1.5, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
@@ -92,7 +94,7 @@ class ServerMetrics:
         )
         self.rejected = PromCounter(
             "tokenfair:requests_rejected",
-            "Requests refused before running (overload, rate limit, bad input).",
+            "Requests refused at admission (waiting limits, rate limits, the policy).",
             ["tenant", "reason"],
             registry=registry,
         )
@@ -120,7 +122,11 @@ class ServerMetrics:
         self.service: dict[str, float] = {}  # weighted tokens received, per tenant
         self.known_tenants: set[str] = set()
         self.snapshot = Snapshot()
+        self._by_tenant: dict[str, tuple[Any, Any, Any, Any, Any]] = {}
         self._last_token_s: dict[str, float] = {}  # request id -> engine time of its last token
+        self._arrival_step: dict[str, int] = {}
+        self._first_step: dict[str, int] = {}
+        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_REQUESTS)
         registry.register(_SnapshotCollector(self))
 
     def tenants(self, names: Iterable[str]) -> None:
@@ -130,7 +136,25 @@ class ServerMetrics:
     def reject(self, tenant: str, reason: str) -> None:
         self.rejected.labels(tenant, reason).inc()
 
-    def on_step(self, outputs: list[RequestOutput], now: float) -> None:
+    def _children(self, tenant: str) -> tuple[Any, Any, Any, Any, Any]:
+        """The tenant's labelled series, looked up once (labels() takes a lock each call)."""
+        children = self._by_tenant.get(tenant)
+        if children is None:
+            self.known_tenants.add(tenant)
+            children = self._by_tenant[tenant] = (
+                self.ttft.labels(tenant),
+                self.itl.labels(tenant),
+                self.e2e.labels(tenant),
+                self.prompt_tokens.labels(tenant),
+                self.generation_tokens.labels(tenant),
+            )
+        return children
+
+    def arrived(self, request_id: str, step: int) -> None:
+        """Note the engine's step count when a request was submitted."""
+        self._arrival_step[request_id] = step
+
+    def on_step(self, outputs: list[RequestOutput], now: float, step: int = 0) -> None:
         """Record one engine step's outputs (called on the loop before streams see them)."""
         last = self._last_token_s
         generated: Counter[str] = Counter()
@@ -140,30 +164,56 @@ class ServerMetrics:
             request = output.request
             tenant = request.client
             rid = request.request_id
+            ttft, itl, e2e, prompt_tokens, _ = self._children(tenant)
             n = len(output.new_token_ids)
             if n:
                 generated[tenant] += n
                 previous = last.get(rid)
                 if previous is None:
-                    self.known_tenants.add(tenant)
+                    self._first_step[rid] = step
                     first = request.first_token_s if request.first_token_s is not None else now
-                    self.ttft.labels(tenant).observe(first - request.arrival_s)
-                    self.prompt_tokens.labels(tenant).inc(request.input_tokens)
+                    ttft.observe(first - request.arrival_s)
+                    prompt_tokens.inc(request.input_tokens)
                     service[tenant] = service.get(tenant, 0.0) + w_in * request.input_tokens
                 else:
-                    self.itl.labels(tenant).observe(now - previous)
+                    itl.observe(now - previous)
                 last[rid] = now
             if output.finished:
                 last.pop(rid, None)
+                self._log_finished(request, now, step)
                 reason = request.finish_reason
                 if reason is not FinishReason.REJECTED:
                     label = reason.value if reason is not None else "abort"
                     self.finished.labels(tenant, label).inc()
                     finish = request.finish_s if request.finish_s is not None else now
-                    self.e2e.labels(tenant).observe(finish - request.arrival_s)
+                    e2e.observe(finish - request.arrival_s)
         for tenant, n in generated.items():
-            self.generation_tokens.labels(tenant).inc(n)
+            self._children(tenant)[4].inc(n)
             service[tenant] = service.get(tenant, 0.0) + w_out * n
+
+    def _log_finished(self, request: Request, now: float, step: int) -> None:
+        rid = request.request_id
+        arrival_step = self._arrival_step.pop(rid, None)
+        first_step = self._first_step.pop(rid, None)
+        first = request.first_token_s
+        self.recent.append(
+            {
+                "id": rid,
+                "tenant": request.client,
+                "finish_reason": request.finish_reason.value if request.finish_reason else None,
+                "prompt_tokens": request.input_tokens,
+                "completion_tokens": len(request.output_token_ids),
+                "preemptions": request.preemptions,
+                "ttft_s": None if first is None else first - request.arrival_s,
+                "e2e_s": (request.finish_s if request.finish_s is not None else now)
+                - request.arrival_s,
+                # Engine steps from submission to the first token: TTFT in the engine's
+                # own terms, free of wall-clock noise on a busy machine.
+                "ttft_steps": None
+                if arrival_step is None or first_step is None
+                else first_step - arrival_step,
+            }
+        )
 
     def render(self, snapshot: Snapshot) -> bytes:
         self.snapshot = snapshot

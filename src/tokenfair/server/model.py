@@ -22,6 +22,9 @@ from tokenfair.server.sim_model import (
     sim_profile,
 )
 
+# sim: has no position limit of its own; the KV pool and the tenant bound apply.
+SIM_MAX_CONTEXT = 1 << 30
+
 
 class ModelTokenizer(Protocol):
     eos_token_ids: frozenset[int]
@@ -95,7 +98,7 @@ def build_served_model(
             name=name,
             engine=engine,
             tokenizer=SimTokenizer(),
-            max_context=config.kv_tokens,
+            max_context=SIM_MAX_CONTEXT,
             vocab_size=None,
             has_chat_template=True,
             keeps_token_ids=False,
@@ -127,7 +130,7 @@ def build_served_model(
     return ServedModel(
         name=name,
         engine=engine,
-        tokenizer=loaded.tokenizer,  # type: ignore[arg-type]
+        tokenizer=loaded.tokenizer,
         max_context=max_positions or engine.scheduler.config.kv_tokens,
         vocab_size=int(vocab) if vocab else None,
         has_chat_template=has_template,

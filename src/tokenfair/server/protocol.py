@@ -93,7 +93,7 @@ class CompletionRequest(SamplingFields):
         """The single prompt, unwrapped from a one-element list."""
         value = self.prompt
         if isinstance(value, list) and value and isinstance(value[0], (str, list)):
-            return value[0]  # type: ignore[return-value]
+            return value[0]
         return value  # type: ignore[return-value]
 
 

@@ -32,12 +32,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml  # type: ignore[import-untyped]
+import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tokenfair.server.errors import APIError
 
 OPEN_TENANT = "default"
+OPEN_MAX_WAITING = 1 << 30
 KeyHash = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$")]
 TenantName = Annotated[
     str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]*$")
@@ -194,9 +195,9 @@ class TenantDirectory:
     @classmethod
     def open(cls, tenant_from_user: bool = False) -> TenantDirectory:
         """No tenants file: every request is the open tenant's, or its `user` field's."""
-        directory = cls(
-            TenantsFile(tenants=[Tenant(name=OPEN_TENANT)]), tenant_from_user=tenant_from_user
-        )
+        # One tenant is the whole server: only the global waiting limit applies to it.
+        open_tenant = Tenant(name=OPEN_TENANT, max_waiting=OPEN_MAX_WAITING)
+        directory = cls(TenantsFile(tenants=[open_tenant]), tenant_from_user=tenant_from_user)
         directory.open_mode = True
         return directory
 

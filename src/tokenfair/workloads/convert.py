@@ -35,8 +35,6 @@ import json
 import logging
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +43,27 @@ import numpy as np
 from tokenfair.workloads.arrivals import ArrivalProcess, Poisson
 from tokenfair.workloads.client_map import ClientMap
 from tokenfair.workloads.jsonl import iter_json_objects, read_lines
+from tokenfair.workloads.source_rows import (
+    ConvertError,
+    RowError,
+    SourceRow,
+    collect_rows,
+    finish_rows,
+    parse_count,
+    parse_datetime,
+    parse_seconds,
+)
 from tokenfair.workloads.trace import TraceRecord
+
+__all__ = [
+    "ConvertError",
+    "convert_azure",
+    "convert_burstgpt",
+    "convert_mooncake",
+    "convert_sharegpt",
+    "estimate_tokens",
+    "first_arrivals",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -53,159 +71,9 @@ HUMAN_ROLES = frozenset({"human", "user"})
 MODEL_ROLES = frozenset({"gpt", "chatgpt", "assistant", "model", "bard", "bing"})
 
 
-class ConvertError(ValueError):
-    """A source row cannot be converted. str() reads `path:where: message`."""
-
-    def __init__(self, path: str, where: int | str, message: str) -> None:
-        super().__init__(f"{path}:{where}: {message}")
-        self.path = path
-        self.where = where
-        self.message = message
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.path, self.where, self.message))
-
-
-class _RowError(ValueError):
-    """One row is unusable; the converter adds where it is."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Row:
-    where: int | str  # line number or "conversation <i>"
-    time_s: float  # source clock, before shifting
-    client: str
-    input_tokens: int
-    output_tokens: int
-
-
 def estimate_tokens(text: str) -> int:
     """Token count estimate: ceil(len(text) / 4); 0 for empty text."""
     return math.ceil(len(text) / 4)
-
-
-def _parse_count(name: str, value: Any) -> int:
-    """A token count >= 1 from a CSV cell ("12", "12.0") or a JSON number."""
-    count: int | None = None
-    if isinstance(value, int) and not isinstance(value, bool):
-        count = value
-    elif isinstance(value, float) and value.is_integer():
-        count = int(value)
-    elif isinstance(value, str):
-        text = value.strip()
-        try:
-            count = int(text)
-        except ValueError:
-            try:
-                number = float(text)
-            except ValueError:
-                number = math.nan
-            count = int(number) if number.is_integer() else None
-    if count is None or count < 1:
-        raise _RowError(f"{name} must be an integer >= 1, got {value!r}")
-    return count
-
-
-def _parse_seconds(name: str, value: Any, scale: float = 1.0) -> float:
-    """A finite time from a number or numeric text, multiplied by scale."""
-    try:
-        number = float(value) if not isinstance(value, bool) else math.nan
-    except (TypeError, ValueError):
-        number = math.nan
-    if not math.isfinite(number):
-        raise _RowError(f"{name} must be a number, got {value!r}")
-    return number * scale
-
-
-def _parse_datetime(name: str, value: Any) -> float:
-    """A date-time (ISO-like, any fraction digits) or plain seconds, as epoch seconds."""
-    if isinstance(value, str):
-        text = value.strip()
-        try:
-            return float(text)
-        except ValueError:
-            pass
-        head, dot, frac = text.partition(".")
-        # fromisoformat takes at most 6 fraction digits on some Pythons: trim the rest.
-        digits = len(frac) - len(frac.lstrip("0123456789"))
-        if dot and digits > 6:
-            text = f"{head}.{frac[:6]}{frac[digits:]}"
-        try:
-            moment = datetime.fromisoformat(text)
-        except ValueError:
-            raise _RowError(f"{name} must be a date-time or seconds, got {value!r}") from None
-        if moment.tzinfo is None:
-            # Naive times are taken as UTC; only differences matter.
-            return (moment - datetime(1970, 1, 1)).total_seconds()
-        return moment.timestamp()
-    return _parse_seconds(name, value)
-
-
-def _finish(
-    rows: Iterable[_Row],
-    source: str,
-    *,
-    speedup: float,
-    duration_s: float | None,
-    limit: int | None,
-) -> list[TraceRecord]:
-    """Shift the first arrival to 0, speed up, cut, sort and number the requests."""
-    if not (math.isfinite(speedup) and speedup > 0):
-        raise ValueError(f"speedup must be a finite number > 0, got {speedup}")
-    if limit is not None and limit < 0:
-        raise ValueError(f"limit must be >= 0, got {limit}")
-    items = sorted(rows, key=lambda r: r.time_s)  # stable: file order on ties
-    if not items:
-        return []
-    origin = items[0].time_s
-    records: list[TraceRecord] = []
-    for row in items:
-        arrival = (row.time_s - origin) / speedup
-        if duration_s is not None and arrival >= duration_s:
-            break
-        if limit is not None and len(records) >= limit:
-            break
-        records.append(
-            TraceRecord(
-                arrival_s=round(arrival, 6),
-                client=row.client,
-                input_tokens=row.input_tokens,
-                output_tokens=row.output_tokens,
-                request_id=f"r{len(records)}",
-            )
-        )
-    logger.info("%s: converted %d requests", source, len(records))
-    return records
-
-
-def _collect(
-    source: str,
-    items: Iterable[tuple[int | str, Any]],
-    build: Callable[[Any], _Row | None],
-    skip_invalid: bool,
-) -> list[_Row]:
-    """Build a row from each (where, raw item); the first bad one raises ConvertError
-    unless skip_invalid, in which case bad ones are dropped and counted in a warning.
-    `build` returns None for items an explicit filter leaves out."""
-    rows: list[_Row] = []
-    skipped: list[str] = []
-    for where, item in items:
-        try:
-            if isinstance(item, _RowError):  # the reader already found this item broken
-                raise item
-            row = build(item)
-        except ValueError as exc:  # _RowError, ClientMapError
-            if not skip_invalid:
-                raise ConvertError(
-                    source, where, f"{exc} (--skip-invalid drops such rows)"
-                ) from None
-            skipped.append(f"{where}: {exc}")
-            continue
-        if row is not None:
-            rows.append(_Row(where, row.time_s, row.client, row.input_tokens, row.output_tokens))
-    if skipped:
-        logger.warning("%s: skipped %d invalid rows (first: %s)", source, len(skipped), skipped[0])
-    return rows
 
 
 def _client_columns(clients: ClientMap) -> list[str]:
@@ -218,8 +86,8 @@ def _client_columns(clients: ClientMap) -> list[str]:
 
 def _csv_rows(
     path: str | Path, required: Sequence[str]
-) -> Iterator[tuple[int, dict[str, str] | _RowError]]:
-    """(line number, row) for each CSV data row, or a _RowError for a ragged row.
+) -> Iterator[tuple[int, dict[str, str] | RowError]]:
+    """(line number, row) for each CSV data row, or a RowError for a ragged row.
 
     Header names are stripped (and a UTF-8 byte-order mark dropped); blank rows skipped.
     """
@@ -237,7 +105,7 @@ def _csv_rows(
             if not any(cell.strip() for cell in cells):
                 continue
             if len(cells) != len(names):
-                yield reader.line_num, _RowError(f"expected {len(names)} cells, got {len(cells)}")
+                yield reader.line_num, RowError(f"expected {len(names)} cells, got {len(cells)}")
             else:
                 yield reader.line_num, dict(zip(names, cells, strict=True))
 
@@ -261,21 +129,21 @@ def convert_burstgpt(
     if log_type is not None:
         required.append("Log Type")
 
-    def build(row: dict[str, str]) -> _Row | None:
+    def build(row: dict[str, str]) -> SourceRow | None:
         if wanted_models is not None and row["Model"].strip() not in wanted_models:
             return None
         if log_type is not None and row["Log Type"].strip() != log_type:
             return None
-        return _Row(
+        return SourceRow(
             0,
-            _parse_seconds("Timestamp", row["Timestamp"]),
+            parse_seconds("Timestamp", row["Timestamp"]),
             clients.client_for(row),
-            _parse_count("Request tokens", row["Request tokens"]),
-            _parse_count("Response tokens", row["Response tokens"]),
+            parse_count("Request tokens", row["Request tokens"]),
+            parse_count("Response tokens", row["Response tokens"]),
         )
 
-    rows = _collect(str(path), _csv_rows(path, required), build, skip_invalid)
-    return _finish(rows, str(path), speedup=speedup, duration_s=duration_s, limit=limit)
+    rows = collect_rows(str(path), _csv_rows(path, required), build, skip_invalid)
+    return finish_rows(rows, str(path), speedup=speedup, duration_s=duration_s, limit=limit)
 
 
 def convert_azure(
@@ -290,17 +158,17 @@ def convert_azure(
     """Azure LLM inference trace CSV (TIMESTAMP, ContextTokens, GeneratedTokens)."""
     required = ["TIMESTAMP", "ContextTokens", "GeneratedTokens", *_client_columns(clients)]
 
-    def build(row: dict[str, str]) -> _Row:
-        return _Row(
+    def build(row: dict[str, str]) -> SourceRow:
+        return SourceRow(
             0,
-            _parse_datetime("TIMESTAMP", row["TIMESTAMP"]),
+            parse_datetime("TIMESTAMP", row["TIMESTAMP"]),
             clients.client_for(row),
-            _parse_count("ContextTokens", row["ContextTokens"]),
-            _parse_count("GeneratedTokens", row["GeneratedTokens"]),
+            parse_count("ContextTokens", row["ContextTokens"]),
+            parse_count("GeneratedTokens", row["GeneratedTokens"]),
         )
 
-    rows = _collect(str(path), _csv_rows(path, required), build, skip_invalid)
-    return _finish(rows, str(path), speedup=speedup, duration_s=duration_s, limit=limit)
+    rows = collect_rows(str(path), _csv_rows(path, required), build, skip_invalid)
+    return finish_rows(rows, str(path), speedup=speedup, duration_s=duration_s, limit=limit)
 
 
 def convert_mooncake(
@@ -315,21 +183,21 @@ def convert_mooncake(
     """Mooncake JSONL (timestamp ms, input_length, output_length, hash_ids)."""
     source = str(path)
 
-    def build(obj: dict[str, Any]) -> _Row:
+    def build(obj: dict[str, Any]) -> SourceRow:
         for name in ("timestamp", "input_length", "output_length"):
             if name not in obj:
-                raise _RowError(f"missing field {name!r}")
-        return _Row(
+                raise RowError(f"missing field {name!r}")
+        return SourceRow(
             0,
-            _parse_seconds("timestamp", obj["timestamp"], scale=1e-3),
+            parse_seconds("timestamp", obj["timestamp"], scale=1e-3),
             clients.client_for(obj),
-            _parse_count("input_length", obj["input_length"]),
-            _parse_count("output_length", obj["output_length"]),
+            parse_count("input_length", obj["input_length"]),
+            parse_count("output_length", obj["output_length"]),
         )
 
     lines = iter_json_objects(read_lines(path), source, ConvertError)
-    rows = _collect(source, lines, build, skip_invalid)
-    return _finish(rows, source, speedup=speedup, duration_s=duration_s, limit=limit)
+    rows = collect_rows(source, lines, build, skip_invalid)
+    return finish_rows(rows, source, speedup=speedup, duration_s=duration_s, limit=limit)
 
 
 def convert_sharegpt(
@@ -359,14 +227,14 @@ def convert_sharegpt(
     if not isinstance(data, list):
         raise ConvertError(source, 1, "expected a JSON list of conversations")
 
-    def build(conv: Any) -> _Row:
+    def build(conv: Any) -> SourceRow:
         prompt, reply = _first_exchange(conv)
-        return _Row(
+        return SourceRow(
             0,
             0.0,  # arrival assigned below
             clients.client_for(conv),
-            _parse_count("prompt token count", count(prompt)),
-            _parse_count("reply token count", count(reply)),
+            parse_count("prompt token count", count(prompt)),
+            parse_count("reply token count", count(reply)),
         )
 
     def located() -> Iterator[tuple[str, Any]]:
@@ -376,27 +244,27 @@ def convert_sharegpt(
                 where += f" (id {conv['id']!r})"
             yield where, conv
 
-    rows = _collect(source, located(), build, skip_invalid)
+    rows = collect_rows(source, located(), build, skip_invalid)
     wanted = len(rows) if limit is None else min(limit, len(rows))
     times = first_arrivals(arrivals or Poisson(1.0), wanted, seed)
     timed = [
-        _Row(row.where, float(t), row.client, row.input_tokens, row.output_tokens)
+        SourceRow(row.where, float(t), row.client, row.input_tokens, row.output_tokens)
         for row, t in zip(rows[:wanted], times, strict=True)
     ]
-    return _finish(timed, source, speedup=speedup, duration_s=duration_s, limit=limit)
+    return finish_rows(timed, source, speedup=speedup, duration_s=duration_s, limit=limit)
 
 
 def _first_exchange(conv: Any) -> tuple[str, str]:
     """(prompt text, reply text) of a conversation's first human -> model exchange."""
     if not isinstance(conv, dict):
-        raise _RowError(f"expected a conversation object, got {type(conv).__name__}")
+        raise RowError(f"expected a conversation object, got {type(conv).__name__}")
     turns = conv.get("conversations")
     if not isinstance(turns, list):
-        raise _RowError("missing 'conversations' list")
+        raise RowError("missing 'conversations' list")
     prompt_parts: list[str] = []
     for i, turn in enumerate(turns):
         if not isinstance(turn, Mapping) or not isinstance(turn.get("value"), str):
-            raise _RowError(f"turn {i} must be an object with a string 'value'")
+            raise RowError(f"turn {i} must be an object with a string 'value'")
         role = str(turn.get("from", "")).lower()
         prompt_parts.append(turn["value"])
         if role in HUMAN_ROLES:
@@ -407,8 +275,8 @@ def _first_exchange(conv: Any) -> tuple[str, str]:
                 and isinstance(following.get("value"), str)
             ):
                 return "\n".join(prompt_parts), following["value"]
-            raise _RowError(f"turn {i} (human) is not followed by a model turn")
-    raise _RowError("no human turn followed by a model turn")
+            raise RowError(f"turn {i} (human) is not followed by a model turn")
+    raise RowError("no human turn followed by a model turn")
 
 
 def first_arrivals(process: ArrivalProcess, count: int, seed: int = 0) -> np.ndarray:

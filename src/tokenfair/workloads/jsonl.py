@@ -108,12 +108,17 @@ def require(obj: Mapping[str, Any], name: str) -> Any:
     return obj[name]
 
 
+# How a caller's error is built: (path, line, message) -> the exception to raise.
+LineErrorFactory = Callable[[str, int, str], ValueError]
+
+
 def iter_json_objects(
-    lines: Iterable[str], source: str, error: type[JsonlLineError] = JsonlLineError
+    lines: Iterable[str], source: str, error: LineErrorFactory = JsonlLineError
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield (1-based line number, object) for every non-blank line.
 
-    Raises `error` (a JsonlLineError subclass of the caller's choice) for a line that is not valid JSON or not a JSON object. Blank
+    Raises `error(source, line, message)` (e.g. a JsonlLineError subclass of the caller's
+    choice) for a line that is not valid JSON or not a JSON object. Blank
     (whitespace-only) lines are skipped: they are the only thing ever skipped.
     """
     for number, raw in enumerate(lines, start=1):

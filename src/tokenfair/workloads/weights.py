@@ -12,9 +12,13 @@ class WeightsError(ValueError):
 
 def read_weights(path: str | Path) -> dict[str, float]:
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise WeightsError(f"cannot read weights file {path}: {error}") from None
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as error:
+        raise WeightsError(f"cannot read weights file {path}: {error.strerror or error}") from None
+    except json.JSONDecodeError as error:
+        raise WeightsError(f"weights file {path}:{error.lineno}: not JSON: {error.msg}") from None
+    except UnicodeDecodeError:
+        raise WeightsError(f"weights file {path}: not UTF-8 text") from None
     if not isinstance(data, dict):
         raise WeightsError(f"weights file {path}: expected a JSON object mapping client to weight")
     weights = {}

@@ -73,9 +73,17 @@ class Policy:
         step ran, the finished ones included. Called only if charges_batch_on_finish."""
 
     # --- preemption ---
+    def victim_key(self, request: Request) -> tuple:
+        """Preemption order: the running request with the largest key goes first.
+
+        By default the newest admission. Drivers that keep their own running list
+        (the vLLM plugin) sort it by this key so the engine's own victim is ours.
+        """
+        return (request.admit_seq,)
+
     def victim(self, running: Sequence[Request]) -> Request:
-        """Who is pushed out when memory runs out: by default the newest admission."""
-        return max(running, key=lambda r: r.admit_seq)
+        """Who is pushed out when memory runs out: the largest `victim_key`."""
+        return max(running, key=self.victim_key)
 
     def preempt_for(self, head: Request, running: Sequence[Request]) -> Request | None:
         """A running request to push out so `head` can be admitted now, or None.

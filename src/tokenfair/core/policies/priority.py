@@ -19,8 +19,8 @@ class PriorityPolicy(KeyedPolicy):
         # Priority first: a preempted request goes back ahead of its equals only.
         return (request.priority, band, request.arrival_s)
 
-    def victim(self, running: Sequence[Request]) -> Request:
-        return max(running, key=lambda r: (r.priority, r.admit_seq))
+    def victim_key(self, request: Request) -> tuple:
+        return (request.priority, request.admit_seq)
 
     def preempt_for(self, head: Request, running: Sequence[Request]) -> Request | None:
         # A strictly more important request may push out the least important one.

@@ -243,10 +243,9 @@ class VTCPolicy(Policy):
         return dict(self._counter)
 
     # --- preemption ---
-    def victim(self, running: Sequence[Request]) -> Request:
-        """The newest request of the client with the largest counter."""
-        counter = self._counter
-        return max(running, key=lambda r: (counter.get(r.client, 0.0), r.admit_seq))
+    def victim_key(self, request: Request) -> tuple:
+        """The newest request of the client with the largest counter goes first."""
+        return (self._counter.get(request.client, 0.0), request.admit_seq)
 
     def preempt_for(self, head: Request, running: Sequence[Request]) -> Request | None:
         if self.preempt_threshold is None or not running:

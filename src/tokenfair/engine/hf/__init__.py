@@ -10,5 +10,11 @@
 - `factory.make_hf_engine`: scheduler + executor + detokenizer as one Engine.
 - `profile.measure_profile`, `replay.replay_trace`: calibrate and check the simulator.
 
-Importing this package does not import torch; its modules do.
+Importing this package does not import torch; its modules do. It first asks torch's
+OpenMP threads to sleep when idle rather than spin (see `cpu_runtime`), which must
+happen before torch is loaded.
 """
+
+from tokenfair.engine.hf.cpu_runtime import default_openmp_environment
+
+default_openmp_environment()

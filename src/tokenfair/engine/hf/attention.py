@@ -76,12 +76,18 @@ def paged_attention(
         )
         outputs.append(out.squeeze(2)[None])  # [1, B, heads, D]
 
-    for chunk, mask in zip(layout.chunks, chunk_masks, strict=True):
+    for chunk, chunk_mask in zip(layout.chunks, chunk_masks, strict=True):
         q = query[:, :, chunk.q_begin : chunk.q_end]
         k = key.index_select(1, chunk.context_slots)[None]
         v = value.index_select(1, chunk.context_slots)[None]
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=mask is None, scale=scaling, enable_gqa=True
+            q,
+            k,
+            v,
+            attn_mask=chunk_mask,
+            is_causal=chunk_mask is None,
+            scale=scaling,
+            enable_gqa=True,
         )
         outputs.append(out.transpose(1, 2))  # [1, n, heads, D]
 

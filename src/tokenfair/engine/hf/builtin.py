@@ -102,7 +102,8 @@ def build_tiny(
         head = model.lm_head.weight
         head.mul_(keep[:, None] * OUTPUT_SCALE)
         head[EOS].mul_(EOS_SCALE)
-    return model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device, dtype=dtype)
+    return model.eval()
 
 
 BUILTIN_MODELS = {"tiny": build_tiny}

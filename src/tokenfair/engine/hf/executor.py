@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
 from tokenfair.core.batch import ExecutorOutput, SchedulerOutput
 from tokenfair.engine.hf.attention import ATTENTION_NAME, LAYOUT_KWARG
+from tokenfair.engine.hf.cpu_runtime import keep_freed_memory, policy_came_too_late
+from tokenfair.engine.hf.decode_graphs import StaticDecode
 from tokenfair.engine.hf.kv_pool import KVPool, KVShape, describe_kv_budget
 from tokenfair.engine.hf.paged_cache import PagedKVCache
 from tokenfair.engine.hf.sampler import Sampler
@@ -61,20 +63,40 @@ class HFExecutor:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: Any,  # a transformers PreTrainedModel (causal LM)
         num_blocks: int,
         block_size: int = 16,
         num_swap_blocks: int = 0,
         attention: AttentionMode = "paged",
         seed: int = 0,
+        static_decode: bool | None = None,
     ) -> None:
         if attention not in ("paged", "masked"):
             raise ValueError(f"attention must be 'paged' or 'masked', got {attention!r}")
         self.model = model.eval()
         self.device = next(model.parameters()).device
+        if self.device.type == "cpu":
+            keep_freed_memory()
+            if policy_came_too_late():
+                log.warning(
+                    "torch was imported before tokenfair.engine.hf and OMP_WAIT_POLICY is not "
+                    "PASSIVE: on a busy machine OpenMP threads will spin; set "
+                    "OMP_WAIT_POLICY=PASSIVE in the environment"
+                )
         self.dtype = next(model.parameters()).dtype
         self.kv_shape = KVShape.from_config(model.config, self.dtype)
-        self.pool = KVPool(self.kv_shape, num_blocks, block_size, self.device, num_swap_blocks)
+        # Static decode (CUDA graphs on a GPU; default there) needs paged attention and
+        # one scratch block past the scheduler's blocks for its padding rows.
+        if static_decode is None:
+            static_decode = self.device.type == "cuda"
+        static_decode = static_decode and attention == "paged"
+        pool_blocks = num_blocks + 1 if static_decode else num_blocks
+        self.pool = KVPool(self.kv_shape, pool_blocks, block_size, self.device, num_swap_blocks)
+        self.static_decode = (
+            StaticDecode(self._logits, num_blocks * block_size, self.device, capture=True)
+            if static_decode
+            else None
+        )
         self.attention: AttentionMode = attention
         self.cache = PagedKVCache(self.pool, packed=attention == "masked")
         if attention == "paged":
@@ -119,8 +141,23 @@ class HFExecutor:
 
     @torch.inference_mode()
     def forward(self, layout: StepLayout) -> torch.Tensor:
-        """Run the packed step; returns float32 logits [samplers, vocab]."""
+        """Run the packed step; returns float32 logits [samplers, vocab].
+
+        No host synchronisation here: on a GPU the forward is only queued, and the
+        sampler's read of the chosen tokens is the step's one sync (so on CUDA
+        `last_forward_s` is the time to queue it).
+        """
         began = time.perf_counter()
+        if self.static_decode is not None and self.static_decode.accepts(layout):
+            logits = self.static_decode.run(layout).float()
+        else:
+            logits = self._logits(layout).float()
+        self.last_forward_s = time.perf_counter() - began
+        self.forward_s_total += self.last_forward_s
+        return logits
+
+    def _logits(self, layout: StepLayout) -> torch.Tensor:
+        """The model's logits at `layout.sample_rows`, in the model's dtype."""
         self.cache.layout = layout
         extra: dict[str, object] = {}
         if self.attention == "paged":
@@ -138,11 +175,6 @@ class HFExecutor:
                 logits_to_keep=layout.sample_rows,
                 **extra,
             )
-            logits = out.logits[0].float()
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
         finally:
             self.cache.layout = None
-        self.last_forward_s = time.perf_counter() - began
-        self.forward_s_total += self.last_forward_s
-        return logits
+        return out.logits[0]

@@ -57,13 +57,17 @@ def make_hf_engine(
     kv_memory_fraction: float | None = None,
     attention: AttentionMode = "paged",
     seed: int = 0,
+    static_decode: bool | None = None,
     **scheduler_options: object,
 ) -> Engine:
     """An Engine serving `loaded` with the given policy and scheduler settings
     (any `SchedulerConfig` field: max_num_seqs, max_batched_tokens, block_size,
-    swap_tokens, admission, preemption, enable_chunked_prefill, ...)."""
+    swap_tokens, admission, preemption, enable_chunked_prefill, ...).
+
+    `static_decode` pads pure-decode steps to bucketed shapes and, on CUDA, replays
+    them as CUDA graphs (see `decode_graphs`); None turns it on for CUDA only."""
     default_block_size = next(f.default for f in fields(SchedulerConfig) if f.name == "block_size")
-    block_size = int(scheduler_options.get("block_size", default_block_size))  # type: ignore[arg-type]
+    block_size = int(scheduler_options.get("block_size", default_block_size))  # type: ignore[call-overload]
     if kv_tokens is None:
         kv_tokens = kv_tokens_for_memory(loaded.model, block_size, kv_memory_fraction)
     config = SchedulerConfig.from_dict({**scheduler_options, "kv_tokens": kv_tokens})
@@ -75,6 +79,7 @@ def make_hf_engine(
         num_swap_blocks=config.num_swap_blocks,
         attention=attention,
         seed=seed,
+        static_decode=static_decode,
     )
     # Without a tokenizer (token-id workloads, benchmarks) the engine produces no text.
     detokenizer = IncrementalDetokenizer(loaded.tokenizer) if loaded.tokenizer else None

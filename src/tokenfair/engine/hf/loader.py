@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -75,10 +76,10 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype or "auto")
+        loaded: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype or "auto")
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as error:
         raise ModelLoadError(f"cannot load a causal LM from {path}: {error}") from error
-    model = model.to(device).eval()
+    model = loaded.to(device).eval()
     extra_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     return LoadedModel(str(path), model, HFTokenizer(tokenizer, extra_eos))

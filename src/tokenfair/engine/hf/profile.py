@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import torch
 
 from tokenfair.core.request import Request, SamplingParams
+from tokenfair.engine.hf.executor import HFExecutor
 from tokenfair.engine.hf.factory import make_hf_engine
 from tokenfair.engine.hf.kv_pool import KVPool
 from tokenfair.engine.hf.loader import LoadedModel, load_model
@@ -68,6 +69,7 @@ def measure_steps(
         **engine_options,
     )
     executor = engine.executor
+    assert isinstance(executor, HFExecutor)
     vocab = executor.vocab_size
     samples: list[Sample] = []
     # The first workload warms up allocators and kernels; its timings are dropped.

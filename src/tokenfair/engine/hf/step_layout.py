@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tokenfair.core.batch import ScheduledRequest, SchedulerOutput
+from tokenfair.core.request import Request
 
 GROUP_SPREAD = 1.5  # a decode group's longest context / its shortest, at most
 MAX_GROUPS = 4  # beyond this, the last group takes every shorter context
@@ -91,6 +92,10 @@ class StepLayout:
                 [self._chunk_mask(c, window) for c in self.chunks],
             )
         return self._masks[window]
+
+    def masks_cache_clear(self) -> None:
+        """Forget built masks (static decode refills the same layout's tensors each step)."""
+        self._masks.clear()
 
     def _group_mask(self, group: DecodeGroup, window: int | None) -> torch.Tensor:
         cols = torch.arange(group.width, device=self.device)
@@ -173,21 +178,44 @@ def _split_groups(lens: list[int]) -> list[tuple[int, int]]:
     return ranges
 
 
-def _decode_group(
-    row_begin: int, lens: list[int], tables: list[list[int]], block_size: int, device: torch.device
-) -> DecodeGroup:
+def _decode_group_tables(
+    lens: list[int], tables: list[list[int]], block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(context lengths [B], padded context slots [B * width]) of one decode group, on CPU."""
     width = lens[0]  # longest first
     blocks = -(-width // block_size)
     padded = torch.tensor([t + [0] * (blocks - len(t)) for t in tables], dtype=torch.long)
     cols = torch.arange(width)
     slots = (padded[:, cols // block_size] * block_size + cols % block_size).flatten()
-    return DecodeGroup(
-        row_begin,
-        row_begin + len(lens),
-        width,
-        torch.tensor(lens, dtype=torch.long).to(device),
-        slots.to(device),
-    )
+    return torch.tensor(lens, dtype=torch.long), slots
+
+
+def _token_at(request: Request, position: int) -> int:
+    """The request's token at `position` without concatenating prompt and output."""
+    prompt = request.prompt_token_ids
+    if prompt is None:
+        raise ValueError(f"request {request.request_id} has no prompt token ids")
+    if position < len(prompt):
+        return prompt[position]
+    return request.output_token_ids[position - len(prompt)]
+
+
+def _ship(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tensor]:
+    """The step's index tensors on `device` in ONE host-to-device copy.
+
+    On CPU they are returned as they are. On CUDA they travel as one pinned buffer,
+    copied without blocking the host (the caching host allocator keeps the buffer alive
+    until the copy is done), then split into views: one transfer per step instead of one
+    per tensor, and no synchronisation before the forward pass is queued.
+    """
+    if device.type == "cpu":
+        return tensors
+    flat = torch.cat([t.flatten() for t in tensors])
+    if device.type == "cuda":
+        flat = flat.pin_memory()
+    flat = flat.to(device, non_blocking=True)
+    sizes = [t.numel() for t in tensors]
+    return [part.view(t.shape) for part, t in zip(flat.split(sizes), tensors, strict=True)]
 
 
 def build_layout(batch: SchedulerOutput, device: torch.device) -> StepLayout:
@@ -206,7 +234,7 @@ def build_layout(batch: SchedulerOutput, device: torch.device) -> StepLayout:
     tables: list[list[int]] = []
     for s in singles:
         pos = s.start
-        token_ids.append(s.request.all_token_ids()[pos])
+        token_ids.append(_token_at(s.request, pos))
         positions.append(pos)
         new_slots.append(s.block_ids[pos // bs] * bs + pos % bs)
         context_lens.append(pos + 1)
@@ -214,35 +242,47 @@ def build_layout(batch: SchedulerOutput, device: torch.device) -> StepLayout:
         if s.samples:
             sample_rows.append(len(token_ids) - 1)
             samplers.append(s)
-    groups = [
-        _decode_group(begin, context_lens[begin:end], tables[begin:end], bs, device)
-        for begin, end in _split_groups(context_lens)
+    group_ranges = _split_groups(context_lens)
+    group_tensors = [
+        _decode_group_tables(context_lens[begin:end], tables[begin:end], bs)
+        for begin, end in group_ranges
     ]
 
-    chunks: list[Chunk] = []
+    chunk_spans: list[tuple[int, int, int]] = []
+    chunk_slots: list[torch.Tensor] = []
     for s in multis:
         all_ids = s.request.all_token_ids()
+        assert all_ids is not None, "the engine serves requests with prompt token ids"
         end = s.start + s.num_new_tokens
         context = _context_slots(s.block_ids, end, bs)
         q_begin = len(token_ids)
         token_ids.extend(all_ids[s.start : end])
         positions.extend(range(s.start, end))
         new_slots.extend(context[s.start :].tolist())
-        chunks.append(Chunk(q_begin, len(token_ids), s.start, context.to(device)))
+        chunk_spans.append((q_begin, len(token_ids), s.start))
+        chunk_slots.append(context)
         if s.samples:
             sample_rows.append(len(token_ids) - 1)
             samplers.append(s)
 
-    def on_device(values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long).to(device)
-
+    flat = [
+        torch.tensor(v, dtype=torch.long) for v in (token_ids, positions, new_slots, sample_rows)
+    ]
+    flat += [t for pair in group_tensors for t in pair] + chunk_slots
+    shipped = iter(_ship(flat, device))
+    input_ids, position_ids, slots, rows = (next(shipped) for _ in range(4))
+    groups = [
+        DecodeGroup(begin, end, context_lens[begin], next(shipped), next(shipped))
+        for begin, end in group_ranges
+    ]
+    chunks = [Chunk(q_begin, q_end, start, next(shipped)) for q_begin, q_end, start in chunk_spans]
     return StepLayout(
-        input_ids=on_device(token_ids)[None],
-        position_ids=on_device(positions)[None],
-        new_slots=on_device(new_slots),
+        input_ids=input_ids[None],
+        position_ids=position_ids[None],
+        new_slots=slots,
         groups=groups,
         chunks=chunks,
-        sample_rows=on_device(sample_rows),
+        sample_rows=rows,
         samplers=samplers,
         device=device,
     )

@@ -6,8 +6,9 @@ requests attend to). Two kinds of profile:
 
 - `LinearStepProfile`, fitted to measurements (the paper's A10G timings, or
   `tokenfair profile` on this machine):
-      t = base + [prefill > 0] * prefill_base + prefill_token * P
+      t = base + overhead + [prefill > 0] * prefill_base + prefill_token * P
             + decode_request * D + context_token * C
+  where `overhead` (0 unless calibrated) is fitted to a measured run's timings.
 - `RooflineStepProfile`, derived from model shape and GPU specs (docs/profiles.md):
   a step is bound by whichever is slower, reading weights + KV from memory or doing
   the math, plus a fixed launch overhead.
@@ -49,9 +50,13 @@ class LinearStepProfile:
     context_token_s: float
     swap_token_s: float = 0.0
     description: str = ""
+    # Added to every step: overhead the fitted measurements do not show, calibrated on
+    # a measured run (engine/sim/calibration.py); kept apart from base_s so the fit
+    # and the calibration stay separately visible.
+    step_overhead_s: float = 0.0
 
     def step_time(self, prefill_tokens: int, decode_requests: int, context_tokens: int) -> float:
-        t = self.base_s + self.prefill_token_s * prefill_tokens
+        t = self.base_s + self.step_overhead_s + self.prefill_token_s * prefill_tokens
         if prefill_tokens:
             t += self.prefill_base_s
         return t + self.decode_request_s * decode_requests + self.context_token_s * context_tokens

@@ -14,7 +14,7 @@ from tokenfair.core.request import Request, SamplingParams
 from tokenfair.core.scheduler import Scheduler, SchedulerConfig
 from tokenfair.engine.clock import VirtualClock
 from tokenfair.engine.engine import Engine
-from tokenfair.engine.sim.executor import SimExecutor
+from tokenfair.engine.sim.executor import SimExecutor, StepRecord
 from tokenfair.engine.sim.profile import StepTimeProfile
 from tokenfair.engine.trace_driver import ReplayResult, replay
 from tokenfair.workloads.trace import TraceRecord
@@ -37,11 +37,13 @@ def simulate(
     policy: Policy,
     profile: StepTimeProfile,
     config: SchedulerConfig,
+    step_log: list[StepRecord] | None = None,
 ) -> ReplayResult:
+    """Replay `trace`; `step_log`, if given, receives a record of every step."""
     ordered = sorted(trace, key=lambda r: r.arrival_s)
     clock = VirtualClock(ordered[0].arrival_s if ordered else 0.0)
     scheduler = Scheduler(config, policy)
-    engine = Engine(scheduler, SimExecutor(profile), clock)
+    engine = Engine(scheduler, SimExecutor(profile, step_log, clock), clock)
     requests = [request_from_trace(r) for r in ordered]
     patience = [r.cancel_after_s for r in ordered]
     requested = [r.output_tokens for r in ordered]

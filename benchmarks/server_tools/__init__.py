@@ -1,0 +1,1 @@
+"""Helpers of the server benchmarks (not benchmarks themselves)."""

@@ -1,0 +1,192 @@
+"""A light HTTP load generator for OpenAI-compatible servers (its own process).
+
+Raw asyncio sockets with keep-alive and pre-encoded requests, so the client costs as
+little CPU as possible on a machine it shares with the server. Closed loop: C workers
+each send one request at a time, for N requests in all or for D seconds.
+
+    python benchmarks/server_tools/loadgen.py --url http://127.0.0.1:8000 --model sim:zero \
+        --concurrency 64 --requests 5000 --max-tokens 4 [--stream] [--key KEY]
+
+Prints one JSON line: requests/s, output tokens/s, latency and TTFT percentiles
+(seconds), errors by status. --max-tokens-min draws each request's max_tokens
+uniformly from [min, --max-tokens] (seeded per worker).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import re
+import statistics
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+TEXT = re.compile(rb'"(?:text|content)":\s*"[^"]')  # a chunk with generated text
+COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
+
+
+@dataclass
+class Tally:
+    latencies: list[float] = field(default_factory=list)
+    ttfts: list[float] = field(default_factory=list)
+    tokens: int = 0
+    errors: Counter[int] = field(default_factory=Counter)
+
+
+def request_bytes(host: str, args: argparse.Namespace, prompt: str, max_tokens: int) -> bytes:
+    body = {"model": args.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    if args.ignore_eos:
+        body["ignore_eos"] = True
+    if args.stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    data = json.dumps(body).encode()
+    auth = f"Authorization: Bearer {args.key}\r\n" if args.key else ""
+    return (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"{auth}Content-Length: {len(data)}\r\n\r\n"
+    ).encode() + data
+
+
+async def read_response(reader: asyncio.StreamReader, started: float, tally: Tally) -> bool:
+    """Read one response; return whether the connection may be reused."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head[9:12])
+    lower = head.lower()
+    keep = b"connection: close" not in lower
+    first: float | None = None
+    body = b""
+    if b"transfer-encoding: chunked" in lower:
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).strip(), 16)
+            chunk = await reader.readexactly(size + 2)
+            if size == 0:
+                break
+            if first is None and TEXT.search(chunk):
+                first = time.perf_counter()
+            body += chunk[:-2]
+    else:
+        start = lower.find(b"content-length:")
+        end = lower.find(b"\r\n", start)
+        body = await reader.readexactly(int(lower[start + 15 : end]))
+    done = time.perf_counter()
+    if status != 200:
+        tally.errors[status] += 1
+        return keep
+    tally.latencies.append(done - started)
+    if first is not None:
+        tally.ttfts.append(first - started)
+    counts = COMPLETION_TOKENS.findall(body)
+    if counts:
+        tally.tokens += int(counts[-1])
+    return keep
+
+
+async def worker(
+    args: argparse.Namespace, tally: Tally, budget: list[int], deadline: float, index: int
+) -> None:
+    host, port = args.url.removeprefix("http://").split(":")
+    prompt = args.prompt or f"request from worker {index} " * args.prompt_words
+    payload = request_bytes(host, args, prompt, args.max_tokens)
+    rng = random.Random(index)
+    reader = writer = None
+    while budget[0] > 0 and time.perf_counter() < deadline:
+        budget[0] -= 1
+        if writer is None:
+            reader, writer = await asyncio.open_connection(host, int(port))
+        assert reader is not None
+        if args.max_tokens_min is not None:  # lengths vary, as in real traffic
+            payload = request_bytes(
+                host, args, prompt, rng.randint(args.max_tokens_min, args.max_tokens)
+            )
+        started = time.perf_counter()
+        writer.write(payload)
+        try:
+            keep = await read_response(reader, started, tally)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            tally.errors[0] += 1
+            keep = False
+        if not keep:
+            writer.close()
+            reader = writer = None
+    if writer is not None:
+        writer.close()
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+async def main(args: argparse.Namespace) -> dict[str, object]:
+    tally = Tally()
+    budget = [args.requests]
+    started = time.perf_counter()
+    deadline = started + args.duration
+    workers = asyncio.gather(
+        *(worker(args, tally, budget, deadline, i) for i in range(args.concurrency))
+    )
+    cut_short = False
+    try:  # requests still in flight at the deadline are dropped, not waited for
+        await asyncio.wait_for(workers, timeout=min(args.duration + 1, 1e8))
+    except TimeoutError:
+        cut_short = True
+    elapsed = time.perf_counter() - started
+    done = len(tally.latencies)
+    return {
+        "label": args.label,
+        "concurrency": args.concurrency,
+        "stream": args.stream,
+        "max_tokens": args.max_tokens,
+        "requests": done,
+        "elapsed_s": round(elapsed, 3),
+        "requests_per_s": round(done / elapsed, 1),
+        "output_tokens_per_s": round(tally.tokens / elapsed, 1),
+        "latency_p50_s": pct(tally.latencies, 50),
+        "latency_p99_s": pct(tally.latencies, 99),
+        "ttft_p50_s": pct(tally.ttfts, 50),
+        "ttft_p90_s": pct(tally.ttfts, 90),
+        "ttft_p99_s": pct(tally.ttfts, 99),
+        "errors": dict(tally.errors),
+        "cut_short_at_duration": cut_short,
+    }
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--key", default=None)
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--requests", type=int, default=1000)
+    parser.add_argument("--duration", type=float, default=1e9, help="stop after this many seconds")
+    parser.add_argument("--max-tokens", type=int, default=4)
+    parser.add_argument(
+        "--max-tokens-min",
+        type=int,
+        default=None,
+        help="draw max_tokens uniformly from [this, --max-tokens]",
+    )
+    parser.add_argument("--prompt", default=None)
+    parser.add_argument("--prompt-words", type=int, default=4)
+    parser.add_argument("--stream", action="store_true")
+    parser.add_argument("--ignore-eos", action="store_true")
+    parser.add_argument("--label", default="")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    arguments = parse()
+    try:
+        import uvloop
+
+        result = uvloop.run(main(arguments))
+    except ImportError:
+        result = asyncio.run(main(arguments))
+    print(json.dumps(result), flush=True)

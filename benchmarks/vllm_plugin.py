@@ -1,0 +1,383 @@
+"""vLLM's OpenAI server with and without tokenfair's scheduler plugin, side by side.
+
+Two scenarios, each against stock vLLM (FCFS) and vLLM with
+`--scheduler-cls tokenfair.integrations.vllm.FairScheduler` (VTC), on a random Llama
+(hidden 256, 4 layers, vocab 1024) on vLLM's CPU build, one server per mode:
+
+- flood: a heavy tenant sends `--flood` requests at once (64 in, 64 out); a light
+  tenant sends one request at a time (16 in, 8 out) while the flood lasts. Light TTFT
+  p90 and output tok/s; greedy outputs of every request compared between the modes;
+- arena: the paper's trace (shared/traces/arena_vtc_600s.jsonl, 27 clients) replayed
+  in real time: a seeded `--sample` of its requests (every client keeps its arrival
+  pattern at that share of its rate), times scaled by `--time-scale`, lengths by
+  `--length-scale`, so that a CPU server is overloaded about as the paper's A10G was;
+  the KV cache limited to `--kv-tokens`. Max/Avg Diff (SPEC section 6, computed by tokenfair's
+  own metrics on the recorded results, over the same time-scaled ticks and window)
+  and throughput. The trace's client ids name the tenants.
+
+Prints one JSON line per scenario; per-request results go to out/vllm_plugin/.
+Run from the main environment (it needs tokenfair's metrics); vLLM runs from
+.venv-vllm with PYTHONPATH=src. Takes ~10 minutes on 2 busy cores:
+
+    nice -n 10 .venv/bin/python benchmarks/vllm_plugin.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import random
+import socket
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = Path(os.environ.get("TOKENFAIR_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+OUT = ROOT / "out" / "vllm_plugin"
+MODEL = "tiny"
+VOCAB = 1024
+HEAVY = (64, 64)  # flood requests: prompt and output tokens
+LIGHT = (16, 8)
+
+try:
+    from tokenfair.fairness.report import fairness_report
+    from tokenfair.results import ResultRecord
+except ImportError:  # the layout before the metrics moved out of bench/
+    from tokenfair.bench.metrics import fairness_report  # type: ignore[assignment,no-redef]
+    from tokenfair.bench.results import ResultRecord  # type: ignore[assignment]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def prompt(length: int, rng: random.Random) -> list[int]:
+    return [rng.randrange(3, VOCAB) for _ in range(length)]
+
+
+class Server:
+    def __init__(self, model_dir: Path, plugin: bool, args: argparse.Namespace, log: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        block = 32
+        command = [
+            str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(model_dir), "--served-model-name", MODEL,
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--max-model-len", "2048", "--dtype", "float32", "--enforce-eager",
+            "--max-num-seqs", str(args.max_num_seqs), "--no-enable-prefix-caching",
+            "--block-size", str(block),
+            "--num-gpu-blocks-override", str(args.kv_tokens // block),
+        ]  # fmt: skip
+        if plugin:
+            settings = {"tokenfair": {"policy": "vtc", "log_interval_s": 30}}
+            command += ["--scheduler-cls", "tokenfair.integrations.vllm.FairScheduler"]
+            command += ["--additional-config", json.dumps(settings)]
+        env = dict(
+            os.environ,
+            PYTHONPATH=str(ROOT / "src"),
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+            DO_NOT_TRACK="1",
+            VLLM_HOST_IP="127.0.0.1",
+            VLLM_CPU_KVCACHE_SPACE="2",
+            VLLM_CACHE_ROOT=str(OUT / "vllm-cache"),
+            HF_HOME=str(OUT / "hf-home"),
+        )
+        self.log = log
+        self.process = subprocess.Popen(
+            command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, cwd=ROOT
+        )
+
+    def wait_healthy(self, timeout_s: float = 900) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                tail = self.log.read_text(errors="replace")[-3000:]
+                raise SystemExit(f"vLLM server exited:\n{tail}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        raise SystemExit(f"vLLM server not healthy after {timeout_s} s (log: {self.log})")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+async def stream(
+    client: openai.AsyncOpenAI,
+    request_id: str,
+    tenant: str,
+    tokens: list[int],
+    output: int,
+    start: float,
+    results: list[dict[str, Any]],
+) -> None:
+    arrival = time.monotonic() - start
+    first = None
+    text = []
+    response = await client.completions.create(
+        model=MODEL,
+        prompt=tokens,
+        max_tokens=output,
+        temperature=0.0,
+        stream=True,
+        extra_body={"ignore_eos": True, "vllm_xargs": {"tenant": tenant}},
+        extra_headers={"X-Request-Id": request_id},
+    )
+    async for chunk in response:
+        if chunk.choices and chunk.choices[0].text:
+            if first is None:
+                first = time.monotonic() - start
+            text.append(chunk.choices[0].text)
+    finish = time.monotonic() - start
+    results.append(
+        {
+            "request_id": request_id,
+            "client": tenant,
+            "arrival_s": arrival,
+            "input_tokens": len(tokens),
+            "output_tokens": output,
+            "first_token_s": first if first is not None else finish,
+            "finish_s": finish,
+            "text": "".join(text),
+        }
+    )
+
+
+def make_client(url: str) -> openai.AsyncOpenAI:
+    # openai's own HTTP client: up to 1,000 connections, more than the replay keeps open.
+    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=3600)
+
+
+async def flood(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    client = make_client(url)
+    rng = random.Random(1)
+    heavy_prompts = [prompt(HEAVY[0], rng) for _ in range(args.flood)]
+    light_prompts = [prompt(LIGHT[0], rng) for _ in range(1000)]
+    results: list[dict[str, Any]] = []
+    start = time.monotonic()
+    heavy = [
+        asyncio.create_task(stream(client, f"heavy-{i}", "heavy", p, HEAVY[1], start, results))
+        for i, p in enumerate(heavy_prompts)
+    ]
+    light = 0
+    while not all(task.done() for task in heavy):
+        await stream(
+            client, f"light-{light}", "light", light_prompts[light], LIGHT[1], start, results
+        )
+        light += 1
+    await asyncio.gather(*heavy)
+    await client.close()
+    return results
+
+
+async def arena(
+    url: str, trace: list[dict[str, Any]], args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    client = make_client(url)
+    rng = random.Random(2)
+    results: list[dict[str, Any]] = []
+    start = time.monotonic()
+    tasks = []
+    for i, row in enumerate(trace):
+        delay = row["arrival_s"] * args.time_scale - (time.monotonic() - start)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tokens = prompt(max(1, math.ceil(row["input_tokens"] * args.length_scale)), rng)
+        output = max(1, math.ceil(row["output_tokens"] * args.length_scale))
+        tasks.append(
+            asyncio.create_task(
+                stream(client, f"arena-{i}", str(row["client"]), tokens, output, start, results)
+            )
+        )
+    await asyncio.gather(*tasks)
+    await client.close()
+    return results
+
+
+def records(results: list[dict[str, Any]]) -> list[Any]:
+    fields = ("request_id", "client", "arrival_s", "input_tokens", "output_tokens")
+    return [
+        ResultRecord(
+            **{k: r[k] for k in fields},
+            scheduled_s=r["arrival_s"],
+            first_token_s=r["first_token_s"],
+            finish_s=r["finish_s"],
+            finish_reason="length",
+        )
+        for r in results
+    ]
+
+
+def p90(values: list[float]) -> float:
+    return statistics.quantiles(values, n=10, method="inclusive")[-1]
+
+
+def output_tok_s(results: list[dict[str, Any]]) -> float:
+    wall = max(r["finish_s"] for r in results) - min(r["arrival_s"] for r in results)
+    return sum(r["output_tokens"] for r in results) / wall
+
+
+def flood_figures(results: list[dict[str, Any]]) -> dict[str, float]:
+    light = [r["first_token_s"] - r["arrival_s"] for r in results if r["client"] == "light"]
+    return {
+        "light_requests": len(light),
+        "light_ttft_p90_s": round(p90(light), 3),
+        "light_ttft_p50_s": round(statistics.median(light), 3),
+        "output_tok_s": round(output_tok_s(results), 1),
+    }
+
+
+def arena_figures(results: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, float]:
+    scale = args.time_scale
+    report: Any = fairness_report(
+        records(results), duration_s=600 * scale, window_s=60 * scale, warmup_s=30 * scale
+    )
+
+    def get(key: str) -> float:
+        return float(report[key] if isinstance(report, dict) else getattr(report, key))
+
+    return {
+        "max_diff": round(get("max_diff"), 2),
+        "avg_diff": round(get("avg_diff"), 2),
+        "throughput_tok_s": round(get("throughput_tok_s"), 1),
+        "output_tok_s": round(output_tok_s(results), 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--flood", type=int, default=48, help="heavy requests (default 48)")
+    parser.add_argument("--time-scale", type=float, default=0.2, help="trace time factor")
+    parser.add_argument("--length-scale", type=float, default=0.15, help="trace length factor")
+    parser.add_argument(
+        "--sample", type=float, default=0.3, help="share of the trace's requests replayed"
+    )
+    parser.add_argument("--max-num-seqs", type=int, default=8)
+    parser.add_argument("--kv-tokens", type=int, default=8192)
+    parser.add_argument("--shared", type=Path, default=ROOT.parent / "shared")
+    parser.add_argument(
+        "--scenarios", default="flood,arena", help="comma-separated, of flood and arena"
+    )
+    args = parser.parse_args()
+    if not VLLM_PYTHON.exists():
+        raise SystemExit(f"vLLM environment not found at {VLLM_PYTHON}: `make vllm-env` builds it")
+    trace_path = args.shared / "traces" / "arena_vtc_600s.jsonl"
+    trace = [json.loads(line) for line in trace_path.read_text().splitlines() if line.strip()]
+    # A seeded thinning keeps every client's arrival pattern at a fraction of its rate.
+    thinning = random.Random(3)
+    trace = [row for row in trace if thinning.random() < args.sample]
+    OUT.mkdir(parents=True, exist_ok=True)
+    model_dir = OUT / "model"
+    if not (model_dir / "config.json").exists():
+        builder = ROOT / "tests" / "integrations" / "vllm" / "tiny_model.py"
+        subprocess.run(
+            [
+                str(VLLM_PYTHON),
+                str(builder),
+                str(model_dir),
+                "--layers",
+                "4",
+                "--vocab",
+                str(VOCAB),
+            ],
+            check=True,
+            cwd=ROOT,
+        )
+    scenarios = {name.strip() for name in args.scenarios.split(",")}
+    if not scenarios <= {"flood", "arena"}:
+        raise SystemExit(f"--scenarios: expected flood and/or arena, got {args.scenarios!r}")
+    runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for mode in ("stock", "plugin"):
+        server = Server(model_dir, mode == "plugin", args, OUT / f"server-{mode}.log")
+        try:
+            server.wait_healthy()
+            runs[mode] = {}
+            if "flood" in scenarios:
+                runs[mode]["flood"] = asyncio.run(flood(server.url, args))
+            if "arena" in scenarios:
+                runs[mode]["arena"] = asyncio.run(arena(server.url, trace, args))
+        finally:
+            server.stop()
+        for scenario, results in runs[mode].items():
+            with (OUT / f"{scenario}-{mode}.jsonl").open("w") as file:
+                for row in results:
+                    file.write(json.dumps(row) + "\n")
+    common = {"benchmark": "vllm_plugin", "policy": "vtc", "max_num_seqs": args.max_num_seqs}
+    if "flood" in scenarios:
+        print_flood(runs, args, common)
+    if "arena" in scenarios:
+        print_arena(runs, args, common, len(trace))
+
+
+def print_flood(runs: dict[str, Any], args: argparse.Namespace, common: dict[str, Any]) -> None:
+    stock, plugin = flood_figures(runs["stock"]["flood"]), flood_figures(runs["plugin"]["flood"])
+    heavy_text = {
+        mode: {r["request_id"]: r["text"] for r in runs[mode]["flood"] if r["client"] == "heavy"}
+        for mode in runs
+    }
+    print(
+        json.dumps(
+            {
+                **common,
+                "scenario": "flood",
+                "heavy_requests": args.flood,
+                "stock": stock,
+                "plugin": plugin,
+                "light_ttft_p90_ratio": round(
+                    plugin["light_ttft_p90_s"] / stock["light_ttft_p90_s"], 3
+                ),
+                "throughput_ratio": round(plugin["output_tok_s"] / stock["output_tok_s"], 3),
+                "greedy_identical": heavy_text["stock"] == heavy_text["plugin"],
+            }
+        )
+    )
+
+
+def print_arena(
+    runs: dict[str, Any], args: argparse.Namespace, common: dict[str, Any], requests: int
+) -> None:
+    stock_a = arena_figures(runs["stock"]["arena"], args)
+    plugin_a = arena_figures(runs["plugin"]["arena"], args)
+    print(
+        json.dumps(
+            {
+                **common,
+                "scenario": "arena",
+                "time_scale": round(args.time_scale, 4),
+                "length_scale": args.length_scale,
+                "sample": args.sample,
+                "requests": requests,
+                "kv_tokens": args.kv_tokens,
+                "stock": stock_a,
+                "plugin": plugin_a,
+                "max_diff_ratio": round(plugin_a["max_diff"] / stock_a["max_diff"], 3),
+                "avg_diff_ratio": round(plugin_a["avg_diff"] / stock_a["avg_diff"], 3),
+                "throughput_ratio": round(plugin_a["output_tok_s"] / stock_a["output_tok_s"], 3),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

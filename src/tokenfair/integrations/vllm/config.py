@@ -1,0 +1,145 @@
+"""The plugin's settings, read from vLLM's `--additional-config`.
+
+Inline, a file, or a file plus inline overrides:
+
+    --additional-config '{"tokenfair": {"policy": "wvtc", "weights": {"team-a": 2}}}'
+    --additional-config '{"tokenfair": "/etc/tokenfair/vllm.yaml"}'
+    --additional-config '{"tokenfair": {"file": "/etc/tokenfair/vllm.yaml", "log_interval_s": 0}}'
+
+A file holds the same keys (JSON, or YAML when PyYAML is installed, as it is with
+vLLM). Without a `tokenfair` key every default applies: VTC, every tenant weight 1,
+service = 1 x prompt + 2 x output tokens. Every mistake is one `PluginConfigError`
+line naming the key (and the file).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tokenfair.core.cost import make_cost
+from tokenfair.core.policies import Policy, PolicyError, make_policy
+
+CONFIG_KEY = "tokenfair"
+
+# Policies that only order, charge and pick victims: what a vLLM waiting queue can do.
+# rpm rejects requests, vtc-preempt preempts for fairness and vtc-oracle needs the true
+# output length: none of that fits behind vLLM's queue interface.
+SUPPORTED_POLICIES = (
+    "fcfs",
+    "priority",
+    "sjf",
+    "lcf",
+    "vtc",
+    "wvtc",
+    "vtc-artifact",
+    "vtc-predict",
+)
+
+
+class PluginConfigError(ValueError):
+    """A plugin setting that cannot be used; the message names the key."""
+
+
+class PluginConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    policy: str = "vtc"
+    weights: dict[str, float] = Field(default_factory=dict)
+    cost: Literal["linear", "profiled"] = "linear"
+    w_in: float = Field(1.0, ge=0)
+    w_out: float = Field(2.0, ge=0)
+    # Where the tenant comes from: SamplingParams.extra_args[tenant_field]
+    # (OpenAI requests: "vllm_xargs": {"tenant": "..."}).
+    tenant_field: str = Field("tenant", min_length=1)
+    default_tenant: str = Field("default", min_length=1)
+    # Charge prompt tokens served from the prefix cache (true: the prompt as sent).
+    charge_prefix_hits: bool = True
+    # A per-tenant status line in vLLM's log every this many seconds while busy; 0: off.
+    log_interval_s: float = Field(10.0, ge=0)
+    # Serve per-tenant Prometheus metrics from the engine process on this port
+    # (+ the data-parallel rank); null: off.
+    metrics_port: int | None = Field(None, ge=1, le=65535)
+    metrics_host: str = "127.0.0.1"
+
+    def make_policy(self) -> Policy:
+        """The policy object these settings describe (one per engine core)."""
+        name = self.policy.strip().partition(":")[0].lower()
+        if name not in SUPPORTED_POLICIES:
+            raise PluginConfigError(
+                f"{CONFIG_KEY}.policy: {self.policy!r} is not supported inside vLLM; "
+                f"use one of {', '.join(SUPPORTED_POLICIES)}"
+            )
+        for tenant, weight in self.weights.items():
+            if not weight > 0:
+                raise PluginConfigError(f"{CONFIG_KEY}.weights.{tenant}: must be > 0, got {weight}")
+        if name == "wvtc" and not self.weights:
+            raise PluginConfigError(f"{CONFIG_KEY}.weights: policy 'wvtc' needs tenant weights")
+        try:
+            cost = make_cost(self.cost, self.w_in, self.w_out)
+            return make_policy(self.policy, weights=self.weights or None, cost=cost)
+        except (PolicyError, ValueError) as error:
+            raise PluginConfigError(f"{CONFIG_KEY}.policy: {error}") from None
+
+
+def _describe(error: ValidationError, source: str) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in (CONFIG_KEY, *first["loc"]))
+    return f"{source}: {where}: {first['msg']}"
+
+
+def _read_file(path: str) -> dict[str, Any]:
+    file = Path(path).expanduser()
+    try:
+        text = file.read_text()
+    except OSError as error:
+        raise PluginConfigError(
+            f"{CONFIG_KEY}: cannot read config file {file}: {error.strerror}"
+        ) from None
+    try:
+        if file.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise PluginConfigError(f"{file}:{error.lineno}: invalid JSON: {error.msg}") from None
+    except Exception as error:  # yaml.YAMLError carries the line in its str()
+        raise PluginConfigError(f"{file}: invalid YAML: {error}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise PluginConfigError(f"{file}: expected a mapping of tokenfair settings")
+    return data
+
+
+def load_plugin_config(additional_config: Mapping[str, Any] | None) -> PluginConfig:
+    """Settings from vLLM's `additional_config` (its `tokenfair` entry)."""
+    entry = (additional_config or {}).get(CONFIG_KEY)
+    source = "--additional-config"
+    values: dict[str, Any] = {}
+    if isinstance(entry, str):
+        values, source = _read_file(entry), entry
+    elif isinstance(entry, Mapping):
+        inline = dict(entry)
+        path = inline.pop("file", None)
+        if path is not None:
+            if not isinstance(path, str):
+                raise PluginConfigError(f"{CONFIG_KEY}.file: expected a path")
+            values, source = _read_file(path), f"{path} (+ --additional-config)"
+        values.update(inline)
+    elif entry is not None:
+        raise PluginConfigError(
+            f"{CONFIG_KEY}: expected a mapping of settings or a file path, got {entry!r}"
+        )
+    try:
+        config = PluginConfig(**values)
+    except ValidationError as error:
+        raise PluginConfigError(_describe(error, source)) from None
+    config.make_policy()  # fail at startup, not on the first request
+    return config

@@ -1,0 +1,55 @@
+"""The CPU runtime settings: OpenMP threads sleep when idle unless the user chose a
+policy, the check notices when torch was loaded first, and glibc takes the allocator
+settings."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.model
+
+SRC = str(Path(__file__).resolve().parents[3] / "src")
+PROBE = (
+    "import os, sys\n"
+    "{first}\n"
+    "from tokenfair.engine.hf import cpu_runtime\n"
+    "print(os.environ.get('OMP_WAIT_POLICY'), cpu_runtime.passive_wait_in_effect(),"
+    " cpu_runtime.policy_came_too_late())\n"
+)
+
+
+def probe(first: str = "", **env: str) -> str:
+    clean = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE.format(first=first)],
+        env={**clean, "PYTHONPATH": SRC, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return result.stdout.strip()
+
+
+def test_passive_wait_is_the_default_before_torch_loads():
+    assert probe() == "PASSIVE True False"
+
+
+def test_a_policy_the_user_chose_is_kept():
+    assert probe(OMP_WAIT_POLICY="ACTIVE") == "ACTIVE False False"
+    assert probe(GOMP_SPINCOUNT="1000") == "None False False"
+
+
+def test_torch_loaded_first_is_noticed():
+    assert probe(first="import torch") == "PASSIVE False True"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
+def test_glibc_takes_the_allocator_settings():
+    from tokenfair.engine.hf.cpu_runtime import keep_freed_memory
+
+    assert keep_freed_memory() is True

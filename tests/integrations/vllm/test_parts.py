@@ -1,0 +1,161 @@
+"""The plugin's pure parts (settings, request fields, status line, metrics endpoint,
+version gate) and the async-scheduling variant."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import httpx
+import pytest
+
+from tests.integrations.vllm.harness import add, make_request, make_scheduler, runner_output
+from tokenfair.core.policies import make_policy
+from tokenfair.integrations.vllm import FairAsyncScheduler
+from tokenfair.integrations.vllm.config import PluginConfigError, load_plugin_config
+from tokenfair.integrations.vllm.fields import output_hint_of, tenant_of
+from tokenfair.integrations.vllm.ledger import Ledger
+from tokenfair.integrations.vllm.metrics import format_status, serve_prometheus
+from tokenfair.integrations.vllm.scheduler import _check_version
+
+
+def test_defaults_without_a_tokenfair_entry():
+    config = load_plugin_config({})
+    assert (config.policy, config.default_tenant, config.charge_prefix_hits) == (
+        "vtc",
+        "default",
+        True,
+    )
+    assert load_plugin_config(None) == config
+
+
+def test_settings_inline_from_a_file_and_both(tmp_path):
+    inline = load_plugin_config({"tokenfair": {"policy": "wvtc", "weights": {"a": 2}}})
+    assert inline.weights == {"a": 2.0}
+    file = tmp_path / "tokenfair.yaml"
+    file.write_text("policy: vtc-predict\ndefault_tenant: anon\n")
+    assert load_plugin_config({"tokenfair": str(file)}).policy == "vtc-predict"
+    both = load_plugin_config({"tokenfair": {"file": str(file), "default_tenant": "x"}})
+    assert (both.policy, both.default_tenant) == ("vtc-predict", "x")
+    as_json = tmp_path / "tokenfair.json"
+    as_json.write_text(json.dumps({"policy": "fcfs"}))
+    assert load_plugin_config({"tokenfair": str(as_json)}).policy == "fcfs"
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"polcy": "vtc"}, "tokenfair.polcy: Extra inputs are not permitted"),
+        ({"weights": {"a": 0}}, "tokenfair.weights.a: must be > 0"),
+        ({"policy": "wvtc"}, "tokenfair.weights: policy 'wvtc' needs tenant weights"),
+        ({"policy": "rpm:5"}, "tokenfair.policy: 'rpm:5' is not supported inside vLLM"),
+        ({"policy": "vtc-preempt"}, "not supported inside vLLM"),
+        ({"policy": "nope"}, "not supported inside vLLM"),
+        ({"w_out": -1}, "tokenfair.w_out: Input should be greater than or equal to 0"),
+        ({"metrics_port": 0}, "tokenfair.metrics_port"),
+        ("/no/such/file.yaml", "cannot read config file /no/such/file.yaml"),
+        (7, "expected a mapping of settings or a file path"),
+    ],
+)
+def test_every_bad_setting_is_one_line_naming_the_key(entry, message):
+    with pytest.raises(PluginConfigError) as error:
+        load_plugin_config({"tokenfair": entry})
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_a_bad_file_names_the_file_and_line(tmp_path):
+    file = tmp_path / "bad.json"
+    file.write_text('{\n "policy": \n}')
+    with pytest.raises(PluginConfigError, match=r"bad.json:3: invalid JSON"):
+        load_plugin_config({"tokenfair": str(file)})
+    file.write_text('{"weights": {"a": "heavy"}}')
+    with pytest.raises(PluginConfigError, match=r"bad.json: tokenfair.weights.a:"):
+        load_plugin_config({"tokenfair": str(file)})
+
+
+def test_tenant_and_hint_fields():
+    assert tenant_of(None, "tenant", "d") == ("d", None)
+    assert tenant_of({"tenant": " team-a "}, "tenant", "d") == ("team-a", None)
+    assert tenant_of({"tenant": ""}, "tenant", "d") == ("d", None)
+    assert tenant_of({"tenant": 12}, "tenant", "d") == ("12", None)
+    tenant, problem = tenant_of({"tenant": {"x": 1}}, "tenant", "d")
+    assert tenant == "d" and "must be a string" in problem
+    assert tenant_of({"user": "u"}, "user", "d") == ("u", None)
+    assert output_hint_of({"predicted_output_tokens": 40}) == 40
+    assert output_hint_of({"predicted_output_tokens": -3}) is None
+    assert output_hint_of({"predicted_output_tokens": True}) is None
+
+
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.1+cpu", "0.32.0rc1"])
+def test_version_gate_accepts_the_supported_minor(version):
+    _check_version(version)
+
+
+@pytest.mark.parametrize("version", ["0.33.0", "0.31.2", "1.0.0", "dev"])
+def test_version_gate_refuses_other_minors(version):
+    with pytest.raises(ImportError, match=rf"supports vLLM 0\.32\.x only, found {version}"):
+        _check_version(version)
+
+
+def _ledger_with_two_tenants() -> Ledger[str]:
+    ledger: Ledger[str] = Ledger(make_policy("vtc"))
+    for rid, tenant, prompt in (("r1", "a", 10), ("r2", "b", 4), ("r3", "a", 6)):
+        ledger.arrive(rid, rid, tenant=tenant, prompt_tokens=prompt, max_tokens=8)
+    ledger.pop()
+    ledger.started("r1")
+    ledger.produced("r1", 3)
+    return ledger
+
+
+def test_status_line():
+    ledger = _ledger_with_two_tenants()
+    line = format_status("vtc", ledger.counters(), ledger.tenants())
+    assert line.startswith(
+        "tokenfair vtc: 2 tenants, 1 running, 2 waiting | a: counter 16 in 10 out 3"
+    )
+    assert "| b: counter 0 in 0 out 0 run 0 wait 1" in line
+
+
+def test_prometheus_endpoint():
+    ledger = _ledger_with_two_tenants()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = serve_prometheus(ledger, "127.0.0.1", port, "0")
+    try:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    finally:
+        server.shutdown()
+    assert 'tokenfair_vllm_counter{engine="0",tenant="a"} 16.0' in text
+    assert 'tokenfair_vllm_output_tokens_total{engine="0",tenant="a"} 3.0' in text
+    assert 'tokenfair_vllm_waiting{engine="0",tenant="b"} 1.0' in text
+    with pytest.raises(OSError, match=r"tokenfair\.metrics_port: cannot serve metrics"):
+        busy = serve_prometheus(ledger, "127.0.0.1", port, "0")
+        try:
+            serve_prometheus(ledger, "127.0.0.1", port, "0")
+        finally:
+            busy.shutdown()
+
+
+def test_async_scheduler_variant_charges_exactly(tiny_model_dir):
+    """Async scheduling: step N+1 is scheduled before step N's output arrives."""
+    fair = make_scheduler(tiny_model_dir, FairAsyncScheduler, num_blocks=24, max_num_seqs=3)
+    workload = [(f"{t}{i}", t, 20 + 10 * i, 30) for t in "ab" for i in range(3)]
+    requests = add(fair, [make_request(fair, r, t, p, o) for r, t, p, o in workload])
+    in_flight = None
+    for _ in range(2000):
+        if not fair.has_requests() and in_flight is None:
+            break
+        output = fair.schedule()
+        result = runner_output(fair, output)
+        if in_flight is not None:
+            fair.update_from_output(*in_flight)
+        in_flight = (output, result)
+        if not fair.has_requests():
+            fair.update_from_output(*in_flight)
+            in_flight = None
+    assert all(r.num_output_tokens == 30 for r in requests)
+    counters = fair.ledger.counters()
+    for tenant in "ab":
+        assert counters[tenant] == sum(p + 2 * o for _, t, p, o in workload if t == tenant)

@@ -1,0 +1,158 @@
+"""The engine on its thread: streams, aborts before the next step, idle sleep, slow readers."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tokenfair.core.policies import make_policy
+from tokenfair.core.request import FinishReason, Request, SamplingParams
+from tokenfair.core.scheduler import Scheduler, SchedulerConfig
+from tokenfair.engine.async_engine import AsyncEngine, EngineDeadError
+from tokenfair.engine.engine import Engine, RequestOutput
+from tokenfair.server.sim_model import SimDetokenizer, WallClockSimExecutor, sim_profile
+
+
+def make_engine(step_s: float = 0.0, max_num_seqs: int = 8, kv_tokens: int = 4096) -> Engine:
+    config = SchedulerConfig(max_num_seqs=max_num_seqs, kv_tokens=kv_tokens)
+    return Engine(
+        Scheduler(config, make_policy("vtc")),
+        WallClockSimExecutor(sim_profile(f"fixed:{step_s}")),
+        detokenizer=SimDetokenizer(),
+    )
+
+
+def request(rid: str, max_tokens: int, client: str = "a", prompt: int = 4) -> Request:
+    return Request(rid, client, prompt, 0.0, sampling=SamplingParams(max_tokens=max_tokens))
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_stream_yields_every_token_then_ends():
+    async def main() -> list[RequestOutput]:
+        engine = AsyncEngine(make_engine())
+        engine.start()
+        stream = engine.submit(request("r", 5))
+        assert await stream.accepted
+        outputs = [o async for o in stream]
+        await engine.stop()
+        return outputs
+
+    outputs = run(main())
+    assert sum(len(o.new_token_ids) for o in outputs) == 5
+    assert outputs[-1].finished and outputs[-1].finish_reason is FinishReason.LENGTH
+    assert "".join(o.new_text for o in outputs) == " tok" * 5
+
+
+def test_abort_is_honoured_before_the_next_step():
+    async def main() -> tuple[int, int, int]:
+        core = make_engine(step_s=0.005)
+        engine = AsyncEngine(core)
+        engine.start()
+        stream = engine.submit(request("r", 10_000))
+        await stream.accepted
+        await stream.next_batch()  # running now
+        engine.abort("r")
+        seen = 0
+        async for output in stream:
+            seen += len(output.new_token_ids)
+        blocks = await engine.call(lambda e: e.scheduler.kv.num_used_blocks)
+        running = await engine.call(lambda e: len(e.scheduler.running))
+        await engine.stop()
+        return seen, blocks, running
+
+    seen, blocks, running = run(main())
+    assert seen < 50
+    assert blocks == 0 and running == 0
+
+
+def test_thread_sleeps_when_idle_and_wakes_on_submit():
+    async def main() -> tuple[int, int, bool]:
+        core = make_engine()
+        engine = AsyncEngine(core)
+        engine.start()
+        await asyncio.sleep(0.2)
+        idle_steps = core.num_steps
+        stream = engine.submit(request("r", 3))
+        async for _ in stream:
+            pass
+        await asyncio.sleep(0.2)
+        after = core.num_steps
+        alive = engine.alive
+        await engine.stop()
+        return idle_steps, after, alive
+
+    idle_steps, after, alive = run(main())
+    assert idle_steps == 0
+    assert 3 <= after <= 6  # the request's steps and nothing while idle
+    assert alive
+
+
+def test_a_slow_reader_never_stalls_the_steps():
+    async def main() -> tuple[int, int]:
+        core = make_engine(step_s=0.002)
+        engine = AsyncEngine(core)
+        engine.start()
+        slow = engine.submit(request("slow", 200, client="a"))
+        fast = engine.submit(request("fast", 50, client="b"))
+        async for _ in fast:
+            pass
+        steps_when_fast_done = core.num_steps
+        # Nobody has read `slow` yet; its tokens waited in its stream.
+        batch = await slow.next_batch()
+        await engine.stop()
+        return steps_when_fast_done, sum(len(o.new_token_ids) for o in batch)
+
+    steps, buffered = run(main())
+    assert steps >= 50
+    assert buffered >= 45
+
+
+def test_rejected_request_resolves_accepted_false():
+    async def main() -> tuple[bool, bool]:
+        engine = AsyncEngine(make_engine(kv_tokens=64))
+        engine.start()
+        stream = engine.submit(request("big", 500))
+        accepted = await stream.accepted
+        done = stream.done
+        await engine.stop()
+        return accepted, done
+
+    assert run(main()) == (False, True)
+
+
+def test_call_runs_between_steps_and_propagates_errors():
+    async def main() -> None:
+        engine = AsyncEngine(make_engine())
+        engine.start()
+        assert await engine.call(lambda e: e.scheduler.config.max_num_seqs) == 8
+
+        def boom(e: Engine) -> None:
+            raise KeyError("x")
+
+        with pytest.raises(KeyError):
+            await engine.call(boom)
+        await engine.stop()
+        with pytest.raises(EngineDeadError):
+            engine.submit(request("late", 1))
+
+    run(main())
+
+
+def test_many_concurrent_streams_finish():
+    async def main() -> int:
+        engine = AsyncEngine(make_engine(max_num_seqs=64, kv_tokens=65536))
+        engine.start()
+        streams = [engine.submit(request(f"r{i}", 20, client=f"c{i % 4}")) for i in range(200)]
+
+        async def drain(stream) -> int:
+            return sum([len(o.new_token_ids) async for o in stream])
+
+        counts = await asyncio.gather(*(drain(s) for s in streams))
+        await engine.stop()
+        return sum(counts)
+
+    assert run(main()) == 200 * 20

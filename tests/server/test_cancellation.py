@@ -1,0 +1,158 @@
+"""Disconnects, timeouts and operator aborts free the slot and the KV blocks at once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import pytest
+
+from tests.server.conftest import ADMIN_KEY, KEYS, Server
+
+
+def wait_until_idle(server: Server, timeout: float = 20.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        metrics = server.metrics()
+        running = sum(
+            v for (name, _), v in metrics.items() if name == "tokenfair:num_requests_running"
+        )
+        waiting = sum(
+            v for (name, _), v in metrics.items() if name == "tokenfair:num_requests_waiting"
+        )
+        blocks = metrics[("tokenfair:kv_cache_used_blocks", ())]
+        if running == waiting == blocks == 0 or time.monotonic() > deadline:
+            return {"running": running, "waiting": waiting, "blocks": blocks, "metrics": metrics}
+        time.sleep(0.05)
+
+
+def aborted(server: Server, tenant: str = "team-a") -> float:
+    return server.metric("tokenfair:request_success_total", tenant=tenant, finished_reason="abort")
+
+
+async def vanish_mid_stream(server: Server, tenant: str, stream: bool) -> bool:
+    """Open a request over a raw socket, read its first event (or wait), then hang up."""
+    host, port = server.url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    body = json.dumps(
+        {
+            "model": "sim:fixed:0.002",
+            "prompt": "disconnect me",
+            "max_tokens": 5000,
+            "stream": stream,
+        }
+    ).encode()
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {KEYS[tenant]}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    await writer.drain()
+    got_data = False
+    if stream:
+        seen = b""
+        while b"data: {" not in seen:
+            chunk = await asyncio.wait_for(reader.read(4096), 30)
+            if not chunk:
+                break
+            seen += chunk
+        got_data = b"data: {" in seen
+    else:
+        await asyncio.sleep(0.3)
+    writer.transport.abort()  # vanish: no FIN handshake niceties
+    return got_data
+
+
+def test_disconnect_storm_frees_every_slot_and_block(sim_server):
+    before = aborted(sim_server)
+
+    async def storm() -> list[bool]:
+        return await asyncio.gather(
+            *(vanish_mid_stream(sim_server, "team-a", True) for _ in range(200))
+        )
+
+    started = asyncio.run(storm())
+    assert all(started), "every client saw tokens before vanishing"
+    idle = wait_until_idle(sim_server)
+    assert idle["running"] == 0
+    assert idle["waiting"] == 0
+    assert idle["blocks"] == 0
+    assert aborted(sim_server) - before == 200
+
+
+def test_non_streaming_disconnect_aborts(sim_server):
+    before = aborted(sim_server)
+
+    async def go() -> None:
+        await asyncio.gather(*(vanish_mid_stream(sim_server, "team-a", False) for _ in range(5)))
+
+    asyncio.run(go())
+    assert wait_until_idle(sim_server)["blocks"] == 0
+    assert aborted(sim_server) - before == 5
+
+
+def test_tenant_timeout_ends_the_request(sim_server):
+    body = {"model": "sim:fixed:0.002", "prompt": "long", "max_tokens": 8000}
+    started = time.monotonic()
+    r = httpx.post(
+        f"{sim_server.url}/v1/completions",
+        json=body,
+        headers=sim_server.headers("slow"),
+        timeout=30,
+    )
+    assert r.status_code == 408
+    assert r.json()["error"]["code"] == "timeout"
+    assert time.monotonic() - started < 10  # 0.3 s timeout, far from 200 s of generation
+    with httpx.stream(
+        "POST", f"{sim_server.url}/v1/completions", json={**body, "stream": True},
+        headers=sim_server.headers("slow"), timeout=30,
+    ) as stream:  # fmt: skip
+        lines = [line for line in stream.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    assert json.loads(lines[-2][6:])["error"]["code"] == "timeout"
+    assert wait_until_idle(sim_server)["blocks"] == 0
+
+
+def test_admin_aborts_a_request_by_id(sim_server):
+    body = {"model": "sim:fixed:0.002", "prompt": "abort me", "max_tokens": 8000, "stream": True}
+    with httpx.stream(
+        "POST",
+        f"{sim_server.url}/v1/completions",
+        json=body,
+        headers=sim_server.headers(),
+        timeout=30,
+    ) as stream:
+        request_id = stream.headers["x-request-id"]
+        refused = httpx.post(
+            f"{sim_server.url}/admin/requests/{request_id}/abort",
+            headers=sim_server.headers("team-a"),
+        )
+        assert refused.status_code == 403
+        done = httpx.post(
+            f"{sim_server.url}/admin/requests/{request_id}/abort",
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+        )
+        assert done.status_code == 200
+        events = [
+            json.loads(line[6:]) for line in stream.iter_lines() if line.startswith("data: {")
+        ]
+    assert events[-1]["choices"][0]["finish_reason"] == "abort"
+    assert len(events) < 1000
+    missing = httpx.post(
+        f"{sim_server.url}/admin/requests/nope/abort",
+        headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+    )
+    assert missing.status_code == 404
+
+
+@pytest.mark.parametrize("max_tokens", [1, 3])
+def test_max_tokens_ends_in_its_step(sim_server, max_tokens):
+    r = httpx.post(
+        f"{sim_server.url}/v1/completions",
+        json={"model": "sim:fixed:0.002", "prompt": "x", "max_tokens": max_tokens},
+        headers=sim_server.headers(),
+        timeout=30,
+    )
+    assert r.json()["usage"]["completion_tokens"] == max_tokens

@@ -1,0 +1,220 @@
+"""A key acts only as its tenant; the admin API is the admin's; prefix caches stay apart."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import httpx
+import pytest
+import yaml
+
+from tests.server.conftest import ADMIN_KEY, KEYS, Server, launch, tenants_data
+from tokenfair.core.kv_cache import KVCacheManager
+from tokenfair.core.request import Request
+from tokenfair.server.tenants import hash_key
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
+def generated(server: Server, tenant: str) -> float:
+    return server.metric("tokenfair:generation_tokens_total", tenant=tenant)
+
+
+def test_no_spoofing_by_header_field_or_body(sim_server):
+    before_a, before_b = generated(sim_server, "team-a"), generated(sim_server, "team-b")
+    r = httpx.post(
+        f"{sim_server.url}/v1/completions",
+        json={
+            "model": "sim:fixed:0.002",
+            "prompt": "x",
+            "max_tokens": 3,
+            "user": "team-b",
+            "tenant": "team-b",
+            "client": "team-b",
+        },
+        headers={
+            **sim_server.headers("team-a"),
+            "x-tokenfair-tenant": "team-b",
+            "x-tenant": "team-b",
+        },
+        timeout=30,
+    )
+    assert r.status_code == 200
+    assert generated(sim_server, "team-a") - before_a == 3
+    assert generated(sim_server, "team-b") == before_b
+    # No key at all, whatever the headers say: 401.
+    anonymous = httpx.post(
+        f"{sim_server.url}/v1/completions",
+        json={"model": "sim:fixed:0.002", "prompt": "x"},
+        headers={"x-tokenfair-tenant": "team-b"},
+    )
+    assert anonymous.status_code == 401
+    assert anonymous.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_admin_api_refuses_tenant_keys(sim_server):
+    for path in ("/admin/tenants",):
+        assert httpx.get(f"{sim_server.url}{path}").status_code == 401
+        for tenant in KEYS:
+            assert (
+                httpx.get(f"{sim_server.url}{path}", headers=sim_server.headers(tenant)).status_code
+                == 403
+            )
+    weight = httpx.post(
+        f"{sim_server.url}/admin/tenants/team-b/weight",
+        json={"weight": 5},
+        headers=sim_server.headers("team-b"),
+    )
+    assert weight.status_code == 403
+
+
+def test_admin_lists_tenants_and_changes_weights(sim_server):
+    httpx.post(
+        f"{sim_server.url}/v1/completions",
+        json={"model": "sim:fixed:0.002", "prompt": "x", "max_tokens": 2},
+        headers=sim_server.headers("team-b"),
+        timeout=30,
+    )
+    rows = {
+        row["name"]: row
+        for row in httpx.get(f"{sim_server.url}/admin/tenants", headers=ADMIN).json()["data"]
+    }
+    assert set(rows) >= {"team-a", "team-b", "team-c", "slow"}
+    assert rows["team-b"]["weight"] == 2.0
+    assert rows["team-b"]["service"] > 0
+    assert rows["team-b"]["counter"] > 0
+    assert {"waiting", "running", "preemptions"} <= set(rows["team-b"])
+    changed = httpx.post(
+        f"{sim_server.url}/admin/tenants/team-b/weight", json={"weight": 3.5}, headers=ADMIN
+    )
+    assert changed.status_code == 200
+    rows = {
+        row["name"]: row
+        for row in httpx.get(f"{sim_server.url}/admin/tenants", headers=ADMIN).json()["data"]
+    }
+    assert rows["team-b"]["weight"] == 3.5
+    assert sim_server.metric("tokenfair:tenant_weight", tenant="team-b") == 3.5
+    bad = httpx.post(
+        f"{sim_server.url}/admin/tenants/team-b/weight", json={"weight": -1}, headers=ADMIN
+    )
+    assert bad.status_code == 400
+    unknown = httpx.post(
+        f"{sim_server.url}/admin/tenants/nobody/weight", json={"weight": 1}, headers=ADMIN
+    )
+    assert unknown.status_code == 404
+    httpx.post(f"{sim_server.url}/admin/tenants/team-b/weight", json={"weight": 2.0}, headers=ADMIN)
+    recent = httpx.get(
+        f"{sim_server.url}/admin/requests/recent",
+        params={"tenant": "team-b", "limit": 1},
+        headers=ADMIN,
+    )
+    (row,) = recent.json()["data"]
+    assert row["tenant"] == "team-b" and row["completion_tokens"] == 2
+    assert row["ttft_steps"] >= 1 and 0 < row["ttft_s"] <= row["e2e_s"]
+    assert (
+        httpx.get(
+            f"{sim_server.url}/admin/requests/recent", headers=sim_server.headers()
+        ).status_code
+        == 403
+    )
+
+
+def test_trusted_header_only_when_configured(server_dir):
+    server = launch(
+        server_dir,
+        "--model",
+        "sim:zero",
+        tenants={**tenants_data(), "trusted_tenant_header": "x-tokenfair-tenant"},
+    )
+    try:
+        r = httpx.post(
+            f"{server.url}/v1/completions",
+            json={"model": "sim:zero", "prompt": "x", "max_tokens": 2},
+            headers={"x-tokenfair-tenant": "team-b"},
+        )
+        assert r.status_code == 200
+        assert server.metric("tokenfair:generation_tokens_total", tenant="team-b") == 2
+    finally:
+        server.stop()
+
+
+@pytest.mark.model
+def test_no_cross_tenant_prefix_hit(tiny_server):
+    prompt = "A shared system prompt that is long enough to fill several KV blocks. " * 2
+
+    def hits() -> float:
+        return tiny_server.metric("tokenfair:prefix_cache_hits_total")
+
+    def send(tenant: str) -> None:
+        r = httpx.post(
+            f"{tiny_server.url}/v1/completions",
+            json={"model": "builtin:tiny", "prompt": prompt, "max_tokens": 1, "temperature": 0},
+            headers=tiny_server.headers(tenant),
+            timeout=60,
+        )
+        assert r.status_code == 200
+
+    send("team-a")
+    first = hits()
+    send("team-a")
+    own = hits() - first
+    assert own >= 16 * 4  # the tenant's own prefix is reused
+    send("team-b")
+    assert hits() - first == own  # nothing for another tenant
+
+
+def test_salted_prefix_hashes():
+    def request(rid: str, salt: str | None) -> Request:
+        ids = list(range(40))
+        return Request(rid, "c", len(ids), 0.0, prompt_token_ids=ids, cache_salt=salt)
+
+    kv = KVCacheManager(num_blocks=16, block_size=8, enable_prefix_caching=True)
+    first = request("r0", "a")
+    kv.match_prefix(first)
+    kv.allocate(first, 40)
+    first.num_computed_tokens = 40
+    kv.cache_full_blocks(first)
+    kv.free(first)
+    assert kv.match_prefix(request("r1", "b")) == 0
+    assert kv.match_prefix(request("r2", None)) == 0
+    assert kv.match_prefix(request("r3", "a")) == 32  # 4 full blocks, the last token recomputed
+    kv.check_invariants()
+
+
+def test_sighup_reloads_and_keeps_the_old_file_on_error(server_dir):
+    data = tenants_data()
+    server = launch(server_dir, "--model", "sim:fixed:0.002", tenants=data)
+    path = next(server_dir.glob(f"tenants-{server.url.rsplit(':', 1)[1]}.yaml"))
+    try:
+        url = f"{server.url}/v1/completions"
+        body = {"model": "sim:fixed:0.002", "prompt": "x", "max_tokens": 300, "stream": True}
+        with httpx.stream(
+            "POST", url, json=body, headers=server.headers("team-a"), timeout=30
+        ) as in_flight:
+            data["tenants"].append({"name": "team-d", "key_sha256": [hash_key("key-d")]})  # type: ignore[attr-defined]
+            path.write_text(yaml.safe_dump(data))
+            server.process.send_signal(signal.SIGHUP)
+            new_key = {"Authorization": "Bearer key-d"}
+            for _ in range(100):
+                if (
+                    httpx.post(
+                        url, json={**body, "max_tokens": 1, "stream": False}, headers=new_key
+                    ).status_code
+                    == 200
+                ):
+                    break
+                time.sleep(0.05)
+            else:
+                raise AssertionError("the reloaded key never worked")
+            events = [line for line in in_flight.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "data: [DONE]"
+        assert '"finish_reason":"length"' in events[-2]  # the in-flight request was not dropped
+        path.write_text("tenants:\n  - name: broken\n    weight: -3\n")
+        server.process.send_signal(signal.SIGHUP)
+        time.sleep(1.0)
+        ok = httpx.post(url, json={**body, "max_tokens": 1, "stream": False}, headers=new_key)
+        assert ok.status_code == 200  # the previous file stays in force
+        assert "tenants.0.weight" in server.log.read_text()
+    finally:
+        server.stop()
