@@ -48,6 +48,7 @@ class Process:
                 return self
             except TimeoutError:
                 if time.monotonic() > deadline:
+                    self.kill()  # never leave a half-started process behind
                     raise TimeoutError(
                         f"{self.args[-1]} did not listen on {self.port} in {timeout:.0f}s"
                     ) from None
