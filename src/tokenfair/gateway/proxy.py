@@ -199,7 +199,7 @@ class CompletionProxy:
                     )
                     outcome = "rejected"
                     return
-                gw.metrics.queue.labels(tenant.name).observe(time.perf_counter() - arrival)
+                gw.metrics.of(tenant.name).queue.observe(time.perf_counter() - arrival)
                 outcome = await self._forward(call, ticket, meter, response, arrival, tenant.name)
         except TimeoutError:
             outcome = "timeout"
@@ -339,7 +339,7 @@ class CompletionProxy:
         if up.status != 200 or not meter.usage_seen:
             meter.on_unfinished(failed=up.status != 200)
         else:
-            self.gw.metrics.ttft.labels(tenant).observe(time.perf_counter() - arrival)
+            self.gw.metrics.of(tenant).ttft.observe(time.perf_counter() - arrival)
         await response.start(up.status, [*headers, (b"content-length", str(len(body)).encode())])
         await response.body(body, more=False)
         return "ok" if up.status == 200 else f"http_{up.status}"
@@ -357,7 +357,7 @@ class CompletionProxy:
     ) -> str:
         counter = self.gw.token_counter(call.model)
         first = [True]
-        ttft = self.gw.metrics.ttft.labels(tenant)
+        ttft = self.gw.metrics.of(tenant).ttft
 
         def on_tokens(n: int) -> None:
             if first[0]:
