@@ -29,6 +29,7 @@ class FakeUpstream:
         self.name = name
         self.running = 0
         self.started = 0
+        self.peers: set[str] = set()  # client address:port of each connection used
         self.finished = 0
         self.aborted = 0
 
@@ -43,6 +44,9 @@ class FakeUpstream:
                     return
         path = scope["path"]
         if path in ("/v1/completions", "/v1/chat/completions") and scope["method"] == "POST":
+            if scope.get("client"):
+                host, port = scope["client"]
+                self.peers.add(f"{host}:{port}")
             body = b""
             while True:
                 message = await receive()
@@ -62,6 +66,7 @@ class FakeUpstream:
                     "name": self.name,
                     "running": self.running,
                     "started": self.started,
+                    "connections": len(self.peers),
                     "finished": self.finished,
                     "aborted": self.aborted,
                 },

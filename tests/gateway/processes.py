@@ -34,7 +34,7 @@ class Process:
         self.args, self.port, self.log = args, port, log
         self.popen: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = 30.0) -> Process:
+    def start(self, timeout: float = 120.0) -> Process:  # generous: the machine may be busy
         out = self.log.open("ab")
         self.popen = subprocess.Popen(
             self.args, cwd=ROOT, env=ENV, stdout=out, stderr=subprocess.STDOUT
@@ -48,7 +48,10 @@ class Process:
                 return self
             except TimeoutError:
                 if time.monotonic() > deadline:
-                    raise
+                    self.kill()  # never leave a half-started process behind
+                    raise TimeoutError(
+                        f"{self.args[-1]} did not listen on {self.port} in {timeout:.0f}s"
+                    ) from None
         return self
 
     @property

@@ -88,6 +88,20 @@ def test_async_client_spreads_over_both_upstreams(pool: dict[str, Any]) -> None:
     assert all(a - b >= 4 for a, b in zip(after, before, strict=True))  # least-loaded spreads them
 
 
+def test_upstream_connections_are_kept_alive(pool: dict[str, Any]) -> None:
+    """Sequential requests reuse the gateway's pooled connections to each upstream."""
+    c = client(pool["gateway"])
+    c.completions.create(model="fake", prompt="p", max_tokens=1)  # warm both pools
+    c.completions.create(model="fake", prompt="p", max_tokens=1)
+    before = [stats(u) for u in pool["upstreams"]]
+    for _ in range(20):
+        c.completions.create(model="fake", prompt="p", max_tokens=1)
+    after = [stats(u) for u in pool["upstreams"]]
+    assert sum(a["started"] - b["started"] for a, b in zip(after, before, strict=True)) == 20
+    new = sum(a["connections"] - b["connections"] for a, b in zip(after, before, strict=True))
+    assert new <= 2  # one at most per upstream, not one per request
+
+
 def test_errors_have_the_openai_shape(pool: dict[str, Any]) -> None:
     gw = pool["gateway"]
     with pytest.raises(openai.AuthenticationError):

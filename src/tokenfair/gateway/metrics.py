@@ -20,6 +20,30 @@ from tokenfair.gateway.pool import UpstreamPool
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
+class TenantSeries:
+    """One tenant's children of the request-level series, looked up once: `labels()`
+    takes a lock and builds a tuple on every call, several times per request."""
+
+    __slots__ = (
+        "e2e",
+        "generation_tokens",
+        "outcomes",
+        "prompt_tokens",
+        "queue",
+        "service",
+        "ttft",
+    )
+
+    def __init__(self, metrics: GatewayMetrics, tenant: str) -> None:
+        self.prompt_tokens = metrics.prompt_tokens.labels(tenant)
+        self.generation_tokens = metrics.generation_tokens.labels(tenant)
+        self.service = metrics.service.labels(tenant)
+        self.ttft = metrics.ttft.labels(tenant)
+        self.e2e = metrics.e2e.labels(tenant)
+        self.queue = metrics.queue.labels(tenant)
+        self.outcomes: dict[str, Counter] = {}
+
+
 class _Live(Collector):
     def __init__(
         self, admission: Admission, pool: UpstreamPool, store: Callable[[], CounterStore | None]
@@ -137,15 +161,26 @@ class GatewayMetrics:
             registry=r,
         )
         r.register(_Live(admission, pool, store))
+        self._tenants: dict[str, TenantSeries] = {}
+
+    def of(self, tenant: str) -> TenantSeries:
+        series = self._tenants.get(tenant)
+        if series is None:
+            series = self._tenants[tenant] = TenantSeries(self, tenant)
+        return series
 
     def finished(
         self, tenant: str, outcome: str, prompt: int, output: int, service: float, e2e: float
     ) -> None:
-        self.prompt_tokens.labels(tenant).inc(prompt)
-        self.generation_tokens.labels(tenant).inc(output)
-        self.service.labels(tenant).inc(service)
-        self.requests.labels(tenant, outcome).inc()
-        self.e2e.labels(tenant).observe(e2e)
+        series = self.of(tenant)
+        series.prompt_tokens.inc(prompt)
+        series.generation_tokens.inc(output)
+        series.service.inc(service)
+        counter = series.outcomes.get(outcome)
+        if counter is None:
+            counter = series.outcomes[outcome] = self.requests.labels(tenant, outcome)
+        counter.inc()
+        series.e2e.observe(e2e)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -17,13 +17,16 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable
 
-import httpx
+import aiohttp
+import yarl
 
 from tokenfair.gateway.config import HealthConfig, UpstreamConfig
 
 log = logging.getLogger("tokenfair.gateway")
 
-POOL_SHARDS = 16
+# Below uvicorn's 5 s keep-alive (vLLM's and SGLang's servers too): the gateway drops an
+# idle connection before the upstream does, so a request never lands on a closing one.
+KEEPALIVE_S = 4.0
 _METRIC_PREFIX = {"vllm": "vllm:", "tokenfair": "tokenfair:"}
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEnaNinf]+)")
 
@@ -47,14 +50,16 @@ def parse_load(text: str, flavour: str) -> tuple[float, float]:
 
 
 class Upstream:
-    def __init__(self, config: UpstreamConfig, clients: list[httpx.AsyncClient]) -> None:
+    def __init__(self, config: UpstreamConfig) -> None:
         self.config = config
         self.name: str = config.name or config.url
         self.url = config.url
-        # Several small connection pools instead of one big one: httpcore scans its
-        # whole pool on every request event, which is quadratic in the concurrency.
-        self.clients = clients
-        self._next = 0
+        # Parsed once: the proxy posts to these for every request.
+        self.endpoints = {
+            kind: yarl.URL(config.url + path)
+            for kind, path in (("chat", "/v1/chat/completions"), ("completions", "/v1/completions"))
+        }
+        self._session: aiohttp.ClientSession | None = None
         self.healthy = True
         self.failures = 0  # consecutive
         self.running = 0
@@ -65,10 +70,26 @@ class Upstream:
         self.sent_since_scrape = 0
 
     @property
-    def client(self) -> httpx.AsyncClient:
-        """The next connection pool, round robin."""
-        self._next = (self._next + 1) % len(self.clients)
-        return self.clients[self._next]
+    def session(self) -> aiohttp.ClientSession:
+        """The keep-alive connection pool to this upstream (opened by the pool's start)."""
+        assert self._session is not None, "UpstreamPool.start() opens the sessions"
+        return self._session
+
+    def open(self) -> None:
+        # aiohttp, not httpx, on the hot path: httpx + httpcore + anyio + h11 cost about
+        # ten times the CPU per proxied request (measured in docs/gateway.md).
+        headers = {"authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+        self._session = aiohttp.ClientSession(
+            headers=headers,
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
+            timeout=aiohttp.ClientTimeout(total=None, connect=5.0),
+            auto_decompress=False,
+            skip_auto_headers=("user-agent",),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
 
     def load(self) -> float:
         running = float(self.running)
@@ -117,24 +138,18 @@ class UpstreamPool:
         self.health = health
         self.on_change = on_change  # capacity may have appeared: wake the dispatcher
         self.upstreams: list[Upstream] = []
-        for config in configs:
-            headers = {"authorization": f"Bearer {config.api_key}"} if config.api_key else {}
-            clients = [
-                httpx.AsyncClient(
-                    base_url=config.url,
-                    headers=headers,
-                    timeout=httpx.Timeout(None, connect=5.0),
-                    limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
-                )
-                for _ in range(POOL_SHARDS)
-            ]
-            self.upstreams.append(Upstream(config, clients))
+        self.upstreams = [Upstream(config) for config in configs]
         self.by_model: dict[str, list[Upstream]] = {}
         for upstream in self.upstreams:
             for model in upstream.config.models:
                 self.by_model.setdefault(model, []).append(upstream)
         self._tasks: list[asyncio.Task[None]] = []
-        self._probe = httpx.AsyncClient(timeout=health.timeout_s)
+        self._probe: aiohttp.ClientSession | None = None
+
+    async def _get(self, url: str) -> tuple[int, str]:
+        assert self._probe is not None
+        async with self._probe.get(url) as response:
+            return response.status, await response.text()
 
     def serves(self, model: str) -> bool:
         return model in self.by_model
@@ -171,24 +186,25 @@ class UpstreamPool:
 
     async def _check(self, upstream: Upstream) -> None:
         try:
-            response = await self._probe.get(upstream.url + upstream.config.health_path)
-        except httpx.HTTPError as error:
+            status, _ = await self._get(upstream.url + upstream.config.health_path)
+        except (aiohttp.ClientError, TimeoutError) as error:
             self.mark_failure(upstream, f"health check failed ({type(error).__name__})")
             return
-        if response.status_code == 200:
+        if status == 200:
             self.mark_success(upstream)
         else:
-            self.mark_failure(upstream, f"health check returned {response.status_code}")
+            self.mark_failure(upstream, f"health check returned {status}")
 
     async def _scrape(self, upstream: Upstream) -> None:
         flavour = upstream.config.capacity_from_metrics
         try:
-            response = await self._probe.get(upstream.url + "/metrics")
-            response.raise_for_status()
-        except httpx.HTTPError:
+            status, text = await self._get(upstream.url + "/metrics")
+        except (aiohttp.ClientError, TimeoutError):
+            status, text = 0, ""
+        if status != 200:
             upstream.reported = None  # fall back to the gateway's own count
             return
-        running, waiting = parse_load(response.text, flavour)
+        running, waiting = parse_load(text, flavour)
         upstream.reported = running + waiting
         upstream.sent_since_scrape = 0
         self.on_change()
@@ -199,6 +215,12 @@ class UpstreamPool:
             await asyncio.sleep(interval)
 
     def start(self) -> None:
+        """Open the connection pools and start the health checks (in the running loop)."""
+        for upstream in self.upstreams:
+            upstream.open()
+        self._probe = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self.health.timeout_s)
+        )
         self._tasks.append(asyncio.create_task(self._every(self.health.interval_s, self._check)))
         if any(u.config.capacity_from_metrics != "none" for u in self.upstreams):
 
@@ -217,6 +239,6 @@ class UpstreamPool:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         for upstream in self.upstreams:
-            for client in upstream.clients:
-                await client.aclose()
-        await self._probe.aclose()
+            await upstream.close()
+        if self._probe is not None:
+            await self._probe.close()

@@ -16,7 +16,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-import httpx
+import aiohttp
 import orjson
 
 from tokenfair.gateway.admission import AdmissionRefused, Ticket
@@ -42,6 +42,9 @@ _HOP_BY_HOP = {
     b"server",
 }
 _UPSTREAM_HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
+# What aiohttp raises when an upstream cannot be reached or breaks off (its connect
+# timeout is a TimeoutError).
+_UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError)
 
 Scope = dict[str, Any]
 Receive = Any
@@ -196,7 +199,7 @@ class CompletionProxy:
                     )
                     outcome = "rejected"
                     return
-                gw.metrics.queue.labels(tenant.name).observe(time.perf_counter() - arrival)
+                gw.metrics.of(tenant.name).queue.observe(time.perf_counter() - arrival)
                 outcome = await self._forward(call, ticket, meter, response, arrival, tenant.name)
         except TimeoutError:
             outcome = "timeout"
@@ -223,21 +226,17 @@ class CompletionProxy:
 
     async def _send(
         self, upstream: Upstream, call: CompletionCall
-    ) -> tuple[httpx.Response | None, BaseException | None]:
-        path = "/v1/chat/completions" if call.kind == "chat" else "/v1/completions"
+    ) -> tuple[aiohttp.ClientResponse | None, BaseException | None]:
         try:
-            client = upstream.client
-            request = client.build_request(
-                "POST", path, content=call.body, headers=_UPSTREAM_HEADERS
-            )
-            return await client.send(request, stream=True), None
-        except httpx.HTTPError as error:
+            url = upstream.endpoints[call.kind]
+            return await upstream.session.post(url, data=call.body, headers=_UPSTREAM_HEADERS), None
+        except _UPSTREAM_ERRORS as error:
             self.gw.pool.mark_failure(upstream, f"request failed ({type(error).__name__})")
             return None, error
 
     async def _open(
         self, call: CompletionCall, ticket: Ticket
-    ) -> tuple[httpx.Response | None, BaseException | None]:
+    ) -> tuple[aiohttp.ClientResponse | None, BaseException | None]:
         """Send the request; after a failure before the first byte, once more elsewhere.
 
         With no other upstream for the model, the client gets the upstream's own 5xx
@@ -248,7 +247,7 @@ class CompletionProxy:
             upstream = ticket.upstream
             assert upstream is not None
             response, failure = await self._send(upstream, call)
-            if response is not None and response.status_code < 500:
+            if response is not None and response.status < 500:
                 gw.pool.mark_success(upstream)
                 return response, None
             if attempt == 1 or not gw.pool.any_eligible(
@@ -256,7 +255,7 @@ class CompletionProxy:
             ):
                 return response, failure
             if response is not None:
-                await response.aclose()
+                response.close()
             if await gw.admission.retry(ticket) is None:
                 return None, failure
             gw.metrics.retries.inc()
@@ -289,7 +288,7 @@ class CompletionProxy:
         try:
             headers = [
                 (k.lower(), v)
-                for k, v in upstream_response.headers.raw
+                for k, v in upstream_response.raw_headers
                 if k.lower() not in _HOP_BY_HOP
             ]
             if upstream_response.headers.get("content-type", "").startswith("text/event-stream"):
@@ -300,12 +299,17 @@ class CompletionProxy:
                 upstream, upstream_response, headers, meter, response, arrival, tenant
             )
         finally:
-            await upstream_response.aclose()
+            # A response read to its end goes back to the keep-alive pool; one abandoned
+            # (client gone, timeout) closes its connection, which aborts it upstream.
+            if upstream_response.content.at_eof():
+                upstream_response.release()
+            else:
+                upstream_response.close()
 
     async def _relay_body(
         self,
         upstream: Upstream,
-        up: httpx.Response,
+        up: aiohttp.ClientResponse,
         headers: list[tuple[bytes, bytes]],
         meter: Meter,
         response: _Response,
@@ -313,8 +317,8 @@ class CompletionProxy:
         tenant: str,
     ) -> str:
         try:
-            body = await up.aread()
-        except httpx.HTTPError as error:
+            body = await up.read()
+        except _UPSTREAM_ERRORS as error:
             self.gw.pool.mark_failure(upstream, f"response broke off ({type(error).__name__})")
             meter.on_unfinished(failed=True)
             await response.error(
@@ -326,27 +330,25 @@ class CompletionProxy:
                 )
             )
             return "upstream_error"
-        if up.status_code == 200:
+        if up.status == 200:
             with contextlib.suppress(orjson.JSONDecodeError):
                 usage = usage_of(orjson.loads(body))
                 if usage is not None:
                     meter.on_usage(*usage)
                     meter.streamed = usage[1]
-        if up.status_code != 200 or not meter.usage_seen:
-            meter.on_unfinished(failed=up.status_code != 200)
+        if up.status != 200 or not meter.usage_seen:
+            meter.on_unfinished(failed=up.status != 200)
         else:
-            self.gw.metrics.ttft.labels(tenant).observe(time.perf_counter() - arrival)
-        await response.start(
-            up.status_code, [*headers, (b"content-length", str(len(body)).encode())]
-        )
+            self.gw.metrics.of(tenant).ttft.observe(time.perf_counter() - arrival)
+        await response.start(up.status, [*headers, (b"content-length", str(len(body)).encode())])
         await response.body(body, more=False)
-        return "ok" if up.status_code == 200 else f"http_{up.status_code}"
+        return "ok" if up.status == 200 else f"http_{up.status}"
 
     async def _relay_stream(
         self,
         call: CompletionCall,
         upstream: Upstream,
-        up: httpx.Response,
+        up: aiohttp.ClientResponse,
         headers: list[tuple[bytes, bytes]],
         meter: Meter,
         response: _Response,
@@ -355,7 +357,7 @@ class CompletionProxy:
     ) -> str:
         counter = self.gw.token_counter(call.model)
         first = [True]
-        ttft = self.gw.metrics.ttft.labels(tenant)
+        ttft = self.gw.metrics.of(tenant).ttft
 
         def on_tokens(n: int) -> None:
             if first[0]:
@@ -366,13 +368,13 @@ class CompletionProxy:
         reader = SSEReader(
             counter.chunk, on_tokens, meter.on_usage, hide_usage_chunk=not call.client_wants_usage
         )
-        await response.start(up.status_code, headers)
+        await response.start(up.status, headers)
         try:
-            async for chunk in up.aiter_raw():
+            async for chunk in up.content.iter_any():
                 out = reader.feed(chunk)
                 if out:
                     await response.body(out)
-        except httpx.HTTPError as error:
+        except _UPSTREAM_ERRORS as error:
             self.gw.pool.mark_failure(upstream, f"stream broke off ({type(error).__name__})")
             meter.on_unfinished(failed=True)
             event = APIError(
@@ -386,4 +388,4 @@ class CompletionProxy:
         await response.body(reader.tail(), more=False)
         if not meter.usage_seen:
             meter.on_unfinished(failed=False)
-        return "ok" if up.status_code == 200 and reader.error is None else "upstream_error"
+        return "ok" if up.status == 200 and reader.error is None else "upstream_error"
