@@ -29,6 +29,8 @@ from tokenfair.core.request import Request, SamplingParams
 from tokenfair.gateway.counters import CounterStore
 from tokenfair.gateway.pool import Upstream, UpstreamPool
 
+RECENT_DISPATCHES = 1000
+
 
 class AdmissionRefused(Exception):
     """The request cannot wait: 429 for a tenant's limit or rate, 503 for the gateway's."""
@@ -50,12 +52,14 @@ class Ticket:
     max_tokens: int = 256
     seq: int = 0
     arrival: float = 0.0
+    dispatches_at_arrival: int = 0  # the gateway's dispatch count when this one arrived
     exclude: frozenset[str] = frozenset()
     future: asyncio.Future[Upstream] | None = None
     upstream: Upstream | None = None
     core: Request | None = None
     state: str = "new"  # new -> waiting -> picking -> dispatched -> released
     released: bool = field(default=False)
+    recorded: bool = False  # its queueing is in `Admission.recent` (a retry waits no turn)
 
 
 class Admission:
@@ -81,6 +85,10 @@ class Admission:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
+        # Dispatches so far, and the queueing of the last ones: how long each waited and
+        # how many requests went ahead of it meanwhile (the order, free of clock noise).
+        self.dispatches = 0
+        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_DISPATCHES)
         pool.on_change = self.wake
 
     # --- lifecycle ---
@@ -117,6 +125,7 @@ class Admission:
             )
         ticket.seq = next(self._seq)
         ticket.arrival = time.monotonic()
+        ticket.dispatches_at_arrival = self.dispatches
         ticket.future = asyncio.get_running_loop().create_future()
         if self.store is None:
             policy = self._policies.get(ticket.model)
@@ -230,6 +239,18 @@ class Admission:
     # --- the dispatcher ---
     def _dispatch(self, ticket: Ticket, upstream: Upstream) -> None:
         upstream.acquire(ticket.tokens)
+        if not ticket.recorded:
+            ticket.recorded = True
+            self.recent.append(
+                {
+                    "tenant": ticket.tenant,
+                    "model": ticket.model,
+                    "upstream": upstream.name,
+                    "queue_s": round(time.monotonic() - ticket.arrival, 6),
+                    "dispatched_ahead": self.dispatches - ticket.dispatches_at_arrival,
+                }
+            )
+        self.dispatches += 1
         ticket.upstream = upstream
         ticket.state = "dispatched"
         self.running[ticket.tenant] = self.running.get(ticket.tenant, 0) + 1

@@ -13,15 +13,15 @@ import logging
 import signal
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Header
+from fastapi import FastAPI, Header, Query
 from fastapi.responses import JSONResponse, Response
 
 from tokenfair.core.cost import LinearCost
 from tokenfair.core.policies.rpm import RPMPolicy
 from tokenfair.core.request import Request
-from tokenfair.gateway.admission import Admission
+from tokenfair.gateway.admission import RECENT_DISPATCHES, Admission
 from tokenfair.gateway.config import GatewayConfig, GatewayConfigError
 from tokenfair.gateway.counters import CounterStore, MemoryCounterStore
 from tokenfair.gateway.metrics import GatewayMetrics
@@ -169,11 +169,26 @@ def _side_app(gateway: Gateway) -> FastAPI:
     async def metrics() -> Response:
         return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4")
 
+    def check_admin(authorization: str | None) -> None:
+        if gateway.directory.admin_enabled:
+            gateway.directory.check_admin(authorization)
+
+    @app.get("/v1/gateway/requests/recent")
+    async def recent(
+        tenant: Annotated[str | None, Query(max_length=256)] = None,
+        limit: Annotated[int, Query(ge=1, le=RECENT_DISPATCHES)] = 100,
+        authorization: str | None = Header(default=None),
+    ) -> dict[str, Any]:
+        """The last dispatched requests, oldest first: seconds waited in the gateway and
+        how many requests were dispatched ahead of each while it waited."""
+        check_admin(authorization)
+        rows = [r for r in gateway.admission.recent if tenant is None or r["tenant"] == tenant]
+        return {"object": "list", "data": rows[-limit:]}
+
     @app.get("/v1/gateway/state")
     async def state(authorization: str | None = Header(default=None)) -> dict[str, Any]:
         """Counters, queues and upstreams (behind the admin key when one is set)."""
-        if gateway.directory.admin_enabled:
-            gateway.directory.check_admin(authorization)
+        check_admin(authorization)
         store = gateway.store
         return {
             "policy": gateway.config.policy,
