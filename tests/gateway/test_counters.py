@@ -16,10 +16,11 @@ from tokenfair.gateway.counters import LocalCounters
 from tokenfair.gateway.redis_store import RedisCounterStore
 
 TENANTS = ["a", "b", "c", "d"]
-# An operation: ("arrive", tenant, _), ("pick", _, prompt), ("leave", tenant, _), ("out", tenant, tokens)
+# An operation: ("arrive", tenant, _), ("pick", _, prompt), ("leave", tenant, _),
+# ("out", tenant, tokens), ("take", tenant, prompt): arrives and goes at once (nothing waits)
 ops = st.lists(
     st.tuples(
-        st.sampled_from(["arrive", "arrive", "pick", "pick", "leave", "out"]),
+        st.sampled_from(["arrive", "arrive", "pick", "pick", "leave", "out", "take"]),
         st.sampled_from(TENANTS),
         st.integers(1, 500),
     ),
@@ -61,6 +62,14 @@ def test_local_counters_follow_the_core_vtc(
             )
             assert chosen == head.client
             running[head.client].append(head)
+        elif op == "take" and not local.waiting:
+            # The gateway's fast path, taken only when nothing waits: the core would
+            # admit the lone request it has just been given.
+            core.add(Request(str(next(ids)), tenant, input_tokens=n, arrival_s=0.0), 0.0)
+            head = core.pop()
+            core.on_admit(head, True, 0.0)
+            local.arrive_and_take(tenant, 1.0 * n)
+            running[tenant].append(head)
         elif op == "leave" and local.waiting.get(tenant):
             victim = next(r for r in core.waiting_requests() if r.client == tenant)
             core.remove(victim)
@@ -90,6 +99,9 @@ async def _replay_in_redis(
             elif op == "leave" and local.waiting.get(tenant):
                 await store.leave(tenant)
                 local.leave(tenant)
+            elif op == "take":
+                expected = local.arrive_and_take(tenant, float(n))
+                assert await store.arrive_and_take(tenant, float(n)) == pytest.approx(expected)
             elif op == "out":
                 store.charge(tenant, 2.0 * n)
                 local.charge(tenant, 2.0 * n)

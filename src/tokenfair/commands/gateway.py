@@ -63,5 +63,6 @@ def gateway(
         access_log=False,
         loop="uvloop",
         http="httptools",
+        proxy_headers=False,  # the client address is never used; skip the middleware
         timeout_graceful_shutdown=5,
     )

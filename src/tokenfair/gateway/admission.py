@@ -8,6 +8,12 @@ counter and charges it in the same atomic step. Under the core's other policies 
 priority, sjf, rpm:N) a core policy object per model keeps the order, local to this
 replica. The chosen request goes to the least-loaded eligible upstream.
 
+A request that finds nothing waiting in this gateway and room upstream goes at once,
+without a turn of the dispatcher: under the shared-counter policies its lift and charge
+are one step of the store (`arrive_and_take`, one round trip to Redis), under the others
+the policy admits it on the spot. It is the decision the dispatcher would take, minus
+its latency; whenever requests wait, everything goes through the dispatcher.
+
 A request retried after its upstream failed before the first byte goes ahead of every
 waiting request and is not charged again.
 """
@@ -146,7 +152,14 @@ class Admission:
             ticket.core = core
             self._enqueue(ticket)
             policy.add(core, ticket.arrival)
+            if self.num_waiting == 1 and not self._retries:
+                self._step_local()  # alone: admitted now if an upstream has room
+            if ticket.state == "dispatched":
+                return ticket.upstream  # type: ignore[return-value]
         else:
+            upstream = self._room_now(ticket)
+            if upstream is not None:
+                return await self._take_now(ticket, upstream)
             self._enqueue(ticket)
         try:
             if self.store is not None:
@@ -160,6 +173,29 @@ class Admission:
         except asyncio.CancelledError:
             self._abandon(ticket)
             raise
+
+    def _room_now(self, ticket: Ticket) -> Upstream | None:
+        """An upstream for `ticket` when it may skip the queue: nothing waits here."""
+        if self.num_waiting or self._retries:
+            return None
+        return self.pool.choose(ticket.model, ticket.tokens)
+
+    async def _take_now(self, ticket: Ticket, upstream: Upstream) -> Upstream:
+        """Dispatch at once: the slot is held before the store's step, which then runs
+        to its end even if the client leaves meanwhile (the charge is then part of the
+        dispatch, as for any request that leaves after being dispatched)."""
+        assert self.store is not None
+        self._dispatch(ticket, upstream)
+        if not self.store.remote:  # in this process: runs to its end without suspending
+            await self.store.arrive_and_take(ticket.tenant, ticket.charge)
+            return upstream
+        step = asyncio.ensure_future(self.store.arrive_and_take(ticket.tenant, ticket.charge))
+        try:
+            await asyncio.shield(step)
+        except asyncio.CancelledError:
+            self.release(ticket)
+            raise
+        return upstream
 
     def _enqueue(self, ticket: Ticket) -> None:
         ticket.state = "waiting"

@@ -3,7 +3,9 @@
 The gateway's dispatcher asks a store three questions, each answered atomically:
 `arrive` (a request of this tenant starts waiting: apply the lift rule), `pick` (of
 these waiting tenants, which has the smallest counter? charge it), `leave` (a waiting
-request went away). Output tokens are charged with `charge`, which may be buffered and
+request went away). `arrive_and_take` is `arrive` then `pick` of that one request in a
+single step: a request that finds nothing waiting and room upstream goes at once, with
+one round trip to Redis instead of two. Output tokens are charged with `charge`, which may be buffered and
 is flushed with the next question or within a flush interval.
 
 The same rules run in Python here (one gateway, or a gateway that lost Redis) and in
@@ -18,12 +20,14 @@ from typing import Protocol
 
 class CounterStore(Protocol):
     lift: str
+    remote: bool  # answers need a round trip (Redis); False: in this process, at once
 
     async def start(self) -> None: ...
     async def close(self) -> None: ...
     async def arrive(self, tenant: str) -> float: ...
     async def leave(self, tenant: str) -> None: ...
     async def pick(self, candidates: Sequence[tuple[str, float]]) -> str: ...
+    async def arrive_and_take(self, tenant: str, charge: float) -> float: ...
     def charge(self, tenant: str, amount: float) -> None: ...
     def counters(self) -> dict[str, float]: ...
     @property
@@ -75,12 +79,20 @@ class LocalCounters:
         self.last = best
         return best, charge
 
+    def arrive_and_take(self, tenant: str, charge: float) -> float:
+        """`arrive`, then `pick` with this tenant alone; returns its counter after."""
+        self.arrive(tenant)
+        self.pick([(tenant, charge)])
+        return self.counter[tenant]
+
     def charge(self, tenant: str, amount: float) -> None:
         self.counter[tenant] = self.counter.get(tenant, 0.0) + amount
 
 
 class MemoryCounterStore:
     """The store of a gateway without Redis: everything in this process, nothing lags."""
+
+    remote = False
 
     def __init__(self, lift: str = "paper") -> None:
         self.lift = lift
@@ -100,6 +112,9 @@ class MemoryCounterStore:
 
     async def pick(self, candidates: Sequence[tuple[str, float]]) -> str:
         return self.state.pick(candidates)[0]
+
+    async def arrive_and_take(self, tenant: str, charge: float) -> float:
+        return self.state.arrive_and_take(tenant, charge)
 
     def charge(self, tenant: str, amount: float) -> None:
         self.state.charge(tenant, amount)

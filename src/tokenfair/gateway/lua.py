@@ -61,31 +61,62 @@ end
 # A tenant with no waiting request anywhere is lifted (SPEC 3): to the smallest counter
 # among tenants waiting anywhere, or with nobody waiting to the counter of the tenant
 # admitted last (paper rule). Returns the tenant's counter after the lift.
+# The lift (SPEC 3), shared by ARRIVE and ARRIVE_TAKE: a tenant with no waiting request
+# anywhere is lifted to the smallest counter among tenants waiting anywhere, or with
+# nobody waiting to the counter of the tenant admitted last (paper rule).
+_LIFT = r"""
+local function lift(tenant, rule, ttl_ms)
+  local c = counter(tenant)
+  local waiting = waiting_everywhere(ttl_ms)
+  if rule ~= 'none' and not waiting[tenant] then
+    local floor = nil
+    for t, _ in pairs(waiting) do
+      local ct = counter(t)
+      if floor == nil or ct < floor then floor = ct end
+    end
+    if floor == nil and rule == 'paper' then
+      local last = redis.call('GET', ns .. ':last')
+      if last then floor = counter(last) end
+    end
+    if floor ~= nil and floor > c then
+      c = floor
+      redis.call('HSET', counters, tenant, tostring(c))
+    end
+  end
+  return c
+end
+"""
+
+# ARGV: ns, gw, ttl_ms, n_deltas, deltas..., tenant, lift rule (paper|artifact|none)
+# The tenant's request starts waiting here. Returns its counter after the lift.
 ARRIVE = (
     _PRELUDE
+    + _LIFT
     + r"""
 redis.call('ZADD', ns .. ':gateways', now_ms(), gw)
 local i = apply_deltas(5, tonumber(ARGV[4]))
-local tenant, rule = ARGV[i], ARGV[i + 1]
-local c = counter(tenant)
-local waiting = waiting_everywhere(tonumber(ARGV[3]))
-if rule ~= 'none' and not waiting[tenant] then
-  local floor = nil
-  for t, _ in pairs(waiting) do
-    local ct = counter(t)
-    if floor == nil or ct < floor then floor = ct end
-  end
-  if floor == nil and rule == 'paper' then
-    local last = redis.call('GET', ns .. ':last')
-    if last then floor = counter(last) end
-  end
-  if floor ~= nil and floor > c then
-    c = floor
-    redis.call('HSET', counters, tenant, tostring(c))
-  end
-end
+local tenant = ARGV[i]
+local c = lift(tenant, ARGV[i + 1], tonumber(ARGV[3]))
 redis.call('HINCRBY', ns .. ':waiting:' .. gw, tenant, 1)
 return tostring(c)
+"""
+)
+
+# ARGV: ns, gw, ttl_ms, n_deltas, deltas..., tenant, lift rule, charge
+# ARRIVE then PICK of that request alone, in one step: it found nothing waiting in this
+# gateway and room upstream. Lifted, charged, recorded as the last admitted; it never
+# counts as waiting. Returns the tenant's counter after the charge.
+ARRIVE_TAKE = (
+    _PRELUDE
+    + _LIFT
+    + r"""
+redis.call('ZADD', ns .. ':gateways', now_ms(), gw)
+local i = apply_deltas(5, tonumber(ARGV[4]))
+local tenant = ARGV[i]
+lift(tenant, ARGV[i + 1], tonumber(ARGV[3]))
+local c = redis.call('HINCRBYFLOAT', counters, tenant, ARGV[i + 2])
+redis.call('SET', ns .. ':last', tenant)
+return c
 """
 )
 

@@ -85,6 +85,9 @@ class Upstream:
             timeout=aiohttp.ClientTimeout(total=None, connect=5.0),
             auto_decompress=False,
             skip_auto_headers=("user-agent",),
+            # One session carries every tenant's requests: an upstream's cookies must
+            # never travel from one tenant's request to another's.
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
 
     async def close(self) -> None:

@@ -47,6 +47,8 @@ def _as_counters(flat: list[Any]) -> dict[str, float]:
 
 
 class RedisCounterStore:
+    remote = True
+
     def __init__(
         self,
         url: str,
@@ -73,7 +75,15 @@ class RedisCounterStore:
         )
         self._scripts = {
             name: self._redis.register_script(getattr(lua, name))
-            for name in ("ARRIVE", "PICK", "LEAVE", "FLUSH", "HEARTBEAT", "RECONCILE")
+            for name in (
+                "ARRIVE",
+                "ARRIVE_TAKE",
+                "PICK",
+                "LEAVE",
+                "FLUSH",
+                "HEARTBEAT",
+                "RECONCILE",
+            )
         }
         self._pending: dict[str, float] = {}  # charges not yet sent
         self._waiting: dict[str, int] = {}  # this gateway's waiting requests per tenant
@@ -264,6 +274,25 @@ class RedisCounterStore:
         self._outage[name] = self._outage.get(name, 0.0) + charge
         self._one_less(name)
         return name
+
+    async def arrive_and_take(self, tenant: str, charge: float) -> float:
+        if self._local is None:
+            pending = self._take_pending()
+            try:
+                value = await self._call(
+                    "ARRIVE_TAKE", [self.ttl_ms], pending, [tenant, self.lift, repr(charge)]
+                )
+            except _FAILURES as error:
+                if self._local is None:
+                    self._degrade(error, pending)
+            else:
+                counter = float(value.decode() if isinstance(value, bytes) else value)
+                self._snapshot[tenant] = counter
+                return counter
+        assert self._local is not None
+        counter = self._local.arrive_and_take(tenant, charge)
+        self._outage[tenant] = self._outage.get(tenant, 0.0) + charge
+        return counter
 
     def charge(self, tenant: str, amount: float) -> None:
         if amount == 0:
