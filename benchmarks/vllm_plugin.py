@@ -41,6 +41,9 @@ from typing import Any
 import httpx
 import openai
 
+from tokenfair.fairness.report import fairness_report
+from tokenfair.results import ResultRecord
+
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = Path(os.environ.get("TOKENFAIR_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
 OUT = ROOT / "out" / "vllm_plugin"
@@ -48,13 +51,6 @@ MODEL = "tiny"
 VOCAB = 1024
 HEAVY = (64, 64)  # flood requests: prompt and output tokens
 LIGHT = (16, 8)
-
-try:
-    from tokenfair.fairness.report import fairness_report
-    from tokenfair.results import ResultRecord
-except ImportError:  # the layout before the metrics moved out of bench/
-    from tokenfair.bench.metrics import fairness_report  # type: ignore[assignment,no-redef]
-    from tokenfair.bench.results import ResultRecord  # type: ignore[assignment]
 
 
 def free_port() -> int:

@@ -6,7 +6,9 @@ from pathlib import Path
 import pytest
 
 # Tests read the paper's trace and reference data from ../shared (CI has it there too).
-SHARED = Path(os.environ.get("TOKENFAIR_SHARED", Path(__file__).resolve().parents[1].parent / "shared"))
+SHARED = Path(
+    os.environ.get("TOKENFAIR_SHARED", Path(__file__).resolve().parents[1].parent / "shared")
+)
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 TEXT = re.compile(rb'"(?:text|content)":\s*"[^"]')  # a chunk with generated text
 COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
+RESPONSE_ID = re.compile(rb'"id":\s*"([^"]+)"')
 
 
 @dataclass
@@ -34,6 +35,8 @@ class Tally:
     ttfts: list[float] = field(default_factory=list)
     tokens: int = 0
     errors: Counter[int] = field(default_factory=Counter)
+    # (response id, latency, ttft or None) per request, for --ids-out
+    records: list[tuple[str, float, float | None]] = field(default_factory=list)
 
 
 def request_bytes(host: str, args: argparse.Namespace, prompt: str, max_tokens: int) -> bytes:
@@ -79,6 +82,10 @@ async def read_response(reader: asyncio.StreamReader, started: float, tally: Tal
     tally.latencies.append(done - started)
     if first is not None:
         tally.ttfts.append(first - started)
+    found = RESPONSE_ID.search(body)
+    if found:
+        ttft = None if first is None else first - started
+        tally.records.append((found.group(1).decode(), done - started, ttft))
     counts = COMPLETION_TOKENS.findall(body)
     if counts:
         tally.tokens += int(counts[-1])
@@ -92,6 +99,8 @@ async def worker(
     prompt = args.prompt or f"request from worker {index} " * args.prompt_words
     payload = request_bytes(host, args, prompt, args.max_tokens)
     rng = random.Random(index)
+    if args.stagger:  # start at different moments, so arrivals spread out like real traffic
+        await asyncio.sleep(rng.uniform(0, args.stagger))
     reader = writer = None
     while budget[0] > 0 and time.perf_counter() < deadline:
         budget[0] -= 1
@@ -139,7 +148,7 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         cut_short = True
     elapsed = time.perf_counter() - started
     done = len(tally.latencies)
-    return {
+    result = {
         "label": args.label,
         "concurrency": args.concurrency,
         "stream": args.stream,
@@ -156,6 +165,11 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         "errors": dict(tally.errors),
         "cut_short_at_duration": cut_short,
     }
+    if args.ids_out:
+        with open(args.ids_out, "w") as out:
+            for rid, latency, ttft in tally.records:
+                out.write(json.dumps({"id": rid, "latency_s": latency, "ttft_s": ttft}) + "\n")
+    return result
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -178,6 +192,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--stream", action="store_true")
     parser.add_argument("--ignore-eos", action="store_true")
     parser.add_argument("--label", default="")
+    parser.add_argument(
+        "--stagger", type=float, default=0.0, help="each worker starts after U(0, this) seconds"
+    )
+    parser.add_argument(
+        "--ids-out", default=None, help="write each request's id, latency and TTFT (JSON lines)"
+    )
     return parser.parse_args(argv)
 
 
