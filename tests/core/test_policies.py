@@ -137,6 +137,23 @@ def test_vtc_lift_with_empty_queue_paper_vs_artifact_vs_lcf():
     assert after_idle("lcf") == 0
 
 
+def test_vtc_a_pop_put_back_admits_nobody():
+    """vLLM's scheduler pops a request and puts it back when it does not fit: the
+    lift's reference (the last admitted client) must not move to it."""
+    policy = make_policy("vtc")
+    light = make_request(client="light", input_tokens=400)
+    policy.add(light, 0)
+    policy.on_admit(policy.pop(), True, 0)  # light: last admitted, counter 400
+    policy._counter["heavy"] = 5000.0  # served long ago
+    tried = make_request(client="heavy")
+    policy.add(tried, 1)
+    assert policy.pop() is tried
+    policy.requeue(tried)  # it did not fit
+    policy.remove(tried)  # and its client left
+    policy.add(make_request(client="idle"), 2)  # nobody else waits
+    assert policy.counters()["idle"] == 400  # lifted to light's counter, not heavy's
+
+
 def test_weighted_vtc_divides_charges_by_weight():
     policy = make_policy("wvtc", weights={"a": 1, "b": 4})
     for client in ("a", "b"):

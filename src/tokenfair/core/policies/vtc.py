@@ -162,7 +162,6 @@ class VTCPolicy(Policy):
         request = queue.popleft()
         if not queue:
             self._leave(client)
-        self._last_admitted = client
         self._num_waiting -= 1
         return request
 
@@ -194,6 +193,9 @@ class VTCPolicy(Policy):
         return max(0, request.num_output_tokens - (0 if self.charge_first_token else 1))
 
     def on_admit(self, request: Request, first_time: bool, now: float) -> None:
+        # The lift's reference is set here, not at pop: a caller may pop a request and
+        # put it back when it does not fit (vLLM's scheduler does), which admits nobody.
+        self._last_admitted = request.client
         self._counter.setdefault(request.client, 0.0)
         if first_time:
             # A re-admission after recompute is the system's doing: the prompt is paid once.
