@@ -283,6 +283,11 @@ def main() -> None:
     parser.add_argument(
         "--scenarios", default="flood,arena", help="comma-separated, of flood and arena"
     )
+    parser.add_argument(
+        "--plugin-first",
+        action="store_true",
+        help="run the plugin's server before stock's (flip the order between runs)",
+    )
     args = parser.parse_args()
     if not VLLM_PYTHON.exists():
         raise SystemExit(f"vLLM environment not found at {VLLM_PYTHON}: `make vllm-env` builds it")
@@ -312,7 +317,7 @@ def main() -> None:
     if not scenarios <= {"flood", "arena"}:
         raise SystemExit(f"--scenarios: expected flood and/or arena, got {args.scenarios!r}")
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
-    for mode in ("stock", "plugin"):
+    for mode in ("plugin", "stock") if args.plugin_first else ("stock", "plugin"):
         server = Server(model_dir, mode == "plugin", args, OUT / f"server-{mode}.log")
         try:
             server.wait_healthy()
@@ -353,6 +358,7 @@ def print_flood(runs: dict[str, Any], args: argparse.Namespace, common: dict[str
                     plugin["light_ttft_p90_s"] / stock["light_ttft_p90_s"], 3
                 ),
                 "throughput_ratio": round(plugin["output_tok_s"] / stock["output_tok_s"], 3),
+                "order": "plugin first" if args.plugin_first else "stock first",
                 "greedy_identical": all(texts["stock"][r] == texts["plugin"][r] for r in both),
                 "greedy_compared": len(both),
             }
