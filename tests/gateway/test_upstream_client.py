@@ -281,3 +281,33 @@ def test_a_lagging_consumer_pauses_reading(run: Run) -> None:
 
     assert run(main()) == size
     assert backlog[0] > size // 2  # most of the body was still waiting upstream
+
+
+def test_the_pool_sends_the_upstreams_api_key(run: Run) -> None:
+    from tokenfair.gateway.config import UpstreamConfig
+    from tokenfair.gateway.pool import Upstream
+
+    seen: list[bytes] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await _read_request(reader))
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}")
+        await writer.drain()
+
+    async def main() -> None:
+        server, url = await _serve(handler)
+        config = UpstreamConfig(url=url + "/v1", models=["m"], max_concurrent=1, api_key="sk-up")
+        upstream = Upstream(config)
+        upstream.open()
+        response = await upstream.client.request("POST", "/v1/completions", b"{}")
+        assert await response.read() == b"{}"
+        response.release()
+        await upstream.close()
+        server.close()
+
+    run(main())
+    lines = seen[0].split(b"\r\n")
+    assert lines[0] == b"POST /v1/completions HTTP/1.1"
+    assert b"authorization: Bearer sk-up" in lines
+    assert b"content-type: application/json" in lines
+    assert b"accept-encoding: identity" in lines
