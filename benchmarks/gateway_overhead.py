@@ -2,6 +2,7 @@
 and against LiteLLM's proxy in front of the same upstream, in one run.
 
     nice -n 10 .venv/bin/python benchmarks/gateway_overhead.py [--litellm /tmp/litellm-venv]
+        [--baseline-src OTHER_TREE/src]
 
 Upstreams: the tests' fake OpenAI server (raw ASGI, never the bottleneck), one answering
 at once ("short": non-streaming, 1 token) and one streaming 32 tokens 20 ms apart
@@ -216,6 +217,11 @@ def main() -> None:
         "--litellm", default="/tmp/litellm-venv", help="virtual env with litellm[proxy]"
     )
     parser.add_argument("--skip-redis", action="store_true")
+    parser.add_argument(
+        "--baseline-src",
+        type=Path,
+        help="also run a gateway from another tree's src/ (an older commit), in the same rounds",
+    )
     args = parser.parse_args()
     if args.load:
         import uvloop
@@ -283,6 +289,8 @@ def main() -> None:
             redis_server = RedisServer(tmp)
             redis_server.start()
             gateways["tokenfair+redis"] = {"redis": {"url": redis_server.url, "namespace": "bench"}}
+        if args.baseline_src is not None:
+            gateways["baseline"] = {}
         for name, extra in gateways.items():
             port = free_port()
             config = {
@@ -303,7 +311,9 @@ def main() -> None:
                         str(tmp / f"{name}.yaml"),
                     ],
                     tmp / f"{name}.log",
-                    env,
+                    {**env, "PYTHONPATH": f"{args.baseline_src.resolve()}{os.pathsep}{ROOT}"}
+                    if name == "baseline"
+                    else env,
                 )
             )
             _wait_http(f"http://127.0.0.1:{port}", "/health", 30)

@@ -16,13 +16,13 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
 import orjson
 
 from tokenfair.gateway.admission import AdmissionRefused, Ticket
 from tokenfair.gateway.meter import Meter
 from tokenfair.gateway.requests import CompletionCall, parse_call
 from tokenfair.gateway.sse import SSEReader, usage_of
+from tokenfair.gateway.upstream_client import UpstreamError, UpstreamResponse
 from tokenfair.server.errors import APIError
 
 if TYPE_CHECKING:
@@ -41,10 +41,10 @@ _HOP_BY_HOP = {
     b"date",
     b"server",
 }
-_UPSTREAM_HEADERS = {"content-type": "application/json", "accept-encoding": "identity"}
-# What aiohttp raises when an upstream cannot be reached or breaks off (its connect
-# timeout is a TimeoutError).
-_UPSTREAM_ERRORS = (aiohttp.ClientError, TimeoutError)
+_UPSTREAM_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+# What the upstream client raises when an upstream cannot be reached or breaks off (its
+# connect timeout is a TimeoutError).
+_UPSTREAM_ERRORS = (UpstreamError, OSError, TimeoutError)
 
 Scope = dict[str, Any]
 Receive = Any
@@ -226,17 +226,18 @@ class CompletionProxy:
 
     async def _send(
         self, upstream: Upstream, call: CompletionCall
-    ) -> tuple[aiohttp.ClientResponse | None, BaseException | None]:
+    ) -> tuple[UpstreamResponse | None, BaseException | None]:
         try:
-            url = upstream.endpoints[call.kind]
-            return await upstream.session.post(url, data=call.body, headers=_UPSTREAM_HEADERS), None
+            return await upstream.client.request(
+                "POST", _UPSTREAM_PATHS[call.kind], call.body
+            ), None
         except _UPSTREAM_ERRORS as error:
             self.gw.pool.mark_failure(upstream, f"request failed ({type(error).__name__})")
             return None, error
 
     async def _open(
         self, call: CompletionCall, ticket: Ticket
-    ) -> tuple[aiohttp.ClientResponse | None, BaseException | None]:
+    ) -> tuple[UpstreamResponse | None, BaseException | None]:
         """Send the request; after a failure before the first byte, once more elsewhere.
 
         With no other upstream for the model, the client gets the upstream's own 5xx
@@ -255,7 +256,7 @@ class CompletionProxy:
             ):
                 return response, failure
             if response is not None:
-                response.close()
+                response.release()  # not read: closes its connection
             if await gw.admission.retry(ticket) is None:
                 return None, failure
             gw.metrics.retries.inc()
@@ -291,7 +292,8 @@ class CompletionProxy:
                 for k, v in upstream_response.raw_headers
                 if k.lower() not in _HOP_BY_HOP
             ]
-            if upstream_response.headers.get("content-type", "").startswith("text/event-stream"):
+            content_type = upstream_response.header(b"content-type") or b""
+            if content_type.startswith(b"text/event-stream"):
                 return await self._relay_stream(
                     call, upstream, upstream_response, headers, meter, response, arrival, tenant
                 )
@@ -301,15 +303,12 @@ class CompletionProxy:
         finally:
             # A response read to its end goes back to the keep-alive pool; one abandoned
             # (client gone, timeout) closes its connection, which aborts it upstream.
-            if upstream_response.content.at_eof():
-                upstream_response.release()
-            else:
-                upstream_response.close()
+            upstream_response.release()
 
     async def _relay_body(
         self,
         upstream: Upstream,
-        up: aiohttp.ClientResponse,
+        up: UpstreamResponse,
         headers: list[tuple[bytes, bytes]],
         meter: Meter,
         response: _Response,
@@ -348,7 +347,7 @@ class CompletionProxy:
         self,
         call: CompletionCall,
         upstream: Upstream,
-        up: aiohttp.ClientResponse,
+        up: UpstreamResponse,
         headers: list[tuple[bytes, bytes]],
         meter: Meter,
         response: _Response,
@@ -370,7 +369,7 @@ class CompletionProxy:
         )
         await response.start(up.status, headers)
         try:
-            async for chunk in up.content.iter_any():
+            async for chunk in up:
                 out = reader.feed(chunk)
                 if out:
                     await response.body(out)
