@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 from pathlib import Path
 
 import httpx
 import yaml
 
 from server_tools.common import OUT, emit, run_load, tokenfair_server
+from server_tools.loadgen import pct as loadgen_pct
 from tokenfair.server.tenants import hash_key
 
 STEP_S = 0.01
@@ -50,8 +50,9 @@ def tenants_file() -> Path:
     return path
 
 
-def pct(values: list[float], q: int) -> float:
-    return round(statistics.quantiles(values, n=100, method="inclusive")[q - 1], 5)
+def pct(values: list[float], q: int) -> float | None:
+    value = loadgen_pct(values, q)
+    return None if value is None else round(value, 5)
 
 
 def added_by_server(url: str, ids_file: Path) -> dict[str, object]:

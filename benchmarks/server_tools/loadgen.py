@@ -37,6 +37,7 @@ class Tally:
     errors: Counter[int] = field(default_factory=Counter)
     # (response id, latency, ttft or None) per request, for --ids-out
     records: list[tuple[str, float, float | None]] = field(default_factory=list)
+    keep_records: bool = False
 
 
 def request_bytes(host: str, args: argparse.Namespace, prompt: str, max_tokens: int) -> bytes:
@@ -82,10 +83,11 @@ async def read_response(reader: asyncio.StreamReader, started: float, tally: Tal
     tally.latencies.append(done - started)
     if first is not None:
         tally.ttfts.append(first - started)
-    found = RESPONSE_ID.search(body)
-    if found:
-        ttft = None if first is None else first - started
-        tally.records.append((found.group(1).decode(), done - started, ttft))
+    if tally.keep_records:  # only with --ids-out: the client stays as cheap as it can
+        found = RESPONSE_ID.search(body)
+        if found:
+            ttft = None if first is None else first - started
+            tally.records.append((found.group(1).decode(), done - started, ttft))
     counts = COMPLETION_TOKENS.findall(body)
     if counts:
         tally.tokens += int(counts[-1])
@@ -134,7 +136,7 @@ def pct(values: list[float], q: float) -> float | None:
 
 
 async def main(args: argparse.Namespace) -> dict[str, object]:
-    tally = Tally()
+    tally = Tally(keep_records=bool(args.ids_out))
     budget = [args.requests]
     started = time.perf_counter()
     deadline = started + args.duration

@@ -85,6 +85,14 @@ local function lift(tenant, rule, ttl_ms)
   end
   return c
 end
+-- ARGV from 3 on: ttl_ms, n_deltas, deltas..., tenant, lift rule: this gateway is
+-- alive, the buffered charges are applied, the tenant is lifted. Returns the index of
+-- the tenant in ARGV and its counter after the lift.
+local function arrival()
+  redis.call('ZADD', ns .. ':gateways', now_ms(), gw)
+  local i = apply_deltas(5, tonumber(ARGV[4]))
+  return i, lift(ARGV[i], ARGV[i + 1], tonumber(ARGV[3]))
+end
 """
 
 # ARGV: ns, gw, ttl_ms, n_deltas, deltas..., tenant, lift rule (paper|artifact|none)
@@ -93,11 +101,8 @@ ARRIVE = (
     _PRELUDE
     + _LIFT
     + r"""
-redis.call('ZADD', ns .. ':gateways', now_ms(), gw)
-local i = apply_deltas(5, tonumber(ARGV[4]))
-local tenant = ARGV[i]
-local c = lift(tenant, ARGV[i + 1], tonumber(ARGV[3]))
-redis.call('HINCRBY', ns .. ':waiting:' .. gw, tenant, 1)
+local i, c = arrival()
+redis.call('HINCRBY', ns .. ':waiting:' .. gw, ARGV[i], 1)
 return tostring(c)
 """
 )
@@ -110,12 +115,9 @@ ARRIVE_TAKE = (
     _PRELUDE
     + _LIFT
     + r"""
-redis.call('ZADD', ns .. ':gateways', now_ms(), gw)
-local i = apply_deltas(5, tonumber(ARGV[4]))
-local tenant = ARGV[i]
-lift(tenant, ARGV[i + 1], tonumber(ARGV[3]))
-local c = redis.call('HINCRBYFLOAT', counters, tenant, ARGV[i + 2])
-redis.call('SET', ns .. ':last', tenant)
+local i = arrival()
+local c = redis.call('HINCRBYFLOAT', counters, ARGV[i], ARGV[i + 2])
+redis.call('SET', ns .. ':last', ARGV[i])
 return c
 """
 )
