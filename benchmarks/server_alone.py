@@ -72,9 +72,9 @@ def added_by_server(url: str, ids_file: Path) -> dict[str, object]:
         row = engine.get(client["id"])
         if row is None:
             continue
-        e2e.append(client["latency_s"] - row["e2e_s"])
-        if client["ttft_s"] is not None and row["ttft_s"] is not None:
-            ttft.append(client["ttft_s"] - row["ttft_s"])
+        e2e.append(client["latency_s"] - row["e2e_handed_over_s"])
+        if client["ttft_s"] is not None and row["ttft_handed_over_s"] is not None:
+            ttft.append(client["ttft_s"] - row["ttft_handed_over_s"])
         ideal.append(client["latency_s"] - row["completion_tokens"] * STEP_S)
     if len(e2e) < 2:
         return {"matched": len(e2e)}

@@ -1,7 +1,7 @@
 """A light HTTP load generator for OpenAI-compatible servers (its own process).
 
-Raw asyncio sockets with keep-alive and pre-encoded requests, so the client costs as
-little CPU as possible on a machine it shares with the server. Closed loop: C workers
+Raw asyncio connections with keep-alive, pre-encoded requests and httptools parsing, so
+the client costs as little CPU as possible on a machine it shares with the server. Closed loop: C workers
 each send one request at a time, for N requests in all or for D seconds.
 
     python benchmarks/server_tools/loadgen.py --url http://127.0.0.1:8000 --model sim:zero \
@@ -23,6 +23,8 @@ import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+
+import httptools
 
 TEXT = re.compile(rb'"(?:text|content)":\s*"[^"]')  # a chunk with generated text
 COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
@@ -55,43 +57,89 @@ def request_bytes(host: str, args: argparse.Namespace, prompt: str, max_tokens: 
     ).encode() + data
 
 
-async def read_response(reader: asyncio.StreamReader, started: float, tally: Tally) -> bool:
-    """Read one response; return whether the connection may be reused."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    status = int(head[9:12])
-    lower = head.lower()
-    keep = b"connection: close" not in lower
-    first: float | None = None
-    body = b""
-    if b"transfer-encoding: chunked" in lower:
-        while True:
-            size = int((await reader.readuntil(b"\r\n")).strip(), 16)
-            chunk = await reader.readexactly(size + 2)
-            if size == 0:
-                break
-            if first is None and TEXT.search(chunk):
-                first = time.perf_counter()
-            body += chunk[:-2]
-    else:
-        start = lower.find(b"content-length:")
-        end = lower.find(b"\r\n", start)
-        body = await reader.readexactly(int(lower[start + 15 : end]))
-    done = time.perf_counter()
-    if status != 200:
-        tally.errors[status] += 1
-        return keep
-    tally.latencies.append(done - started)
+class Connection(asyncio.Protocol):
+    """One keep-alive connection; httptools (C) parses responses as bytes arrive, so a
+    streamed chunk costs one callback, not a round of StreamReader awaits."""
+
+    def __init__(self, keep_body: bool) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.transport: asyncio.Transport | None = None
+        self.keep_body = keep_body
+        self.done: asyncio.Future[None] | None = None
+        self.open = True
+        self._reset()
+
+    def _reset(self) -> None:
+        self.status = 0
+        self.first: float | None = None
+        self.finished_at = 0.0
+        self.head_body = b""  # the first piece of the body: it carries the response id
+        self.parts: list[bytes] = []  # every piece (keep_body), else the last two
+
+    def send(self, payload: bytes) -> asyncio.Future[None]:
+        assert self.transport is not None
+        self._reset()
+        self.done = asyncio.get_running_loop().create_future()
+        self.transport.write(payload)
+        return self.done
+
+    # --- asyncio.Protocol ---
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as error:
+            self._fail(ConnectionError(f"bad response: {error}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.open = False
+        self._fail(ConnectionError("connection closed"))
+
+    def _fail(self, error: Exception) -> None:
+        if self.done is not None and not self.done.done():
+            self.done.set_exception(error)
+
+    # --- httptools callbacks ---
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+
+    def on_body(self, body: bytes) -> None:
+        if not self.head_body:
+            self.head_body = body
+        if self.first is None and TEXT.search(body):
+            self.first = time.perf_counter()
+        self.parts.append(body)
+        if not self.keep_body and len(self.parts) > 2:
+            del self.parts[0]
+
+    def on_message_complete(self) -> None:
+        self.finished_at = time.perf_counter()
+        if not self.parser.should_keep_alive():
+            self.open = False
+        if self.done is not None and not self.done.done():
+            self.done.set_result(None)
+
+
+def record(connection: Connection, started: float, tally: Tally) -> None:
+    """Tally one finished response."""
+    if connection.status != 200:
+        tally.errors[connection.status] += 1
+        return
+    tally.latencies.append(connection.finished_at - started)
+    first = connection.first
     if first is not None:
         tally.ttfts.append(first - started)
+    tail = b"".join(connection.parts)
     if tally.keep_records:  # only with --ids-out: the client stays as cheap as it can
-        found = RESPONSE_ID.search(body)
+        found = RESPONSE_ID.search(connection.head_body) or RESPONSE_ID.search(tail)
         if found:
             ttft = None if first is None else first - started
-            tally.records.append((found.group(1).decode(), done - started, ttft))
-    counts = COMPLETION_TOKENS.findall(body)
+            tally.records.append((found.group(1).decode(), connection.finished_at - started, ttft))
+    counts = COMPLETION_TOKENS.findall(tail)
     if counts:
         tally.tokens += int(counts[-1])
-    return keep
 
 
 async def worker(
@@ -101,30 +149,30 @@ async def worker(
     prompt = args.prompt or f"request from worker {index} " * args.prompt_words
     payload = request_bytes(host, args, prompt, args.max_tokens)
     rng = random.Random(index)
+    loop = asyncio.get_running_loop()
     if args.stagger:  # start at different moments, so arrivals spread out like real traffic
         await asyncio.sleep(rng.uniform(0, args.stagger))
-    reader = writer = None
+    connection: Connection | None = None
     while budget[0] > 0 and time.perf_counter() < deadline:
         budget[0] -= 1
-        if writer is None:
-            reader, writer = await asyncio.open_connection(host, int(port))
-        assert reader is not None
+        if connection is None or not connection.open:
+            _, connection = await loop.create_connection(
+                lambda: Connection(tally.keep_records), host, int(port)
+            )
         if args.max_tokens_min is not None:  # lengths vary, as in real traffic
             payload = request_bytes(
                 host, args, prompt, rng.randint(args.max_tokens_min, args.max_tokens)
             )
         started = time.perf_counter()
-        writer.write(payload)
         try:
-            keep = await read_response(reader, started, tally)
-        except (asyncio.IncompleteReadError, ConnectionError):
+            await connection.send(payload)
+        except ConnectionError:
             tally.errors[0] += 1
-            keep = False
-        if not keep:
-            writer.close()
-            reader = writer = None
-    if writer is not None:
-        writer.close()
+            connection = None
+            continue
+        record(connection, started, tally)
+    if connection is not None and connection.transport is not None:
+        connection.transport.close()
 
 
 def pct(values: list[float], q: float) -> float | None:

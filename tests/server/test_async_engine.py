@@ -9,7 +9,12 @@ import pytest
 from tokenfair.core.policies import make_policy
 from tokenfair.core.request import FinishReason, Request, SamplingParams
 from tokenfair.core.scheduler import Scheduler, SchedulerConfig
-from tokenfair.engine.async_engine import AsyncEngine, EngineDeadError
+from tokenfair.engine.async_engine import (
+    DELIVERY_SLICE,
+    AsyncEngine,
+    EngineDeadError,
+    RequestStream,
+)
 from tokenfair.engine.engine import Engine, RequestOutput
 from tokenfair.server.sim_model import SimDetokenizer, WallClockSimExecutor, sim_profile
 
@@ -156,3 +161,79 @@ def test_many_concurrent_streams_finish():
         return sum(counts)
 
     assert run(main()) == 200 * 20
+
+
+def output_of(req: Request, text: str, finished: bool = False) -> RequestOutput:
+    """An output adding one token, labelled by its text."""
+    req.output_token_ids.append(len(req.output_token_ids))
+    return RequestOutput(req, [req.output_token_ids[-1]], new_text=text, finished=finished)
+
+
+def test_a_sink_takes_outputs_and_a_refusal_hands_the_rest_to_the_reader_in_order():
+    async def main() -> tuple[list[str], list[str]]:
+        stream = RequestStream(request("r", 10), asyncio.get_running_loop())
+        taken: list[str] = []
+        refuse = {"2", "3"}  # the sink refuses these two (a slow client, say)
+
+        def sink(output: RequestOutput) -> bool:
+            if output.new_text in refuse:
+                return False
+            taken.append(output.new_text)
+            return True
+
+        stream.sink = sink
+        for i in range(3):
+            stream._put(output_of(stream.request, str(i)))
+        # "2" was refused: "3" and "4" must queue behind it, never overtake it, even
+        # though the sink would take "4".
+        stream._put(output_of(stream.request, "3"))
+        stream._put(output_of(stream.request, "4"))
+        read = [o.new_text for o in await stream.next_batch()]
+        # Once the reader has caught up the sink takes outputs again.
+        stream._put(output_of(stream.request, "5"))
+        return taken, read
+
+    taken, read = run(main())
+    assert taken == ["0", "1", "5"]
+    assert read == ["2", "3", "4"]
+
+
+def test_slices_keep_each_streams_order_when_the_next_step_arrives_meanwhile():
+    """A step's outputs go out in slices, first tokens and ends first; the next step's
+    outputs, arriving before the last slice is out, still come after it."""
+
+    delivered: list[str] = []
+
+    def record(output: RequestOutput) -> bool:
+        delivered.append(output.new_text)
+        return False  # leave it to the reader
+
+    async def main() -> dict[str, list[str]]:
+        engine = AsyncEngine(make_engine())
+        engine._loop = asyncio.get_running_loop()  # delivery only: no engine thread
+        n = 3 * DELIVERY_SLICE
+        requests = [request(f"r{i}", 10) for i in range(n)]
+        streams = {}
+        for req in requests:
+            stream = RequestStream(req, engine._loop)
+            stream.sink = record
+            streams[req.request_id] = engine.streams[req.request_id] = stream
+            req.output_token_ids.append(0)  # every request already has one token
+        # Step 1: a middle token for everyone, but the last third starts now (first
+        # tokens jump the queue). Step 2, before the loop runs again: everyone ends.
+        step1 = [output_of(req, f"{req.request_id}:1") for req in requests]
+        for req in requests[2 * DELIVERY_SLICE :]:
+            del req.output_token_ids[0]  # their token of step 1 is their first
+        engine._dispatch(step1, 1.0, 1)
+        step2 = [output_of(req, f"{req.request_id}:2", finished=True) for req in requests]
+        engine._dispatch(step2, 2.0, 2)
+        seen = {}
+        for rid, stream in streams.items():
+            seen[rid] = [o.new_text async for o in stream]
+        return seen
+
+    seen = run(main())
+    assert all(texts == [f"{rid}:1", f"{rid}:2"] for rid, texts in seen.items()), seen
+    n = 3 * DELIVERY_SLICE
+    starting = {f"r{i}:1" for i in range(2 * DELIVERY_SLICE, n)}
+    assert set(delivered[:DELIVERY_SLICE]) == starting  # first tokens went first

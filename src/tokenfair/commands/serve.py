@@ -16,6 +16,15 @@ console = Console(stderr=True)
 log = logging.getLogger("tokenfair.serve")
 
 
+def http_protocol() -> str | type:
+    """httptools with the chunk writer (see server/chunk_write.py) when installed."""
+    if importlib.util.find_spec("httptools") is None:
+        return "h11"
+    from tokenfair.server.chunk_write import ChunkWriteProtocol
+
+    return ChunkWriteProtocol
+
+
 def _fail(message: str) -> typer.Exit:
     console.print(f"[red]error:[/red] {message}")
     return typer.Exit(code=2)
@@ -137,7 +146,7 @@ def serve(
         host=host,
         port=port,
         loop="uvloop" if has("uvloop") else "asyncio",
-        http="httptools" if has("httptools") else "h11",
+        http=http_protocol(),
         log_level=log_level.lower(),
         access_log=False,
         timeout_graceful_shutdown=5,

@@ -33,6 +33,9 @@ T = TypeVar("T")
 SWITCH_INTERVAL_S = 0.0005
 
 
+DELIVERY_SLICE = 8
+
+
 class EngineDeadError(RuntimeError):
     """The engine thread stopped (shut down, or crashed: see the log)."""
 
@@ -42,9 +45,13 @@ class RequestStream:
 
     `accepted` resolves once the engine thread has queued (True) or refused (False,
     the request finished REJECTED) the request.
+
+    `sink`, when set, is offered each output first, on the loop, as it arrives: it
+    returns True when it consumed it (no wake-up of the reader, which is what makes a
+    token cheap), False to leave it, and everything after it, to `next_batch`.
     """
 
-    __slots__ = ("_event", "_pending", "accepted", "done", "finish_reason", "request")
+    __slots__ = ("_event", "_pending", "accepted", "done", "finish_reason", "request", "sink")
 
     def __init__(self, request: Request, loop: asyncio.AbstractEventLoop) -> None:
         self.request = request
@@ -53,13 +60,17 @@ class RequestStream:
         self._event = asyncio.Event()
         self.done = False
         self.finish_reason: FinishReason | None = None
+        self.sink: Callable[[RequestOutput], bool] | None = None
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
 
-    def _put(self, outputs: list[RequestOutput]) -> None:
-        self._pending.extend(outputs)
+    def _put(self, output: RequestOutput) -> None:
+        sink = self.sink
+        if sink is not None and not self._pending and sink(output):
+            return
+        self._pending.append(output)
         self._event.set()
 
     async def next_batch(self) -> list[RequestOutput]:
@@ -89,14 +100,21 @@ class AsyncEngine:
         on_step: Callable[[list[RequestOutput], float, int], None] | None = None,
     ) -> None:
         self.engine = engine
-        # Called on the loop with each step's outputs, the engine time they were
-        # produced at and the engine's step count then (metrics), before the streams.
+        # Called on the loop with a step's outputs, the engine time they were handed
+        # over at and the engine's step count then (metrics), right after the streams
+        # got them, in the same callback: a client that has read its last token and
+        # then scrapes the metrics finds it counted.
         self.on_step = on_step
         self.streams: dict[str, RequestStream] = {}
         self._cv = threading.Condition()
         self._inbox: list[Request] = []
         self._aborts: list[tuple[str, FinishReason]] = []
         self._calls: list[tuple[Callable[[Engine], Any], asyncio.Future[Any]]] = []
+        # Outputs not yet delivered, in slices (see _deliver_slice).
+        self._backlog: collections.deque[tuple[list[RequestOutput], float, int]] = (
+            collections.deque()
+        )
+        self._delivering = False
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -223,16 +241,42 @@ class AsyncEngine:
                 self._close(stream)
 
     def _dispatch(self, outputs: list[RequestOutput], now: float, step: int) -> None:
-        if self.on_step is not None:
-            self.on_step(outputs, now, step)
+        # First tokens and ends go first: TTFT and end-to-end latency wait for them,
+        # while a token in the middle of a stream can wait a little longer.
+        ordered = [o for o in outputs if o.finished or _is_first(o)]
+        ordered += [o for o in outputs if not (o.finished or _is_first(o))]
+        backlog = self._backlog
+        for at in range(0, len(ordered), DELIVERY_SLICE):
+            backlog.append((ordered[at : at + DELIVERY_SLICE], now, step))
+        if not self._delivering:
+            self._delivering = True
+            self._deliver_slice()
+
+    def _deliver_slice(self) -> None:
+        """Deliver the oldest slice of outputs; the next one after the loop's next turn.
+
+        A step's outputs go out DELIVERY_SLICE at a time, with the loop free to read
+        sockets in between: a client whose stream just ended sends its next request at
+        once, and that request should not wait until every token of the step is
+        written. Slices go strictly in order, so a stream's tokens never overtake
+        each other, even when the next step's outputs arrive meanwhile.
+        """
+        outputs, now, step = self._backlog.popleft()
         streams = self.streams
         for output in outputs:
             stream = streams.get(output.request_id)
             if stream is None:
                 continue
-            stream._put([output])
+            stream._put(output)
             if output.finished:
                 self._close(stream)
+        if self.on_step is not None:
+            self.on_step(outputs, now, step)
+        if self._backlog:
+            assert self._loop is not None
+            self._loop.call_soon(self._deliver_slice)
+        else:
+            self._delivering = False
 
     def _close(self, stream: RequestStream) -> None:
         stream.done = True
@@ -245,6 +289,11 @@ class AsyncEngine:
             if not stream.accepted.done():
                 stream.accepted.set_exception(EngineDeadError("the engine thread crashed"))
             self._close(stream)
+
+
+def _is_first(output: RequestOutput) -> bool:
+    """The request's first tokens: every token it has is in this output."""
+    return len(output.request.output_token_ids) == len(output.new_token_ids)
 
 
 def _resolve(future: asyncio.Future[Any], value: Any) -> None:

@@ -177,10 +177,13 @@ class Job:
             self.client_gone = True
             self.state.engine.abort(self.request.request_id)
 
-    async def next_batch(self) -> list[RequestOutput]:
-        batch = await self.stream.next_batch()
+    def on_output(self) -> None:
         if self.admission.waiting:
             self.admission.release()  # a first token or the end: no longer waiting
+
+    async def next_batch(self) -> list[RequestOutput]:
+        batch = await self.stream.next_batch()
+        self.on_output()
         if not batch or batch[-1].finished:
             self.finished = True
         return batch

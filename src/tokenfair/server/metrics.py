@@ -98,6 +98,13 @@ class ServerMetrics:
             ["tenant", "reason"],
             registry=registry,
         )
+        self.backpressure = PromCounter(
+            "tokenfair:stream_backpressure",
+            "Times a streamed token found its client's socket full (the client reads slower "
+            "than tokens come): the token waited in the server, the engine did not.",
+            ["tenant"],
+            registry=registry,
+        )
         self.ttft = Histogram(
             "tokenfair:time_to_first_token_seconds",
             "Arrival to first token.",
@@ -125,7 +132,7 @@ class ServerMetrics:
         self._by_tenant: dict[str, tuple[Any, Any, Any, Any, Any]] = {}
         self._last_token_s: dict[str, float] = {}  # request id -> engine time of its last token
         self._arrival_step: dict[str, int] = {}
-        self._first_step: dict[str, int] = {}
+        self._first_step: dict[str, tuple[int, float]] = {}  # step and hand-over time
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_REQUESTS)
         registry.register(_SnapshotCollector(self))
 
@@ -170,7 +177,7 @@ class ServerMetrics:
                 generated[tenant] += n
                 previous = last.get(rid)
                 if previous is None:
-                    self._first_step[rid] = step
+                    self._first_step[rid] = (step, now)
                     first = request.first_token_s if request.first_token_s is not None else now
                     ttft.observe(first - request.arrival_s)
                     prompt_tokens.inc(request.input_tokens)
@@ -194,8 +201,9 @@ class ServerMetrics:
     def _log_finished(self, request: Request, now: float, step: int) -> None:
         rid = request.request_id
         arrival_step = self._arrival_step.pop(rid, None)
-        first_step = self._first_step.pop(rid, None)
+        first_step_and_time = self._first_step.pop(rid, None)
         first = request.first_token_s
+        first_step, first_handed_over = first_step_and_time or (None, None)
         self.recent.append(
             {
                 "id": rid,
@@ -207,6 +215,12 @@ class ServerMetrics:
                 "ttft_s": None if first is None else first - request.arrival_s,
                 "e2e_s": (request.finish_s if request.finish_s is not None else now)
                 - request.arrival_s,
+                # Until the engine handed the token over, after the step's bookkeeping
+                # (an offline run waits for that too): where the server's share begins.
+                "ttft_handed_over_s": None
+                if first_handed_over is None
+                else first_handed_over - request.arrival_s,
+                "e2e_handed_over_s": now - request.arrival_s,
                 # Engine steps from submission to the first token: TTFT in the engine's
                 # own terms, free of wall-clock noise on a busy machine.
                 "ttft_steps": None

@@ -18,6 +18,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
+from tokenfair.engine.engine import RequestOutput
+from tokenfair.server.chunk_write import ChunkWriter, writer_of
 from tokenfair.server.errors import APIError, validation_message
 from tokenfair.server.generation import (
     Job,
@@ -132,13 +134,27 @@ async def _collect(receive: Receive, job: Job, prepared: Prepared) -> Response:
         else None
     )
     parts: list[str] = []
+
+    def take(output: RequestOutput) -> None:
+        parts.append(output.new_text)
+        if logprobs is not None:
+            logprobs.add(output)
+
+    def take_early(output: RequestOutput) -> bool:
+        """Tokens before the last are taken on the step callback: no task wake-up."""
+        if output.finished:
+            return False
+        job.on_output()
+        take(output)
+        return True
+
+    job.stream.sink = take_early
     try:
         while batch := await job.next_batch():
             for output in batch:
-                parts.append(output.new_text)
-                if logprobs is not None:
-                    logprobs.add(output)
+                take(output)
     finally:
+        job.stream.sink = None
         watcher.cancel()
         job.close()
     if job.timed_out:
@@ -184,7 +200,12 @@ class FastPath:
 
 
 class EventStreamResponse(Response):
-    """Server-sent events from a running job; a disconnect aborts the job."""
+    """Server-sent events from a running job; a disconnect aborts the job.
+
+    When the server offers a chunk writer (`chunk_write`), the step callback writes
+    every token and the end itself; the response's task writes the opening, whatever
+    the writer refused (a slow client, a timeout) and then the end.
+    """
 
     media_type = "text/event-stream"
 
@@ -198,29 +219,61 @@ class EventStreamResponse(Response):
             (b"x-request-id", job.request.request_id.encode()),
         ]
         self.job = job
+        self.encoder = ChunkEncoder(job)
+        self.writer: ChunkWriter | None = None
+        self.sending = False  # the task is inside `send`: the writer must not overtake it
+        self.ended = False  # the writer completed the response
+
+    def write_through(self, output: RequestOutput) -> bool:
+        """The stream's sink: write `output` at once, or refuse and leave it to the task."""
+        writer, job = self.writer, self.job
+        if writer is None or self.sending or job.timed_out or not writer.ready():
+            if writer is not None and writer.paused:
+                job.state.metrics.backpressure.labels(job.request.client).inc()
+            return False
+        job.on_output()
+        data = self.encoder.outputs([output])
+        if not output.finished:
+            return not data or writer.write(data)
+        if job.prepared.include_usage:
+            data += self.encoder.usage()
+        self.ended = job.finished = writer.end(data + DONE)
+        return self.ended
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        job = self.job
-        encoder = ChunkEncoder(job)
+        job, encoder = self.job, self.encoder
         watcher = asyncio.ensure_future(watch_disconnect(receive, job))
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             opening = encoder.first()
             if opening:
                 await send({"type": "http.response.body", "body": opening, "more_body": True})
+            self.writer = writer_of(scope)
+            if self.writer is not None:
+                job.stream.sink = self.write_through
+            last = b""
             while batch := await job.next_batch():
                 data = encoder.outputs(batch)
+                if job.finished:  # the last chunk leaves with the usage and [DONE]
+                    last = data
+                    break
                 if data:
-                    await send({"type": "http.response.body", "body": data, "more_body": True})
-            tail = b""
+                    self.sending = True
+                    try:
+                        await send({"type": "http.response.body", "body": data, "more_body": True})
+                    finally:
+                        self.sending = False
+            if self.ended:
+                return
             if job.timed_out:
-                tail += encoder.error(408, timeout_error(job).body())
+                last += encoder.error(408, timeout_error(job).body())
             elif job.prepared.include_usage:
-                tail += encoder.usage()
-            await send({"type": "http.response.body", "body": tail + DONE, "more_body": False})
+                last += encoder.usage()
+            await send({"type": "http.response.body", "body": last + DONE, "more_body": False})
         except OSError:
             job.on_disconnect()
         finally:
+            job.stream.sink = None
             watcher.cancel()
             job.close()
 

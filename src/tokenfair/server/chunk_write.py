@@ -1,0 +1,93 @@
+"""Streamed chunks written from the engine's step callback, without a task switch.
+
+Through plain ASGI every token of every stream wakes that stream's task, which encodes
+the chunk and awaits `send`. At 64 streams and 100 steps a second that is 6,400 task
+switches a second, each worth several times the `write` system call itself, and the
+last stream of a step waits for all the others before its token leaves.
+
+`tokenfair serve` therefore runs uvicorn (httptools) with `ChunkWriteProtocol`, which
+offers every request a synchronous `ChunkWriter` under the scope extension `EXTENSION`
+(`scope["extensions"][EXTENSION]["writer"]`): `write(data)` frames `data` as one HTTP
+chunk and writes it to the socket at once, `end(data)` writes the last one and
+completes the response. The step callback (on the event loop) encodes and writes each
+stream's tokens, its end included, itself. The writer refuses (False, nothing written)
+whenever uvicorn's own `send` would do more than that: before the response started,
+after it completed, after a disconnect, without chunked encoding, and under
+backpressure (the transport paused writing). The caller then hands the outputs to the
+stream's task, whose `send` waits for the socket as usual, so a slow client still never
+stalls a step. Under another ASGI server there is no extension and the task path serves
+every token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+EXTENSION = "tokenfair.chunk_write"
+
+
+class ChunkWriter:
+    """Synchronous chunk writes for one uvicorn request-response cycle."""
+
+    __slots__ = ("cycle",)
+
+    def __init__(self, cycle: Any) -> None:
+        self.cycle = cycle
+
+    def ready(self) -> bool:
+        """Whether a chunk can be written now, exactly as `send` would."""
+        cycle = self.cycle
+        return not (
+            cycle.disconnected
+            or cycle.response_complete
+            or not cycle.response_started
+            or not cycle.chunked_encoding
+            or cycle.flow.write_paused
+        )
+
+    @property
+    def paused(self) -> bool:
+        """The client's socket is full: the transport paused writing."""
+        return bool(self.cycle.flow.write_paused)
+
+    def write(self, data: bytes) -> bool:
+        """Write `data` as one chunk of the body; False (nothing written) if not ready."""
+        if not self.ready():
+            return False
+        self.cycle.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        return True
+
+    def end(self, data: bytes) -> bool:
+        """Write `data` as the body's last chunk and complete the response, as `send`
+        does for `more_body: False`; False (nothing written) if not ready. The app must
+        send nothing after it."""
+        if not self.ready():
+            return False
+        cycle = self.cycle
+        cycle.transport.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(data), data))
+        cycle.response_complete = True
+        cycle.message_event.set()
+        if not cycle.keep_alive:
+            cycle.transport.close()
+        cycle.on_response()
+        return True
+
+
+def writer_of(scope: MutableMapping[str, Any]) -> ChunkWriter | None:
+    """The scope's chunk writer, if the server offers one."""
+    extension = scope.get("extensions", {}).get(EXTENSION)
+    return None if extension is None else extension.get("writer")
+
+
+class ChunkWriteProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, adding the chunk writer to every request's scope."""
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        cycle = self.cycle
+        # The request's task is created above but runs later: the scope can still grow.
+        if cycle is not None and cycle.scope is self.scope:
+            self.scope.setdefault("extensions", {})[EXTENSION] = {"writer": ChunkWriter(cycle)}

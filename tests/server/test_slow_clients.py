@@ -1,0 +1,158 @@
+"""Streaming to clients that read slowly, and without the server's chunk writer.
+
+`tokenfair serve` writes tokens from the engine's step callback while a client keeps
+up; once the client's socket is full they wait in the server and go out through the
+response's task as the client reads. Under another ASGI server (no chunk writer) the
+task writes every token. Either way the client gets every token and the end.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import httptools
+import httpx
+import pytest
+
+from tests.server.conftest import KEYS, Server, free_port, launch, tenants_data
+
+TOKENS = 40_000  # ~5 MB of events: more than the kernel buffers a stuck client's socket
+
+
+@pytest.fixture(scope="module")
+def zero_server(server_dir) -> Iterator[Server]:
+    """sim:zero: steps cost nothing, so a stream outruns any reader."""
+    tenants = tenants_data()
+    for tenant in tenants["tenants"]:  # type: ignore[union-attr]
+        if tenant["name"] == "team-a":
+            tenant["max_tokens_per_request"] = 2 * TOKENS
+    server = launch(
+        server_dir, "--model", "sim:zero", "--kv-tokens", str(2 * TOKENS), tenants=tenants
+    )
+    yield server
+    server.stop()
+
+
+def events_of(body: bytes) -> list[dict]:
+    events = body.decode().split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""], events[-3:]
+    return [json.loads(event.removeprefix("data: ")) for event in events[:-2]]
+
+
+def stream_body(model: str, tokens: int) -> dict:
+    return {
+        "model": model,
+        "prompt": "read me slowly",
+        "max_tokens": tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+
+
+class Response:
+    """httptools callbacks: the body of one response."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.complete = False
+
+    def on_body(self, chunk: bytes) -> None:
+        self.parts.append(chunk)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+
+def read_slowly(server: Server, body: dict, tenant: str = "team-a") -> bytes:
+    """Stream over a socket with a tiny receive buffer; read nothing until the server
+    reports the socket full (backpressure), then read everything."""
+    metric = "tokenfair:stream_backpressure_total"
+    before = server.metric(metric, tenant=tenant)
+    host, port = server.url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((host, int(port)))
+    data = json.dumps(body).encode()
+    sock.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {KEYS[tenant]}\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
+    deadline = time.monotonic() + 60
+    while server.metric(metric, tenant=tenant) == before:
+        assert time.monotonic() < deadline, "the server never found the client's socket full"
+        time.sleep(0.05)
+    response = Response()
+    parser = httptools.HttpResponseParser(response)
+    sock.settimeout(60)
+    while not response.complete:
+        chunk = sock.recv(1 << 16)
+        assert chunk, "the server closed the connection before the end"
+        parser.feed_data(chunk)
+    sock.close()
+    assert parser.get_status_code() == 200
+    return b"".join(response.parts)
+
+
+def test_a_client_that_reads_slowly_gets_every_token_and_the_end(zero_server):
+    chunks = events_of(read_slowly(zero_server, stream_body("sim:zero", TOKENS)))
+    text = [c["choices"][0]["text"] for c in chunks if c["choices"]]
+    assert "".join(text) == " tok" * TOKENS
+    assert chunks[-1]["usage"]["completion_tokens"] == TOKENS
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    # And the server is still quick for everyone else.
+    quick = httpx.post(
+        f"{zero_server.url}/v1/completions",
+        json={"model": "sim:zero", "prompt": "hi", "max_tokens": 3},
+        headers=zero_server.headers(),
+        timeout=30,
+    )
+    assert quick.json()["usage"]["completion_tokens"] == 3
+
+
+@pytest.fixture(scope="module")
+def plain_uvicorn() -> Iterator[str]:
+    """The app under stock uvicorn (h11): no chunk writer, every token through `send`."""
+    import uvicorn
+
+    from tokenfair.server.app import create_app
+    from tokenfair.server.model import build_served_model
+    from tokenfair.server.routes import FastPath
+    from tokenfair.server.state import ServerConfig
+    from tokenfair.server.tenants import TenantDirectory
+
+    served = build_served_model("sim:fixed:0.001", policy="vtc", weights={})
+    app = create_app(served, TenantDirectory.open(False), ServerConfig())
+    port = free_port()
+    config = uvicorn.Config(
+        FastPath(app), host="127.0.0.1", port=port, http="h11", loop="asyncio", log_level="warning"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.05)
+    yield url
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_without_the_chunk_writer_every_token_goes_through_send(plain_uvicorn):
+    with httpx.Client(base_url=plain_uvicorn, timeout=60) as client:
+        model = client.get("/v1/models").json()["data"][0]["id"]
+        with client.stream("POST", "/v1/completions", json=stream_body(model, 50)) as response:
+            assert response.status_code == 200
+            chunks = events_of(response.read())
+        assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == " tok" * 50
+        assert chunks[-1]["usage"]["completion_tokens"] == 50
+        whole = client.post(
+            "/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": 7}
+        ).json()
+        assert whole["usage"]["completion_tokens"] == 7
