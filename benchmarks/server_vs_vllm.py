@@ -13,8 +13,9 @@ alone (the other is stopped), the load generator in its own process.
    dropped): B's TTFT p50/p90. tokenfair
    runs VTC with A and B as tenants (API keys); vLLM has no tenants (FCFS).
 
-Also tokenfair's engine offline (tokenfair.LLM) on the throughput workload, to see what
-the server costs. Prints one JSON line per server and scenario. Without vLLM it says so and measures
+Also tokenfair's engine offline (tokenfair.LLM) on the throughput workload, alternated
+with the same workload through the server (--rounds, order flipped each round, median
+ratio): what the server costs. Prints one JSON line per server and scenario. Without vLLM it says so and measures
 tokenfair alone.
 
     nice -n 10 .venv/bin/python benchmarks/server_vs_vllm.py [--vllm-python .venv-vllm/bin/python]
@@ -134,10 +135,64 @@ def scenarios(server_name: str, url: str) -> None:
         heavy.wait()
 
 
+def offline_throughput(model_dir: Path) -> dict[str, object]:
+    offline = subprocess.run(
+        ["nice", "-n", "10", sys.executable, str(OFFLINE), str(model_dir)],
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        capture_output=True,
+        check=True,
+    )
+    return dict(json.loads(offline.stdout.decode().strip().splitlines()[-1]))
+
+
+def server_cost(url: str, model_dir: Path, rounds: int) -> None:
+    """The engine offline and through the (idle meanwhile) server, alternated, `rounds`
+    times, order flipped each round: what the server costs, as a median ratio."""
+    run_load(
+        url, NAME, "--concurrency", "4", "--requests", "8", "--max-tokens", "8", "--prompt", PROMPT
+    )  # warm up
+    ratios = []
+    for round_ in range(rounds):
+        runs = {}
+        for kind in ("offline", "served") if round_ % 2 == 0 else ("served", "offline"):
+            if kind == "offline":
+                runs[kind] = offline_throughput(model_dir)
+            else:
+                runs[kind] = run_load(
+                    url, NAME, "--concurrency", "64", "--requests", "96", "--max-tokens", "128",
+                    "--prompt", PROMPT, "--stream", "--ignore-eos", "--key", "heavy-key",
+                )  # fmt: skip
+        ratio = float(runs["served"]["output_tokens_per_s"]) / float(  # type: ignore[arg-type]
+            runs["offline"]["output_tokens_per_s"]  # type: ignore[arg-type]
+        )
+        ratios.append(ratio)
+        emit(
+            {
+                "benchmark": "server_vs_vllm",
+                "scenario": "server_cost",
+                "round": round_,
+                "offline_tokens_per_s": runs["offline"]["output_tokens_per_s"],
+                "served_tokens_per_s": runs["served"]["output_tokens_per_s"],
+                "served_over_offline": round(ratio, 3),
+            }
+        )
+    emit(
+        {
+            "benchmark": "server_vs_vllm",
+            "scenario": "server_cost",
+            "rounds": rounds,
+            "served_over_offline_median": round(sorted(ratios)[len(ratios) // 2], 3),
+        }
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     parser.add_argument("--skip", choices=["tokenfair", "vllm"], default=None)
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="offline vs served throughput, alternated"
+    )
     args = parser.parse_args()
     # SIGTERM (e.g. from `timeout`) runs the finally blocks that stop the servers.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
@@ -156,20 +211,13 @@ def main() -> None:
         )
     )
     if args.skip != "tokenfair":
-        offline = subprocess.run(
-            ["nice", "-n", "10", sys.executable, str(OFFLINE), str(model_dir)],
-            env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
-            capture_output=True,
-            check=True,
-        )
-        emit({"benchmark": "server_vs_vllm", "server": "tokenfair-offline", "scenario": "throughput",
-              **json.loads(offline.stdout.decode().strip().splitlines()[-1])})  # fmt: skip
         server = tokenfair_server(
             "--model", str(model_dir), "--served-model-name", NAME, "--policy", "vtc",
             "--tenants", str(tenants), "--device", "cpu", "--dtype", "float32",
             "--kv-tokens", "65536", "--max-num-seqs", str(SEATS),
         )  # fmt: skip
         try:
+            server_cost(server.url, model_dir, args.rounds)
             scenarios("tokenfair", server.url)
         finally:
             server.stop()

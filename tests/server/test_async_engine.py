@@ -9,12 +9,8 @@ import pytest
 from tokenfair.core.policies import make_policy
 from tokenfair.core.request import FinishReason, Request, SamplingParams
 from tokenfair.core.scheduler import Scheduler, SchedulerConfig
-from tokenfair.engine.async_engine import (
-    DELIVERY_SLICE,
-    AsyncEngine,
-    EngineDeadError,
-    RequestStream,
-)
+from tokenfair.engine import async_engine
+from tokenfair.engine.async_engine import AsyncEngine, EngineDeadError, RequestStream
 from tokenfair.engine.engine import Engine, RequestOutput
 from tokenfair.server.sim_model import SimDetokenizer, WallClockSimExecutor, sim_profile
 
@@ -198,11 +194,12 @@ def test_a_sink_takes_outputs_and_a_refusal_hands_the_rest_to_the_reader_in_orde
     assert read == ["2", "3", "4"]
 
 
-def test_slices_keep_each_streams_order_when_the_next_step_arrives_meanwhile():
+def test_slices_keep_each_streams_order_when_the_next_step_arrives_meanwhile(monkeypatch):
     """A step's outputs go out in slices, first tokens and ends first; the next step's
     outputs, arriving before the last slice is out, still come after it."""
-
+    monkeypatch.setattr(async_engine, "DELIVERY_SLICE_S", 0.0)  # one output per slice
     delivered: list[str] = []
+    n, starting = 24, 8  # the last 8 requests get their first token in step 1
 
     def record(output: RequestOutput) -> bool:
         delivered.append(output.new_text)
@@ -211,7 +208,6 @@ def test_slices_keep_each_streams_order_when_the_next_step_arrives_meanwhile():
     async def main() -> dict[str, list[str]]:
         engine = AsyncEngine(make_engine())
         engine._loop = asyncio.get_running_loop()  # delivery only: no engine thread
-        n = 3 * DELIVERY_SLICE
         requests = [request(f"r{i}", 10) for i in range(n)]
         streams = {}
         for req in requests:
@@ -219,12 +215,13 @@ def test_slices_keep_each_streams_order_when_the_next_step_arrives_meanwhile():
             stream.sink = record
             streams[req.request_id] = engine.streams[req.request_id] = stream
             req.output_token_ids.append(0)  # every request already has one token
-        # Step 1: a middle token for everyone, but the last third starts now (first
+        # Step 1: a middle token for everyone, but the last ones start now (first
         # tokens jump the queue). Step 2, before the loop runs again: everyone ends.
         step1 = [output_of(req, f"{req.request_id}:1") for req in requests]
-        for req in requests[2 * DELIVERY_SLICE :]:
+        for req in requests[n - starting :]:
             del req.output_token_ids[0]  # their token of step 1 is their first
         engine._dispatch(step1, 1.0, 1)
+        assert len(delivered) == 1  # one slice now, the rest on later turns of the loop
         step2 = [output_of(req, f"{req.request_id}:2", finished=True) for req in requests]
         engine._dispatch(step2, 2.0, 2)
         seen = {}
@@ -234,6 +231,4 @@ def test_slices_keep_each_streams_order_when_the_next_step_arrives_meanwhile():
 
     seen = run(main())
     assert all(texts == [f"{rid}:1", f"{rid}:2"] for rid, texts in seen.items()), seen
-    n = 3 * DELIVERY_SLICE
-    starting = {f"r{i}:1" for i in range(2 * DELIVERY_SLICE, n)}
-    assert set(delivered[:DELIVERY_SLICE]) == starting  # first tokens went first
+    assert set(delivered[:starting]) == {f"r{i}:1" for i in range(n - starting, n)}

@@ -18,7 +18,9 @@ import collections
 import logging
 import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tokenfair.core.request import FinishReason, Request
@@ -33,7 +35,7 @@ T = TypeVar("T")
 SWITCH_INTERVAL_S = 0.0005
 
 
-DELIVERY_SLICE = 8
+DELIVERY_SLICE_S = 0.0002  # see AsyncEngine._deliver_slice
 
 
 class EngineDeadError(RuntimeError):
@@ -110,10 +112,8 @@ class AsyncEngine:
         self._inbox: list[Request] = []
         self._aborts: list[tuple[str, FinishReason]] = []
         self._calls: list[tuple[Callable[[Engine], Any], asyncio.Future[Any]]] = []
-        # Outputs not yet delivered, in slices (see _deliver_slice).
-        self._backlog: collections.deque[tuple[list[RequestOutput], float, int]] = (
-            collections.deque()
-        )
+        # Steps whose outputs are not all delivered yet (see _deliver_slice).
+        self._backlog: collections.deque[_Delivery] = collections.deque()
         self._delivering = False
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -245,34 +245,47 @@ class AsyncEngine:
         # while a token in the middle of a stream can wait a little longer.
         ordered = [o for o in outputs if o.finished or _is_first(o)]
         ordered += [o for o in outputs if not (o.finished or _is_first(o))]
-        backlog = self._backlog
-        for at in range(0, len(ordered), DELIVERY_SLICE):
-            backlog.append((ordered[at : at + DELIVERY_SLICE], now, step))
+        self._backlog.append(_Delivery(ordered, now, step))
         if not self._delivering:
             self._delivering = True
             self._deliver_slice()
 
     def _deliver_slice(self) -> None:
-        """Deliver the oldest slice of outputs; the next one after the loop's next turn.
+        """Deliver outputs, oldest first, for DELIVERY_SLICE_S; the rest after the loop's
+        next turn.
 
-        A step's outputs go out DELIVERY_SLICE at a time, with the loop free to read
-        sockets in between: a client whose stream just ended sends its next request at
-        once, and that request should not wait until every token of the step is
-        written. Slices go strictly in order, so a stream's tokens never overtake
-        each other, even when the next step's outputs arrive meanwhile.
+        With the loop free to read sockets between two slices, a client whose stream
+        just ended sends its next request at once, and that request does not wait until
+        every token of the step is written. A slice is a time budget, not a count, so a
+        saturated server (outputs queued from several steps) pays the turn of the loop
+        once per budget, not once per few outputs. Outputs go strictly in order, so a
+        stream's tokens never overtake each other, even when the next step's outputs
+        arrive meanwhile.
         """
-        outputs, now, step = self._backlog.popleft()
-        streams = self.streams
-        for output in outputs:
-            stream = streams.get(output.request_id)
-            if stream is None:
-                continue
-            stream._put(output)
-            if output.finished:
-                self._close(stream)
-        if self.on_step is not None:
-            self.on_step(outputs, now, step)
-        if self._backlog:
+        backlog, streams = self._backlog, self.streams
+        deadline = time.perf_counter() + DELIVERY_SLICE_S
+        while backlog:
+            delivery = backlog[0]
+            outputs, at = delivery.outputs, delivery.at
+            end = at
+            while end < len(outputs):
+                output = outputs[end]
+                end += 1
+                stream = streams.get(output.request_id)
+                if stream is not None:
+                    stream._put(output)
+                    if output.finished:
+                        self._close(stream)
+                if time.perf_counter() > deadline:
+                    break
+            delivery.at = end
+            if self.on_step is not None:
+                self.on_step(outputs[at:end], delivery.now, delivery.step)
+            if end == len(outputs):
+                backlog.popleft()
+            if time.perf_counter() > deadline:
+                break
+        if backlog:
             assert self._loop is not None
             self._loop.call_soon(self._deliver_slice)
         else:
@@ -289,6 +302,16 @@ class AsyncEngine:
             if not stream.accepted.done():
                 stream.accepted.set_exception(EngineDeadError("the engine thread crashed"))
             self._close(stream)
+
+
+@dataclass(slots=True)
+class _Delivery:
+    """One step's outputs, in delivery order, and how many went out."""
+
+    outputs: list[RequestOutput]
+    now: float
+    step: int
+    at: int = 0
 
 
 def _is_first(output: RequestOutput) -> bool:
