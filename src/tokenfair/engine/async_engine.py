@@ -50,7 +50,8 @@ class RequestStream:
 
     `sink`, when set, is offered each output first, on the loop, as it arrives: it
     returns True when it consumed it (no wake-up of the reader, which is what makes a
-    token cheap), False to leave it, and everything after it, to `next_batch`.
+    token cheap), False to leave it, and everything after it, to `next_batch`. The
+    engine skips the offer while its deliveries run behind (see `_deliver_slice`).
     """
 
     __slots__ = ("_event", "_pending", "accepted", "done", "finish_reason", "request", "sink")
@@ -68,9 +69,9 @@ class RequestStream:
     def request_id(self) -> str:
         return self.request.request_id
 
-    def _put(self, output: RequestOutput) -> None:
+    def _put(self, output: RequestOutput, offer: bool = True) -> None:
         sink = self.sink
-        if sink is not None and not self._pending and sink(output):
+        if offer and sink is not None and not self._pending and sink(output):
             return
         self._pending.append(output)
         self._event.set()
@@ -256,15 +257,18 @@ class AsyncEngine:
 
         With the loop free to read sockets between two slices, a client whose stream
         just ended sends its next request at once, and that request does not wait until
-        every token of the step is written. A slice is a time budget, not a count, so a
-        saturated server (outputs queued from several steps) pays the turn of the loop
-        once per budget, not once per few outputs. Outputs go strictly in order, so a
-        stream's tokens never overtake each other, even when the next step's outputs
-        arrive meanwhile.
+        every token of the step is written. A slice is a time budget, not a count.
+        While the loop is behind (a later step's outputs already wait), outputs go out
+        without a budget and to the readers rather than the sinks: each reader then
+        takes all its stream's tokens at once (one write for several tokens), which is
+        what a saturated server needs. Outputs go strictly in order, so a stream's
+        tokens never overtake each other, even when the next step's outputs arrive
+        meanwhile.
         """
         backlog, streams = self._backlog, self.streams
         deadline = time.perf_counter() + DELIVERY_SLICE_S
         while backlog:
+            offer = len(backlog) == 1  # else the loop is behind: see above
             delivery = backlog[0]
             outputs, at = delivery.outputs, delivery.at
             end = at
@@ -273,17 +277,17 @@ class AsyncEngine:
                 end += 1
                 stream = streams.get(output.request_id)
                 if stream is not None:
-                    stream._put(output)
+                    stream._put(output, offer)
                     if output.finished:
                         self._close(stream)
-                if time.perf_counter() > deadline:
+                if offer and time.perf_counter() > deadline:
                     break
             delivery.at = end
             if self.on_step is not None:
                 self.on_step(outputs[at:end], delivery.now, delivery.step)
             if end == len(outputs):
                 backlog.popleft()
-            if time.perf_counter() > deadline:
+            if offer and time.perf_counter() > deadline:
                 break
         if backlog:
             assert self._loop is not None
