@@ -135,9 +135,9 @@ def scenarios(server_name: str, url: str) -> None:
         heavy.wait()
 
 
-def offline_throughput(model_dir: Path) -> dict[str, object]:
+def offline_throughput(model_dir: Path, *flags: str) -> dict[str, object]:
     offline = subprocess.run(
-        ["nice", "-n", "10", sys.executable, str(OFFLINE), str(model_dir)],
+        ["nice", "-n", "10", sys.executable, str(OFFLINE), str(model_dir), *flags],
         env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
         capture_output=True,
         check=True,
@@ -146,34 +146,37 @@ def offline_throughput(model_dir: Path) -> dict[str, object]:
 
 
 def server_cost(url: str, model_dir: Path, rounds: int) -> None:
-    """The engine offline and through the (idle meanwhile) server, alternated, `rounds`
-    times, order flipped each round: what the server costs, as a median ratio."""
+    """The engine offline, on the server's engine thread without HTTP, and through the
+    (idle meanwhile) server, alternated, `rounds` times, order reversed each round:
+    what the server costs, as median ratios."""
     run_load(
         url, NAME, "--concurrency", "4", "--requests", "8", "--max-tokens", "8", "--prompt", PROMPT
     )  # warm up
-    ratios = []
+    ratios, thread_ratios = [], []
+    kinds = ("offline", "thread", "served")
     for round_ in range(rounds):
         runs = {}
-        for kind in ("offline", "served") if round_ % 2 == 0 else ("served", "offline"):
+        for kind in kinds if round_ % 2 == 0 else kinds[::-1]:
             if kind == "offline":
                 runs[kind] = offline_throughput(model_dir)
+            elif kind == "thread":
+                runs[kind] = offline_throughput(model_dir, "--through-thread")
             else:
                 runs[kind] = run_load(
                     url, NAME, "--concurrency", "64", "--requests", "96", "--max-tokens", "128",
                     "--prompt", PROMPT, "--stream", "--ignore-eos", "--key", "heavy-key",
                 )  # fmt: skip
-        ratio = float(runs["served"]["output_tokens_per_s"]) / float(  # type: ignore[arg-type]
-            runs["offline"]["output_tokens_per_s"]  # type: ignore[arg-type]
-        )
-        ratios.append(ratio)
+        rate = {kind: float(runs[kind]["output_tokens_per_s"]) for kind in kinds}  # type: ignore[arg-type]
+        ratios.append(rate["served"] / rate["offline"])
+        thread_ratios.append(rate["thread"] / rate["offline"])
         emit(
             {
                 "benchmark": "server_vs_vllm",
                 "scenario": "server_cost",
                 "round": round_,
-                "offline_tokens_per_s": runs["offline"]["output_tokens_per_s"],
-                "served_tokens_per_s": runs["served"]["output_tokens_per_s"],
-                "served_over_offline": round(ratio, 3),
+                **{f"{kind}_tokens_per_s": rate[kind] for kind in kinds},
+                "served_over_offline": round(ratios[-1], 3),
+                "thread_over_offline": round(thread_ratios[-1], 3),
             }
         )
     emit(
@@ -182,6 +185,7 @@ def server_cost(url: str, model_dir: Path, rounds: int) -> None:
             "scenario": "server_cost",
             "rounds": rounds,
             "served_over_offline_median": round(sorted(ratios)[len(ratios) // 2], 3),
+            "thread_over_offline_median": round(sorted(thread_ratios)[len(thread_ratios) // 2], 3),
         }
     )
 
