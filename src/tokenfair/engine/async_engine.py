@@ -244,9 +244,11 @@ class AsyncEngine:
     def _dispatch(self, outputs: list[RequestOutput], now: float, step: int) -> None:
         # First tokens and ends go first: TTFT and end-to-end latency wait for them,
         # while a token in the middle of a stream can wait a little longer.
-        ordered = [o for o in outputs if o.finished or _is_first(o)]
-        ordered += [o for o in outputs if not (o.finished or _is_first(o))]
-        self._backlog.append(_Delivery(ordered, now, step))
+        first: list[RequestOutput] = []
+        later: list[RequestOutput] = []
+        for output in outputs:
+            (first if output.finished or _is_first(output) else later).append(output)
+        self._backlog.append(_Delivery(first + later, now, step))
         if not self._delivering:
             self._delivering = True
             self._deliver_slice()
@@ -267,12 +269,13 @@ class AsyncEngine:
         """
         backlog, streams = self._backlog, self.streams
         deadline = time.perf_counter() + DELIVERY_SLICE_S
-        while backlog:
+        out_of_time = False
+        while backlog and not out_of_time:
             offer = len(backlog) == 1  # else the loop is behind: see above
             delivery = backlog[0]
             outputs, at = delivery.outputs, delivery.at
             end = at
-            while end < len(outputs):
+            while end < len(outputs) and not out_of_time:
                 output = outputs[end]
                 end += 1
                 stream = streams.get(output.request_id)
@@ -280,15 +283,12 @@ class AsyncEngine:
                     stream._put(output, offer)
                     if output.finished:
                         self._close(stream)
-                if offer and time.perf_counter() > deadline:
-                    break
+                out_of_time = offer and time.perf_counter() > deadline
             delivery.at = end
             if self.on_step is not None:
                 self.on_step(outputs[at:end], delivery.now, delivery.step)
             if end == len(outputs):
                 backlog.popleft()
-            if offer and time.perf_counter() > deadline:
-                break
         if backlog:
             assert self._loop is not None
             self._loop.call_soon(self._deliver_slice)

@@ -10,8 +10,8 @@ offers every request a synchronous `ChunkWriter` under the scope extension `EXTE
 (`scope["extensions"][EXTENSION]["writer"]`): `write(data)` frames `data` as one HTTP
 chunk and writes it to the socket at once, `end(data)` writes the last one and
 completes the response. The step callback (on the event loop) encodes and writes each
-stream's tokens, its end included, itself. The writer refuses (False, nothing written)
-whenever uvicorn's own `send` would do more than that: before the response started,
+stream's tokens, its end included, itself. `ready()` is False, and the callback writes
+nothing, whenever uvicorn's own `send` would do more than that: before the response started,
 after it completed, after a disconnect, without chunked encoding, and under
 backpressure (the transport paused writing). The caller then hands the outputs to the
 stream's task, whose `send` waits for the socket as usual, so a slow client still never
@@ -53,19 +53,14 @@ class ChunkWriter:
         """The client's socket is full: the transport paused writing."""
         return bool(self.cycle.flow.write_paused)
 
-    def write(self, data: bytes) -> bool:
-        """Write `data` as one chunk of the body; False (nothing written) if not ready."""
-        if not self.ready():
-            return False
+    def write(self, data: bytes) -> None:
+        """Write `data` as one chunk of the body; only when `ready()`."""
         self.cycle.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
-        return True
 
-    def end(self, data: bytes) -> bool:
+    def end(self, data: bytes) -> None:
         """Write `data` as the body's last chunk and complete the response, as `send`
-        does for `more_body: False`; False (nothing written) if not ready. The app must
-        send nothing after it."""
-        if not self.ready():
-            return False
+        does for `more_body: False`; only when `ready()`. The app must send nothing
+        after it."""
         cycle = self.cycle
         cycle.transport.write(b"%x\r\n%b\r\n0\r\n\r\n" % (len(data), data))
         cycle.response_complete = True
@@ -73,7 +68,6 @@ class ChunkWriter:
         if not cycle.keep_alive:
             cycle.transport.close()
         cycle.on_response()
-        return True
 
 
 def writer_of(scope: MutableMapping[str, Any]) -> ChunkWriter | None:

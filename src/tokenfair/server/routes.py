@@ -234,11 +234,14 @@ class EventStreamResponse(Response):
         job.on_output()
         data = self.encoder.outputs([output])
         if not output.finished:
-            return not data or writer.write(data)
+            if data:
+                writer.write(data)
+            return True
         if job.prepared.include_usage:
             data += self.encoder.usage()
-        self.ended = job.finished = writer.end(data + DONE)
-        return self.ended
+        writer.end(data + DONE)
+        self.ended = job.finished = True
+        return True
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         job, encoder = self.job, self.encoder
