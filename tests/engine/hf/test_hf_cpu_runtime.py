@@ -53,3 +53,20 @@ def test_glibc_takes_the_allocator_settings():
     from tokenfair.engine.hf.cpu_runtime import keep_freed_memory
 
     assert keep_freed_memory() is True
+
+
+@pytest.mark.skipif(
+    not Path("/sys/kernel/mm/transparent_hugepage").exists(), reason="no transparent huge pages"
+)
+def test_the_kv_pool_asks_for_huge_pages_and_starts_zeroed():
+    import torch
+
+    from tokenfair.engine.hf.cpu_runtime import advise_huge_pages
+    from tokenfair.engine.hf.kv_pool import KVPool, KVShape
+
+    buffer = torch.empty(6 << 20, dtype=torch.uint8)
+    assert advise_huge_pages(buffer.data_ptr(), buffer.numel()) is True
+    # Less than one aligned 2 MiB page inside the range: nothing to advise.
+    assert advise_huge_pages(buffer.data_ptr() + 1, 1 << 20) is False
+    pool = KVPool(KVShape(2, 2, 64, torch.float32), num_blocks=512, block_size=16, device="cpu")
+    assert not pool.data.any(), "the pool's memory is zeroed after the advice"

@@ -4,7 +4,10 @@
 the model calls in place of its stock attention, attends each request over its own
 context only:
 
-- single-query requests (decodes) one SDPA call per decode group (see step_layout),
+- single-query requests (decodes) on the CPU: one call of the engine's C kernel that
+  reads every context in place from the pool (cpu_kernels), when the layout carries
+  block tables;
+- otherwise single-query requests one SDPA call per decode group (see step_layout),
   their contexts gathered into a padded `[B, kv_heads, width, head_dim]` batch with a
   validity mask;
 - each multi-token prefill chunk in its own SDPA call over its cached prefix plus its
@@ -26,7 +29,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
-from tokenfair.engine.hf.step_layout import StepLayout
+from tokenfair.engine.hf.cpu_kernels import paged_decode_kernel
+from tokenfair.engine.hf.step_layout import DecodeTables, StepLayout
 
 ATTENTION_NAME = "tokenfair_paged"
 LAYOUT_KWARG = "tokenfair_layout"
@@ -64,6 +68,11 @@ def paged_attention(
     kv_heads, _, head_dim = key.shape
     outputs: list[torch.Tensor] = []
 
+    if layout.decode_tables is not None:
+        outputs.append(
+            _decode_in_place(query, key, value, layout.decode_tables, scaling, sliding_window)
+        )
+
     for group, mask in zip(layout.groups, group_masks, strict=True):
         b, width = group.size, group.width
         q = (
@@ -92,6 +101,26 @@ def paged_attention(
         outputs.append(out.transpose(1, 2))  # [1, n, heads, D]
 
     return torch.cat(outputs, dim=1) if len(outputs) > 1 else outputs[0], None
+
+
+def _decode_in_place(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    decode: DecodeTables,
+    scaling: float | None,
+    window: int | None,
+) -> torch.Tensor:
+    """The decodes' attention `[1, B, heads, D]`, read from the pool by the C kernel."""
+    kernel = paged_decode_kernel()
+    if kernel is None:
+        raise RuntimeError("a step laid out for the CPU attention kernel, but it is not built")
+    rows = query[0, :, : decode.size].transpose(0, 1)  # [B, heads, D], a strided view
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    out = kernel(
+        rows, key, value, decode.block_tables, decode.context_lens, decode.block_size, scale, window
+    )
+    return out[None]
 
 
 AttentionInterface.register(ATTENTION_NAME, paged_attention)

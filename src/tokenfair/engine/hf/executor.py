@@ -17,6 +17,7 @@ import torch
 
 from tokenfair.core.batch import ExecutorOutput, SchedulerOutput
 from tokenfair.engine.hf.attention import ATTENTION_NAME, LAYOUT_KWARG
+from tokenfair.engine.hf.cpu_kernels import paged_decode_kernel
 from tokenfair.engine.hf.cpu_runtime import keep_freed_memory, policy_came_too_late
 from tokenfair.engine.hf.decode_graphs import StaticDecode
 from tokenfair.engine.hf.kv_pool import KVPool, KVShape, describe_kv_budget
@@ -70,6 +71,7 @@ class HFExecutor:
         attention: AttentionMode = "paged",
         seed: int = 0,
         static_decode: bool | None = None,
+        decode_kernel: bool | None = None,
     ) -> None:
         if attention not in ("paged", "masked"):
             raise ValueError(f"attention must be 'paged' or 'masked', got {attention!r}")
@@ -98,6 +100,21 @@ class HFExecutor:
             else None
         )
         self.attention: AttentionMode = attention
+        # The CPU decode kernel (cpu_kernels) reads float32 contexts in place; by default
+        # it is used wherever it applies and builds. False forces the torch gathers.
+        kernel_applies = (
+            attention == "paged"
+            and self.device.type == "cpu"
+            and self.dtype == torch.float32
+            and self.static_decode is None
+        )
+        if decode_kernel and not kernel_applies:
+            raise ValueError("decode_kernel needs paged attention on a float32 CPU model")
+        if decode_kernel and paged_decode_kernel() is None:
+            raise RuntimeError("the CPU attention kernel is not available (the log says why)")
+        self.decode_kernel = (
+            kernel_applies and decode_kernel is not False and paged_decode_kernel() is not None
+        )
         self.cache = PagedKVCache(self.pool, packed=attention == "masked")
         if attention == "paged":
             model.set_attn_implementation(ATTENTION_NAME)
@@ -131,7 +148,7 @@ class HFExecutor:
         output = ExecutorOutput()
         self.last_shape = batch.step_shape()
         if batch.scheduled:
-            layout = build_layout(batch, self.device)
+            layout = build_layout(batch, self.device, decode_tables=self.decode_kernel)
             logits = self.forward(layout)
             requests = [s.request for s in layout.samplers]
             tokens, output.logprobs = self.sampler.sample(logits, requests)

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from tokenfair.engine.hf.cpu_runtime import advise_huge_pages
+
 
 @dataclass(frozen=True, slots=True)
 class KVShape:
@@ -87,7 +89,10 @@ class KVPool:
         self.device = torch.device(device)
         layout = (shape.num_layers, 2, shape.num_kv_heads)
         tail = (block_size, shape.head_dim)
-        self.data = torch.zeros((*layout, num_blocks, *tail), dtype=shape.dtype, device=self.device)
+        self.data = torch.empty((*layout, num_blocks, *tail), dtype=shape.dtype, device=self.device)
+        if self.device.type == "cpu":  # before the first touch, see cpu_runtime
+            advise_huge_pages(self.data.data_ptr(), self.data.numel() * self.data.element_size())
+        self.data.zero_()
         pin = self.device.type == "cuda"
         self.swap = torch.zeros(
             (*layout, num_swap_blocks, *tail), dtype=shape.dtype, device="cpu", pin_memory=pin

@@ -13,7 +13,9 @@ The layout holds, once per step, every index and mask that every layer's attenti
 needs:
 
 - `new_slots`: the pool slot of each packed token, where its K/V is written;
-- per decode group, a padded `[B, width]` table of context slots and its validity mask;
+- the decodes' block tables and context lengths, where a kernel reads the pool in
+  place (`DecodeTables`, see cpu_kernels), or else per decode group a padded
+  `[B, width]` table of context slots and its validity mask;
 - per chunk, the slots of its whole context (cached prefix + new tokens);
 - `sample_rows`: the packed row of the last token of every request that samples.
 
@@ -49,6 +51,16 @@ class DecodeGroup:
 
 
 @dataclass(slots=True)
+class DecodeTables:
+    """Every single-query request at packed rows [0, size), for an in-place kernel."""
+
+    size: int
+    block_size: int
+    block_tables: torch.Tensor  # [B, max blocks] each request's blocks, zero-padded
+    context_lens: torch.Tensor  # [B] context length, including the new token
+
+
+@dataclass(slots=True)
 class Chunk:
     """A multi-token piece of one request: packed rows [q_begin, q_end)."""
 
@@ -71,6 +83,7 @@ class StepLayout:
     sample_rows: torch.Tensor  # [S] packed rows whose logits are sampled
     samplers: list[ScheduledRequest]  # the requests behind sample_rows, same order
     device: torch.device
+    decode_tables: DecodeTables | None = None  # set instead of `groups` for the kernel
     _masks: dict[int | None, Masks] = field(default_factory=dict)
     _packed_slots: torch.Tensor | None = None
 
@@ -218,8 +231,23 @@ def _ship(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tenso
     return [part.view(t.shape) for part, t in zip(flat.split(sizes), tensors, strict=True)]
 
 
-def build_layout(batch: SchedulerOutput, device: torch.device) -> StepLayout:
-    """Pack a scheduler step into tensors on `device`."""
+def _decode_tables(lens: list[int], tables: list[list[int]], block_size: int) -> DecodeTables:
+    """Block tables padded to the longest (lens sorted longest first), on CPU."""
+    blocks = len(tables[0])
+    padded = torch.tensor([t + [0] * (blocks - len(t)) for t in tables], dtype=torch.long)
+    return DecodeTables(len(lens), block_size, padded, torch.tensor(lens, dtype=torch.long))
+
+
+def build_layout(
+    batch: SchedulerOutput, device: torch.device, decode_tables: bool = False
+) -> StepLayout:
+    """Pack a scheduler step into tensors on `device`.
+
+    `decode_tables`: describe the decodes by block tables for a kernel that reads the
+    pool in place (CPU only), instead of decode groups of gathered slots.
+    """
+    if decode_tables and device.type != "cpu":
+        raise ValueError("decode block tables are for the CPU kernel")
     bs = batch.block_size
     singles = sorted((s for s in batch.scheduled if s.num_new_tokens == 1), key=lambda s: -s.start)
     multis = [s for s in batch.scheduled if s.num_new_tokens > 1]
@@ -242,6 +270,10 @@ def build_layout(batch: SchedulerOutput, device: torch.device) -> StepLayout:
         if s.samples:
             sample_rows.append(len(token_ids) - 1)
             samplers.append(s)
+    tables_for_kernel = None
+    if decode_tables and context_lens:
+        tables_for_kernel = _decode_tables(context_lens, tables, bs)
+        context_lens = []  # no decode groups
     group_ranges = _split_groups(context_lens)
     group_tensors = [
         _decode_group_tables(context_lens[begin:end], tables[begin:end], bs)
@@ -285,4 +317,5 @@ def build_layout(batch: SchedulerOutput, device: torch.device) -> StepLayout:
         sample_rows=rows,
         samplers=samplers,
         device=device,
+        decode_tables=tables_for_kernel,
     )

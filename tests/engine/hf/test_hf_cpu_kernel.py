@@ -1,0 +1,170 @@
+"""The CPU decode-attention kernel: it equals softmax attention over each request's own
+context (grouped-query heads, sliding windows, any block size and head size, queries
+read through strides), the engine gives the same tokens with and without it, and the
+engine falls back to torch where the kernel cannot be built."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+
+from tokenfair.engine.hf.cpu_kernels import paged_decode_kernel  # noqa: E402
+
+from .hf_models import assert_pool_free, engine_for, greedy_request, random_prompt  # noqa: E402
+from .hf_models import reference as transformers_greedy  # noqa: E402
+
+pytestmark = pytest.mark.model
+SRC = str(Path(__file__).resolve().parents[3] / "src")
+
+
+def softmax_attention(query, keys, values, tables, lens, block_size, scale, window):
+    """Attention in float64, one request at a time, written from the definition."""
+    kv_heads = keys.shape[0]
+    group = query.shape[1] // kv_heads
+    out = torch.empty(query.shape, dtype=torch.float64)
+    for r in range(query.shape[0]):
+        length = int(lens[r])
+        positions = torch.arange(length)
+        if window:
+            positions = positions[max(0, length - window) :]
+        slots = tables[r, positions // block_size] * block_size + positions % block_size
+        for h in range(query.shape[1]):
+            k = keys[h // group, slots].double()
+            v = values[h // group, slots].double()
+            weights = torch.softmax(k @ query[r, h].double() * scale, dim=0)
+            out[r, h] = weights @ v
+    return out
+
+
+needs_kernel = pytest.mark.skipif(paged_decode_kernel() is None, reason="no CPU kernel built")
+
+
+@needs_kernel
+@settings(max_examples=60, deadline=None)
+@given(
+    requests=st.integers(1, 7),
+    kv_heads=st.sampled_from([1, 2, 4]),
+    group=st.sampled_from([1, 2, 4]),
+    head_dim=st.sampled_from([8, 13, 64, 80, 128]),
+    block_size=st.sampled_from([1, 4, 16]),
+    window=st.one_of(st.none(), st.integers(1, 40)),
+    threads=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_kernel_equals_softmax_attention(
+    requests, kv_heads, group, head_dim, block_size, window, threads, seed
+):
+    generator = torch.Generator().manual_seed(seed)
+    heads, num_blocks = kv_heads * group, 64
+    lens = torch.randint(1, 120, (requests,), generator=generator)
+    max_blocks = -(-int(lens.max()) // block_size)
+    # Shuffled blocks, each request's own: contexts lie anywhere in the pool.
+    blocks = torch.randperm(max(num_blocks, requests * max_blocks), generator=generator)
+    tables = blocks[: requests * max_blocks].view(requests, max_blocks)
+    slots = int(blocks.numel()) * block_size
+    keys = torch.randn(kv_heads, slots, head_dim, generator=generator)
+    values = torch.randn(kv_heads, slots, head_dim, generator=generator)
+    # The model's query layout: [1, heads, tokens, head_dim], decodes first, viewed strided.
+    packed = torch.randn(1, heads, requests + 3, head_dim, generator=generator)
+    query = packed[0, :, :requests].transpose(0, 1)
+    scale = head_dim**-0.5
+
+    kernel = paged_decode_kernel()
+    got = kernel(query, keys, values, tables, lens, block_size, scale, window, threads=threads)
+    expected = softmax_attention(query, keys, values, tables, lens, block_size, scale, window)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_kernel_refuses_what_it_cannot_read():
+    kernel = paged_decode_kernel()
+    keys = torch.zeros(2, 32, 8)
+    tables = torch.zeros(1, 2, dtype=torch.long)
+    lens = torch.tensor([3])
+    with pytest.raises(ValueError, match="float32"):
+        kernel(torch.zeros(1, 2, 8, dtype=torch.float64), keys, keys, tables, lens, 16, 1.0)
+    with pytest.raises(ValueError, match="int64"):
+        kernel(torch.zeros(1, 2, 8), keys, keys, tables.int(), lens, 16, 1.0)
+    with pytest.raises(ValueError, match="pool views"):
+        kernel(torch.zeros(1, 2, 8), keys, keys.transpose(1, 2).contiguous(), tables, lens, 16, 1.0)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler on this machine")
+def test_the_kernel_builds_where_a_compiler_is_found():
+    assert paged_decode_kernel() is not None
+
+
+MIXED = (1, 7, 16, 17, 40, 95, 160)
+
+
+@pytest.mark.parametrize("decode_kernel", [None, False], ids=["kernel", "torch"])
+def test_engine_tokens_match_transformers_either_way(decode_kernel):
+    family = "llama"
+    prompts = [random_prompt(n, seed=900 + n) for n in MIXED]
+    engine = engine_for(family, decode_kernel=decode_kernel, max_batched_tokens=1024)
+    assert engine.executor.decode_kernel is (
+        paged_decode_kernel() is not None and decode_kernel is None
+    )
+    requests = [greedy_request(f"r{i}", p, 14) for i, p in enumerate(prompts)]
+    for request in requests:
+        assert engine.add_request(request)
+    engine.run_until_done(max_steps=5000)
+    for request, prompt in zip(requests, prompts, strict=True):
+        assert request.output_token_ids == transformers_greedy(family, prompt, 14)
+    assert_pool_free(engine)
+
+
+def test_forcing_the_kernel_where_it_does_not_apply_is_an_error():
+    with pytest.raises(ValueError, match="float32 CPU"):
+        engine_for("llama", decode_kernel=True, attention="masked")
+
+
+def _executor_uses_kernel(**env: str) -> str:
+    probe = (
+        "from tests.engine.hf.hf_models import engine_for\n"
+        "print(engine_for('llama').executor.decode_kernel)\n"
+    )
+    root = str(Path(SRC).parent)
+    result = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**os.environ, "PYTHONPATH": f"{SRC}:{root}", **env},
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=root,
+    )
+    return result.stdout.strip().splitlines()[-1] + "|" + result.stderr
+
+
+def test_switched_off_by_environment(tmp_path):
+    out = _executor_uses_kernel(TOKENFAIR_CPU_KERNELS="0", TOKENFAIR_CACHE_DIR=str(tmp_path))
+    assert out.startswith("False|")
+    assert not list(tmp_path.rglob("*.so")), "nothing is built when the kernel is off"
+
+
+def test_falls_back_to_torch_without_a_compiler(tmp_path):
+    out = _executor_uses_kernel(CC=str(tmp_path / "no-such-cc"), TOKENFAIR_CACHE_DIR=str(tmp_path))
+    verdict, log = out.split("|", 1)
+    assert verdict == "False"
+    assert "CPU attention kernel unavailable" in log
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler on this machine")
+def test_a_built_kernel_is_cached(tmp_path):
+    first = _executor_uses_kernel(TOKENFAIR_CACHE_DIR=str(tmp_path))
+    built = list(tmp_path.rglob("*.so"))
+    assert first.startswith("True|") and len(built) == 1
+    stamp = built[0].stat()
+    again = _executor_uses_kernel(TOKENFAIR_CACHE_DIR=str(tmp_path))
+    assert again.startswith("True|") and list(tmp_path.rglob("*.so")) == built
+    after = built[0].stat()
+    assert (after.st_ino, after.st_mtime_ns) == (stamp.st_ino, stamp.st_mtime_ns), "rebuilt"
