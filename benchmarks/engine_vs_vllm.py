@@ -21,7 +21,12 @@ Prints one JSON line per run and one per cell: output tokens/s, CPU seconds per
 output token, tokenfair / vLLM ratios, how many requests' greedy outputs match
 exactly, and the load average. Without vLLM it says so and exits 0.
 
+`--neighbour` runs every engine twice a round, alone and beside a process that keeps
+one core busy, and adds to each cell the share of its quiet throughput each engine
+keeps on the busy machine (`kept_ratio` above 1: tokenfair degrades less than vLLM).
+
     nice -n 10 .venv/bin/python benchmarks/engine_vs_vllm.py [--cells tiny:fixed] [--rounds 1]
+        [--neighbour]
 """
 
 from __future__ import annotations
@@ -297,6 +302,18 @@ def load_average() -> float:
     return round(os.getloadavg()[0], 2)
 
 
+class Neighbour:
+    """Another process keeping one core busy (a Python busy loop) while it is open."""
+
+    def __enter__(self) -> Neighbour:
+        self.process = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.kill()
+        self.process.wait()
+
+
 def run_model(name: str, kinds: list[str], args: argparse.Namespace) -> None:
     model_dir = build_model_dir(name, args.models_dir)
     vocab = MODELS[name][-1]
@@ -306,37 +323,54 @@ def run_model(name: str, kinds: list[str], args: argparse.Namespace) -> None:
         "tokenfair": Worker("tokenfair", args.tokenfair_python, model_dir, logs / "tokenfair.log"),
         "vllm": Worker("vllm", args.vllm_python, model_dir, logs / "vllm.log"),
     }
+    conditions = ["quiet", "busy"] if args.neighbour else ["quiet"]
     try:
         for worker in workers.values():
             worker.wait_ready()
         for kind in kinds:
             prompts, outputs = workload(kind, vocab)
             expected = sum(outputs)
-            tok_s: dict[str, list[float]] = {"tokenfair": [], "vllm": []}
-            cpu: dict[str, list[float]] = {"tokenfair": [], "vllm": []}
+            tok_s: dict[tuple[str, str], list[float]] = {}
+            cpu: dict[tuple[str, str], list[float]] = {}
             tokens: dict[str, list[list[int]]] = {}
             for round_ in range(args.rounds):
-                order = ["tokenfair", "vllm"] if round_ % 2 == 0 else ["vllm", "tokenfair"]
-                for engine in order:
-                    reply = workers[engine].run(prompts, outputs)
-                    tokens[engine] = reply["token_ids"]
-                    produced = sum(map(len, tokens[engine]))
-                    if produced != expected:
-                        raise SystemExit(f"{engine} produced {produced} tokens, not {expected}")
-                    tok_s[engine].append(produced / reply["elapsed_s"])
-                    cpu[engine].append(reply["cpu_s"] / produced)
-                    run = {"run": f"{name}:{kind}", "round": round_, "engine": engine}
-                    run["tok_s"] = round(tok_s[engine][-1], 1)
-                    run["cpu_ms_per_token"] = round(1000 * cpu[engine][-1], 3)
-                    print(json.dumps({**run, "load": load_average()}), flush=True)
-            ours, theirs = max(tok_s["tokenfair"]), max(tok_s["vllm"])
-            our_cpu, their_cpu = min(cpu["tokenfair"]), min(cpu["vllm"])
+                flip = round_ % 2 == 1
+                for engine in ["vllm", "tokenfair"] if flip else ["tokenfair", "vllm"]:
+                    for condition in conditions[::-1] if flip else conditions:
+                        with Neighbour() if condition == "busy" else contextlib.nullcontext():
+                            reply = workers[engine].run(prompts, outputs)
+                        tokens[engine] = reply["token_ids"]
+                        produced = sum(map(len, tokens[engine]))
+                        if produced != expected:
+                            raise SystemExit(f"{engine} produced {produced} tokens, not {expected}")
+                        key = (engine, condition)
+                        tok_s.setdefault(key, []).append(produced / reply["elapsed_s"])
+                        cpu.setdefault(key, []).append(reply["cpu_s"] / produced)
+                        run = {"run": f"{name}:{kind}", "round": round_, "engine": engine}
+                        if args.neighbour:
+                            run["machine"] = condition
+                        run["tok_s"] = round(tok_s[key][-1], 1)
+                        run["cpu_ms_per_token"] = round(1000 * cpu[key][-1], 3)
+                        print(json.dumps({**run, "load": load_average()}), flush=True)
+            best = {key: max(values) for key, values in tok_s.items()}
+            ours, theirs = best["tokenfair", "quiet"], best["vllm", "quiet"]
+            our_cpu, their_cpu = min(cpu["tokenfair", "quiet"]), min(cpu["vllm", "quiet"])
             cell = {"cell": f"{name}:{kind}", "best_of": args.rounds, "output_tokens": expected}
             cell |= {"tokenfair_tok_s": round(ours, 1), "vllm_tok_s": round(theirs, 1)}
             cell |= {"tok_s_ratio": round(ours / theirs, 3)}
             cell |= {"tokenfair_cpu_ms_per_token": round(1000 * our_cpu, 3)}
             cell |= {"vllm_cpu_ms_per_token": round(1000 * their_cpu, 3)}
             cell |= {"cpu_ratio": round(our_cpu / their_cpu, 3)}
+            if args.neighbour:
+                # The share of its quiet throughput each engine keeps beside a busy core.
+                kept = {e: best[e, "busy"] / best[e, "quiet"] for e in workers}
+                cell["busy"] = {
+                    "tokenfair_tok_s": round(best["tokenfair", "busy"], 1),
+                    "vllm_tok_s": round(best["vllm", "busy"], 1),
+                    "tokenfair_kept": round(kept["tokenfair"], 3),
+                    "vllm_kept": round(kept["vllm"], 3),
+                    "kept_ratio": round(kept["tokenfair"] / kept["vllm"], 3),
+                }
             cell |= {"greedy": greedy_agreement(tokens["tokenfair"], tokens["vllm"])}
             print(json.dumps({**cell, "load": load_average()}), flush=True)
     finally:
@@ -363,6 +397,12 @@ def main() -> int:
         help="model:workload cells to run (models: tiny, 107m; workloads: fixed, mixed)",
     )
     parser.add_argument("--rounds", type=int, default=3, help="alternated runs per engine")
+    parser.add_argument(
+        "--neighbour",
+        action="store_true",
+        help="also run every engine beside a process keeping one core busy, and report the "
+        "share of its quiet throughput each keeps",
+    )
     parser.add_argument("--models-dir", type=Path, default=ROOT / "out" / "bench-models")
     parser.add_argument("--tokenfair-python", default=str(ROOT / ".venv" / "bin" / "python"))
     parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))

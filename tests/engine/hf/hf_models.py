@@ -78,8 +78,15 @@ def random_prompt(length: int, seed: int) -> list[int]:
 
 
 @functools.cache
+def dense_model(family: str):
+    """The same weights as `tiny_model(family)` in a copy no engine adopts: engines pack
+    the linear layers of the models they serve (cpu_linear), the reference must not."""
+    return tiny_model.__wrapped__(family)
+
+
+@functools.cache
 def _reference(family: str, prompt: tuple[int, ...], max_tokens: int) -> tuple[int, ...]:
-    model = tiny_model(family)
+    model = dense_model(family)
     with torch.inference_mode():
         out = model.generate(
             torch.tensor([prompt]),

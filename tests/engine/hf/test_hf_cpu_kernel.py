@@ -1,7 +1,8 @@
-"""The CPU decode-attention kernel: it equals softmax attention over each request's own
-context (grouped-query heads, sliding windows, any block size and head size, queries
-read through strides), the engine gives the same tokens with and without it, and the
-engine falls back to torch where the kernel cannot be built."""
+"""The engine's CPU fast paths. The decode-attention kernel equals softmax attention
+over each request's own context (grouped-query heads, sliding windows, any block size
+and head size, queries read through strides); packed linear layers equal the dense
+ones; the engine gives transformers' tokens with and without them, and falls back to
+torch where the kernel cannot be built or the fast paths are switched off."""
 
 from __future__ import annotations
 
@@ -18,8 +19,11 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 from tokenfair.engine.hf.cpu_kernels import paged_decode_kernel  # noqa: E402
+from tokenfair.engine.hf.cpu_linear import PackedLinear, pack_linear_layers  # noqa: E402
+from tokenfair.engine.hf.factory import make_hf_engine  # noqa: E402
+from tokenfair.engine.hf.loader import LoadedModel  # noqa: E402
 
-from .hf_models import assert_pool_free, engine_for, greedy_request, random_prompt  # noqa: E402
+from .hf_models import assert_pool_free, greedy_request, random_prompt, tiny_model  # noqa: E402
 from .hf_models import reference as transformers_greedy  # noqa: E402
 
 pytestmark = pytest.mark.model
@@ -106,14 +110,22 @@ def test_the_kernel_builds_where_a_compiler_is_found():
 MIXED = (1, 7, 16, 17, 40, 95, 160)
 
 
-@pytest.mark.parametrize("decode_kernel", [None, False], ids=["kernel", "torch"])
-def test_engine_tokens_match_transformers_either_way(decode_kernel):
+@pytest.mark.parametrize("fast", [None, False], ids=["fast-paths", "plain-torch"])
+def test_engine_tokens_match_transformers_either_way(fast):
     family = "llama"
-    prompts = [random_prompt(n, seed=900 + n) for n in MIXED]
-    engine = engine_for(family, decode_kernel=decode_kernel, max_batched_tokens=1024)
-    assert engine.executor.decode_kernel is (
-        paged_decode_kernel() is not None and decode_kernel is None
+    model = tiny_model.__wrapped__(family)  # a fresh copy: the engine may pack it
+    engine = make_hf_engine(
+        LoadedModel(family, model, None),
+        kv_tokens=4096,
+        max_batched_tokens=1024,
+        decode_kernel=fast,
+        pack_linear=fast,
     )
+    kernel_built = paged_decode_kernel() is not None
+    assert engine.executor.decode_kernel is (kernel_built and fast is None)
+    packed = sum(isinstance(m, PackedLinear) for m in model.modules())
+    assert (packed > 0) is (fast is None) and packed == engine.executor.packed_linear_layers
+    prompts = [random_prompt(n, seed=900 + n) for n in MIXED]
     requests = [greedy_request(f"r{i}", p, 14) for i, p in enumerate(prompts)]
     for request in requests:
         assert engine.add_request(request)
@@ -123,9 +135,46 @@ def test_engine_tokens_match_transformers_either_way(decode_kernel):
     assert_pool_free(engine)
 
 
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied-embeddings"])
+def test_packed_linear_layers_equal_the_dense_ones(tied):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tied,
+    )
+    dense = LlamaForCausalLM(config).eval()
+    model = LlamaForCausalLM(config).eval()
+    model.load_state_dict(dense.state_dict())
+    linears = sum(type(m) is torch.nn.Linear for m in model.modules())
+    assert pack_linear_layers(model) == linears == 2 * 7 + 1
+    assert not any(type(m) is torch.nn.Linear for m in model.modules())
+    if tied:  # the embedding keeps its dense weight; the output layer reads a packed copy
+        assert model.model.embed_tokens.weight.layout == torch.strided
+    ids = torch.randint(0, 300, (2, 9))
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids).logits, dense(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+def test_switched_off_fast_paths_pack_nothing(monkeypatch):
+    monkeypatch.setenv("TOKENFAIR_CPU_KERNELS", "0")
+    model = tiny_model.__wrapped__("llama")
+    assert pack_linear_layers(model) == 0
+    assert not any(isinstance(m, PackedLinear) for m in model.modules())
+
+
 def test_forcing_the_kernel_where_it_does_not_apply_is_an_error():
     with pytest.raises(ValueError, match="float32 CPU"):
-        engine_for("llama", decode_kernel=True, attention="masked")
+        make_hf_engine(
+            LoadedModel("llama", tiny_model("llama"), None), kv_tokens=512, decode_kernel=True,
+            attention="masked",
+        )  # fmt: skip
 
 
 def _executor_uses_kernel(**env: str) -> str:

@@ -10,8 +10,9 @@ It is plain C with no dependency but libc and pthreads, so it builds in well und
 second with the machine's C compiler on first use, tuned for that machine's CPU
 (`-march=native`), and is cached under `~/.cache/tokenfair/kernels` (or
 `$TOKENFAIR_CACHE_DIR`), keyed by the source, the flags and the CPU's feature flags.
-Where no compiler is found, or `TOKENFAIR_CPU_KERNELS=0`, attention falls back to the
-torch path (gather + SDPA), which gives the same results; the log says which is used.
+Where no compiler is found, or `TOKENFAIR_CPU_KERNELS=0` (which also turns off the
+packed linear layers of `cpu_linear`), attention falls back to the torch path (gather +
+SDPA), which gives the same results; the log says which is used.
 
 ctypes releases the GIL for the call, so a server's event loop keeps running while a
 step attends.
@@ -155,10 +156,16 @@ class PagedDecodeKernel:
         return out
 
 
+def cpu_fast_paths_enabled() -> bool:
+    """False when `TOKENFAIR_CPU_KERNELS=0`: the engine then runs plain torch on the CPU
+    (no C kernel, no packed weights), to rule the fast paths out or measure them."""
+    return os.environ.get(DISABLE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 @cache
 def paged_decode_kernel() -> PagedDecodeKernel | None:
     """The built kernel, or None (with the reason logged once) where it cannot be used."""
-    if os.environ.get(DISABLE_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+    if not cpu_fast_paths_enabled():
         log.info(
             "CPU attention kernel off (%s=0): decode attention gathers with torch", DISABLE_ENV
         )

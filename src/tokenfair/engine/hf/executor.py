@@ -18,6 +18,7 @@ import torch
 from tokenfair.core.batch import ExecutorOutput, SchedulerOutput
 from tokenfair.engine.hf.attention import ATTENTION_NAME, LAYOUT_KWARG
 from tokenfair.engine.hf.cpu_kernels import paged_decode_kernel
+from tokenfair.engine.hf.cpu_linear import pack_linear_layers
 from tokenfair.engine.hf.cpu_runtime import keep_freed_memory, policy_came_too_late
 from tokenfair.engine.hf.decode_graphs import StaticDecode
 from tokenfair.engine.hf.kv_pool import KVPool, KVShape, describe_kv_budget
@@ -72,6 +73,7 @@ class HFExecutor:
         seed: int = 0,
         static_decode: bool | None = None,
         decode_kernel: bool | None = None,
+        pack_linear: bool | None = None,
     ) -> None:
         if attention not in ("paged", "masked"):
             raise ValueError(f"attention must be 'paged' or 'masked', got {attention!r}")
@@ -86,6 +88,11 @@ class HFExecutor:
                     "OMP_WAIT_POLICY=PASSIVE in the environment"
                 )
         self.dtype = next(model.parameters()).dtype
+        # Float32 CPU models: linear layers on prepacked oneDNN weights (cpu_linear);
+        # None packs wherever that applies, False keeps torch's BLAS path.
+        self.packed_linear_layers = 0
+        if pack_linear is not False and self.device.type == "cpu" and self.dtype == torch.float32:
+            self.packed_linear_layers = pack_linear_layers(model)
         self.kv_shape = KVShape.from_config(model.config, self.dtype)
         # Static decode (CUDA graphs on a GPU; default there) needs paged attention and
         # one scratch block past the scheduler's blocks for its padding rows.

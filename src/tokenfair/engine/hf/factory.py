@@ -59,6 +59,7 @@ def make_hf_engine(
     seed: int = 0,
     static_decode: bool | None = None,
     decode_kernel: bool | None = None,
+    pack_linear: bool | None = None,
     **scheduler_options: object,
 ) -> Engine:
     """An Engine serving `loaded` with the given policy and scheduler settings
@@ -68,7 +69,9 @@ def make_hf_engine(
     `static_decode` pads pure-decode steps to bucketed shapes and, on CUDA, replays
     them as CUDA graphs (see `decode_graphs`); None turns it on for CUDA only.
     `decode_kernel` attends decodes with the CPU kernel that reads the pool in place
-    (see `cpu_kernels`); None uses it wherever it applies and builds."""
+    (see `cpu_kernels`); None uses it wherever it applies and builds. `pack_linear`
+    runs float32 CPU linear layers on prepacked oneDNN weights (see `cpu_linear`);
+    None packs wherever that applies."""
     default_block_size = next(f.default for f in fields(SchedulerConfig) if f.name == "block_size")
     block_size = int(scheduler_options.get("block_size", default_block_size))  # type: ignore[call-overload]
     if kv_tokens is None:
@@ -84,6 +87,7 @@ def make_hf_engine(
         seed=seed,
         static_decode=static_decode,
         decode_kernel=decode_kernel,
+        pack_linear=pack_linear,
     )
     # Without a tokenizer (token-id workloads, benchmarks) the engine produces no text.
     detokenizer = IncrementalDetokenizer(loaded.tokenizer) if loaded.tokenizer else None

@@ -4,8 +4,9 @@
  * and each KV head, the keys of its context are read once, block by block from the
  * pool (no copy of the context is made), scored against every query head that shares
  * that KV head (grouped-query attention), soft-maxed, and the values are summed with
- * those weights. The work items (request, KV head) are split between threads so each
- * thread gets about the same number of keys to read.
+ * those weights. Threads take the work items (request, KV head) one at a time from a
+ * shared counter, so a thread that loses its core to another process holds up no
+ * other thread's share (a static split would wait for the slowest thread).
  *
  * Pool layout, per layer: keys[kv_head][slot][head_dim], values likewise, where
  * slot = block * block_size + offset. Queries are read through strides, so the
@@ -46,9 +47,10 @@ typedef struct {
 
 typedef struct {
     const Problem *p;
-    int64_t item_begin, item_end; /* items are r * kv_heads + kh */
+    int64_t items, longest; /* items are r * kv_heads + kh; longest context */
+    int64_t next;           /* the next item to take, shared by the threads */
     int failed;
-} Share;
+} Work;
 
 /* q . k for `count` keys laid out one after another (a run inside one block). */
 static inline void score_run(const float *restrict q, const float *restrict k, int64_t count,
@@ -166,24 +168,22 @@ static void attend_any(const Problem *p, int64_t r, int kh, float *scores, float
     attend_body(p, r, kh, scores, acc, p->head_dim);
 }
 
-static void *run_share(void *arg) {
-    Share *share = (Share *)arg;
-    const Problem *p = share->p;
+static void *run_worker(void *arg) {
+    Work *work = (Work *)arg;
+    const Problem *p = work->p;
     const int group = p->heads / p->kv_heads;
-    int64_t longest = 1;
-    for (int64_t item = share->item_begin; item < share->item_end; ++item) {
-        const int64_t len = p->lens[item / p->kv_heads];
-        if (len > longest) longest = len;
-    }
-    float *scores = malloc(sizeof(float) * (size_t)group * (size_t)longest);
+    float *scores = malloc(sizeof(float) * (size_t)group * (size_t)work->longest);
     float *acc = malloc(sizeof(float) * (size_t)group * (size_t)p->head_dim);
     if (scores == NULL || acc == NULL) {
-        share->failed = 1;
+        __atomic_store_n(&work->failed, 1, __ATOMIC_RELAXED);
     } else {
         void (*attend)(const Problem *, int64_t, int, float *, float *) =
             p->head_dim == 64 ? attend_64 : p->head_dim == 128 ? attend_128 : attend_any;
-        for (int64_t item = share->item_begin; item < share->item_end; ++item)
+        for (;;) {
+            const int64_t item = __atomic_fetch_add(&work->next, 1, __ATOMIC_RELAXED);
+            if (item >= work->items) break;
             attend(p, item / p->kv_heads, (int)(item % p->kv_heads), scores, acc);
+        }
     }
     free(scores);
     free(acc);
@@ -204,34 +204,19 @@ int tokenfair_paged_decode(
     const Problem problem = {query, keys, values, tables, lens, out, q_row_stride, q_head_stride,
                              kv_head_stride, table_stride, heads, kv_heads, head_dim, block_size,
                              window, scale};
-    const int64_t items = requests * kv_heads;
+    Work work = {&problem, requests * kv_heads, 1, 0, 0};
+    for (int64_t r = 0; r < requests; ++r)
+        if (lens[r] > work.longest) work.longest = lens[r];
     if (threads < 1) threads = 1;
     if (threads > MAX_THREADS) threads = MAX_THREADS;
-    if (threads > items) threads = (int)items;
+    if (threads > work.items) threads = (int)work.items;
 
-    /* Split the items into `threads` runs of about equal total context length. */
-    int64_t total = 0;
-    for (int64_t r = 0; r < requests; ++r) total += lens[r] * kv_heads;
-    Share shares[MAX_THREADS];
-    int64_t item = 0, seen = 0;
-    for (int t = 0; t < threads; ++t) {
-        const int64_t goal = total * (t + 1) / threads;
-        shares[t] = (Share){&problem, item, item, 0};
-        while (item < items && (seen < goal || t == threads - 1)) seen += lens[item++ / kv_heads];
-        shares[t].item_end = item;
-    }
     pthread_t workers[MAX_THREADS];
     int started[MAX_THREADS] = {0};
     for (int t = 1; t < threads; ++t)
-        started[t] = pthread_create(&workers[t], NULL, run_share, &shares[t]) == 0;
-    run_share(&shares[0]);
-    for (int t = 1; t < threads; ++t) {
-        if (started[t])
-            pthread_join(workers[t], NULL);
-        else
-            run_share(&shares[t]); /* no thread: do its share here */
-    }
-    for (int t = 0; t < threads; ++t)
-        if (shares[t].failed) return -2;
-    return 0;
+        started[t] = pthread_create(&workers[t], NULL, run_worker, &work) == 0;
+    run_worker(&work); /* the calling thread works too; it ends when no item is left */
+    for (int t = 1; t < threads; ++t)
+        if (started[t]) pthread_join(workers[t], NULL);
+    return work.failed ? -2 : 0;
 }
