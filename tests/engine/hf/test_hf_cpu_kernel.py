@@ -177,31 +177,31 @@ def test_forcing_the_kernel_where_it_does_not_apply_is_an_error():
         )  # fmt: skip
 
 
-def _executor_uses_kernel(**env: str) -> str:
+def _kernel_in_fresh_process(**env: str) -> str:
+    """'True|<log>' when a new process gets the kernel (the executor uses it whenever
+    it is there: test_engine_tokens_match_transformers_either_way), 'False|<log>' not."""
     probe = (
-        "from tests.engine.hf.hf_models import engine_for\n"
-        "print(engine_for('llama').executor.decode_kernel)\n"
+        "from tokenfair.engine.hf.cpu_kernels import paged_decode_kernel\n"
+        "print(paged_decode_kernel() is not None)\n"
     )
-    root = str(Path(SRC).parent)
     result = subprocess.run(
         [sys.executable, "-c", probe],
-        env={**os.environ, "PYTHONPATH": f"{SRC}:{root}", **env},
+        env={**os.environ, "PYTHONPATH": SRC, **env},
         capture_output=True,
         text=True,
         check=True,
-        cwd=root,
     )
     return result.stdout.strip().splitlines()[-1] + "|" + result.stderr
 
 
 def test_switched_off_by_environment(tmp_path):
-    out = _executor_uses_kernel(TOKENFAIR_CPU_KERNELS="0", TOKENFAIR_CACHE_DIR=str(tmp_path))
+    out = _kernel_in_fresh_process(TOKENFAIR_CPU_KERNELS="0", TOKENFAIR_CACHE_DIR=str(tmp_path))
     assert out.startswith("False|")
     assert not list(tmp_path.rglob("*.so")), "nothing is built when the kernel is off"
 
 
 def test_falls_back_to_torch_without_a_compiler(tmp_path):
-    out = _executor_uses_kernel(CC=str(tmp_path / "no-such-cc"), TOKENFAIR_CACHE_DIR=str(tmp_path))
+    out = _kernel_in_fresh_process(CC=str(tmp_path / "no-such-cc"), TOKENFAIR_CACHE_DIR=str(tmp_path))
     verdict, log = out.split("|", 1)
     assert verdict == "False"
     assert "CPU attention kernel unavailable" in log
@@ -209,11 +209,11 @@ def test_falls_back_to_torch_without_a_compiler(tmp_path):
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler on this machine")
 def test_a_built_kernel_is_cached(tmp_path):
-    first = _executor_uses_kernel(TOKENFAIR_CACHE_DIR=str(tmp_path))
+    first = _kernel_in_fresh_process(TOKENFAIR_CACHE_DIR=str(tmp_path))
     built = list(tmp_path.rglob("*.so"))
     assert first.startswith("True|") and len(built) == 1
     stamp = built[0].stat()
-    again = _executor_uses_kernel(TOKENFAIR_CACHE_DIR=str(tmp_path))
+    again = _kernel_in_fresh_process(TOKENFAIR_CACHE_DIR=str(tmp_path))
     assert again.startswith("True|") and list(tmp_path.rglob("*.so")) == built
     after = built[0].stat()
     assert (after.st_ino, after.st_mtime_ns) == (stamp.st_ino, stamp.st_mtime_ns), "rebuilt"
