@@ -201,7 +201,9 @@ def test_switched_off_by_environment(tmp_path):
 
 
 def test_falls_back_to_torch_without_a_compiler(tmp_path):
-    out = _kernel_in_fresh_process(CC=str(tmp_path / "no-such-cc"), TOKENFAIR_CACHE_DIR=str(tmp_path))
+    out = _kernel_in_fresh_process(
+        CC=str(tmp_path / "no-such-cc"), TOKENFAIR_CACHE_DIR=str(tmp_path)
+    )
     verdict, log = out.split("|", 1)
     assert verdict == "False"
     assert "CPU attention kernel unavailable" in log
