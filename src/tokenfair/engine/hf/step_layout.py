@@ -273,8 +273,7 @@ def build_layout(
     tables_for_kernel = None
     if decode_tables and context_lens:
         tables_for_kernel = _decode_tables(context_lens, tables, bs)
-        context_lens = []  # no decode groups
-    group_ranges = _split_groups(context_lens)
+    group_ranges = [] if tables_for_kernel is not None else _split_groups(context_lens)
     group_tensors = [
         _decode_group_tables(context_lens[begin:end], tables[begin:end], bs)
         for begin, end in group_ranges

@@ -101,6 +101,16 @@ static inline void prefetch_run(const float *at, int64_t count, const int d) {
     for (; byte < end; byte += 64) __builtin_prefetch(byte, 0, 3);
 }
 
+/* The rows of positions [pos, pos + *count) of one head, which lie in one block: the
+ * rest of pos's block, or up to `len`. The next block is prefetched meanwhile. */
+static inline const float *block_run(const float *base, const int64_t *table, int64_t pos,
+                                     int64_t len, int bs, const int d, int64_t *count) {
+    const int64_t offset = pos % bs;
+    *count = (len - pos < bs - offset) ? len - pos : bs - offset;
+    if (pos + *count < len) prefetch_run(base + table[(pos + *count) / bs] * bs * d, bs, d);
+    return base + (table[pos / bs] * bs + offset) * d;
+}
+
 /* One request, one KV head: the `group` query heads that read it. `d` is a constant
  * in the common specialisations below, so the compiler unrolls the head_dim loops. */
 static inline __attribute__((always_inline)) void attend_body(
@@ -120,15 +130,12 @@ static inline __attribute__((always_inline)) void attend_body(
     const float *qbase = p->query + r * p->q_row_stride + (int64_t)kh * group * p->q_head_stride;
 
     /* Scores, block by block (a block's keys stay in L1 across the group's heads). */
-    for (int64_t pos = first; pos < len;) {
-        const int64_t offset = pos % bs;
-        const int64_t count = (len - pos < bs - offset) ? len - pos : bs - offset;
-        const float *k = kbase + (table[pos / bs] * bs + offset) * d;
-        if (pos + count < len) prefetch_run(kbase + table[(pos + count) / bs] * bs * d, bs, d);
+    int64_t count;
+    for (int64_t pos = first; pos < len; pos += count) {
+        const float *k = block_run(kbase, table, pos, len, bs, d, &count);
         for (int g = 0; g < group; ++g)
             score_run(qbase + g * p->q_head_stride, k, count, d, p->scale,
                       scores + g * n + (pos - first));
-        pos += count;
     }
     /* Softmax weights per head. */
     float total[group];
@@ -143,14 +150,10 @@ static inline __attribute__((always_inline)) void attend_body(
     }
     /* Weighted values, block by block. */
     memset(acc, 0, sizeof(float) * group * d);
-    for (int64_t pos = first; pos < len;) {
-        const int64_t offset = pos % bs;
-        const int64_t count = (len - pos < bs - offset) ? len - pos : bs - offset;
-        const float *v = vbase + (table[pos / bs] * bs + offset) * d;
-        if (pos + count < len) prefetch_run(vbase + table[(pos + count) / bs] * bs * d, bs, d);
+    for (int64_t pos = first; pos < len; pos += count) {
+        const float *v = block_run(vbase, table, pos, len, bs, d, &count);
         for (int g = 0; g < group; ++g)
             accumulate_run(acc + g * d, scores + g * n + (pos - first), v, count, d);
-        pos += count;
     }
     for (int g = 0; g < group; ++g) {
         const float inv = 1.0f / total[g];
