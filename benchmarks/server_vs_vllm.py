@@ -14,8 +14,9 @@ alone (the other is stopped), the load generator in its own process.
    runs VTC with A and B as tenants (API keys); vLLM has no tenants (FCFS).
 
 Also tokenfair's engine offline (tokenfair.LLM) on the throughput workload, alternated
-with the same workload through the server (--rounds, order flipped each round, median
-ratio): what the server costs. Prints one JSON line per server and scenario. Without vLLM it says so and measures
+with the same workload through the server, its engine in its own process (the default
+for real models) and on a thread of the server process (`--engine thread`) (--rounds,
+order flipped each round, median ratios; --rounds 0 skips it): what the server costs. Prints one JSON line per server and scenario. Without vLLM it says so and measures
 tokenfair alone.
 
     nice -n 10 .venv/bin/python benchmarks/server_vs_vllm.py [--vllm-python .venv-vllm/bin/python]
@@ -27,6 +28,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -145,38 +147,39 @@ def offline_throughput(model_dir: Path, *flags: str) -> dict[str, object]:
     return dict(json.loads(offline.stdout.decode().strip().splitlines()[-1]))
 
 
-def server_cost(url: str, model_dir: Path, rounds: int) -> None:
-    """The engine offline, on the server's engine thread without HTTP, and through the
-    (idle meanwhile) server, alternated, `rounds` times, order reversed each round:
-    what the server costs, as median ratios."""
-    run_load(
-        url, NAME, "--concurrency", "4", "--requests", "8", "--max-tokens", "8", "--prompt", PROMPT
-    )  # warm up
-    ratios, thread_ratios = [], []
-    kinds = ("offline", "thread", "served")
+def server_cost(url: str, thread_url: str, model_dir: Path, rounds: int) -> None:
+    """The engine offline, and through the server with its engine in its own process
+    (the default) and on a thread of the server process (`--engine thread`, both servers
+    idle meanwhile), alternated, `rounds` times, order reversed each round: what the
+    server costs, as median ratios."""
+    for each in (url, thread_url):
+        run_load(
+            each, NAME, "--concurrency", "4", "--requests", "8", "--max-tokens", "8",
+            "--prompt", PROMPT,
+        )  # fmt: skip  # warm up
+    ratios: dict[str, list[float]] = {"served": [], "served_thread": []}
+    kinds = ("offline", "served", "served_thread")
     for round_ in range(rounds):
         runs = {}
         for kind in kinds if round_ % 2 == 0 else kinds[::-1]:
             if kind == "offline":
                 runs[kind] = offline_throughput(model_dir)
-            elif kind == "thread":
-                runs[kind] = offline_throughput(model_dir, "--through-thread")
             else:
                 runs[kind] = run_load(
-                    url, NAME, "--concurrency", "64", "--requests", "96", "--max-tokens", "128",
-                    "--prompt", PROMPT, "--stream", "--ignore-eos", "--key", "heavy-key",
+                    url if kind == "served" else thread_url, NAME, "--concurrency", "64",
+                    "--requests", "96", "--max-tokens", "128", "--prompt", PROMPT, "--stream",
+                    "--ignore-eos", "--key", "heavy-key",
                 )  # fmt: skip
         rate = {kind: float(runs[kind]["output_tokens_per_s"]) for kind in kinds}  # type: ignore[arg-type]
-        ratios.append(rate["served"] / rate["offline"])
-        thread_ratios.append(rate["thread"] / rate["offline"])
+        for kind, values in ratios.items():
+            values.append(rate[kind] / rate["offline"])
         emit(
             {
                 "benchmark": "server_vs_vllm",
                 "scenario": "server_cost",
                 "round": round_,
                 **{f"{kind}_tokens_per_s": rate[kind] for kind in kinds},
-                "served_over_offline": round(ratios[-1], 3),
-                "thread_over_offline": round(thread_ratios[-1], 3),
+                **{f"{kind}_over_offline": round(v[-1], 3) for kind, v in ratios.items()},
             }
         )
     emit(
@@ -184,8 +187,10 @@ def server_cost(url: str, model_dir: Path, rounds: int) -> None:
             "benchmark": "server_vs_vllm",
             "scenario": "server_cost",
             "rounds": rounds,
-            "served_over_offline_median": round(sorted(ratios)[len(ratios) // 2], 3),
-            "thread_over_offline_median": round(sorted(thread_ratios)[len(thread_ratios) // 2], 3),
+            **{
+                f"{kind}_over_offline_median": round(statistics.median(v), 3)
+                for kind, v in ratios.items()
+            },
         }
     )
 
@@ -215,13 +220,19 @@ def main() -> None:
         )
     )
     if args.skip != "tokenfair":
-        server = tokenfair_server(
+        tokenfair_args = (
             "--model", str(model_dir), "--served-model-name", NAME, "--policy", "vtc",
             "--tenants", str(tenants), "--device", "cpu", "--dtype", "float32",
             "--kv-tokens", "65536", "--max-num-seqs", str(SEATS),
         )  # fmt: skip
+        server = tokenfair_server(*tokenfair_args)
         try:
-            server_cost(server.url, model_dir, args.rounds)
+            if args.rounds:
+                thread_server = tokenfair_server(*tokenfair_args, "--engine", "thread")
+                try:
+                    server_cost(server.url, thread_server.url, model_dir, args.rounds)
+                finally:
+                    thread_server.stop()
             scenarios("tokenfair", server.url)
         finally:
             server.stop()

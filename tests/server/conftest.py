@@ -132,6 +132,37 @@ def sim_server(server_dir: Path) -> Iterator[Server]:
 
 
 @pytest.fixture(scope="session")
+def sim_process_server(server_dir: Path) -> Iterator[Server]:
+    """The same as sim_server, its engine in a process of its own (sim's default is a
+    thread; real models' is the process)."""
+    server = launch(
+        server_dir,
+        "--model", "sim:fixed:0.002", "--policy", "vtc", "--engine", "process",
+        tenants=tenants_data(),
+    )  # fmt: skip
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["thread", "process"])
+def any_sim_server(request: pytest.FixtureRequest) -> Server:
+    """sim_server and sim_process_server in turn."""
+    name = "sim_server" if request.param == "thread" else "sim_process_server"
+    return request.getfixturevalue(name)  # type: ignore[no-any-return]
+
+
+def engine_processes(server: Server) -> list[int]:
+    """The server's child processes that are its engine."""
+    pid = server.process.pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return [
+        int(child)
+        for child in children
+        if b"tokenfair.engine.engine_process" in Path(f"/proc/{child}/cmdline").read_bytes()
+    ]
+
+
+@pytest.fixture(scope="session")
 def tiny_server(server_dir: Path) -> Iterator[Server]:
     """builtin:tiny on the CPU with prefix caching, the test tenants."""
     pytest.importorskip("torch")

@@ -65,73 +65,73 @@ async def vanish_mid_stream(server: Server, tenant: str, stream: bool) -> bool:
     return got_data
 
 
-def test_disconnect_storm_frees_every_slot_and_block(sim_server):
-    before = aborted(sim_server)
+def test_disconnect_storm_frees_every_slot_and_block(any_sim_server):
+    before = aborted(any_sim_server)
 
     async def storm() -> list[bool]:
         return await asyncio.gather(
-            *(vanish_mid_stream(sim_server, "team-a", True) for _ in range(200))
+            *(vanish_mid_stream(any_sim_server, "team-a", True) for _ in range(200))
         )
 
     started = asyncio.run(storm())
     assert all(started), "every client saw tokens before vanishing"
-    idle = wait_until_idle(sim_server)
+    idle = wait_until_idle(any_sim_server)
     assert idle["running"] == 0
     assert idle["waiting"] == 0
     assert idle["blocks"] == 0
-    assert aborted(sim_server) - before == 200
+    assert aborted(any_sim_server) - before == 200
 
 
-def test_non_streaming_disconnect_aborts(sim_server):
-    before = aborted(sim_server)
+def test_non_streaming_disconnect_aborts(any_sim_server):
+    before = aborted(any_sim_server)
 
     async def go() -> None:
-        await asyncio.gather(*(vanish_mid_stream(sim_server, "team-a", False) for _ in range(5)))
+        await asyncio.gather(*(vanish_mid_stream(any_sim_server, "team-a", False) for _ in range(5)))
 
     asyncio.run(go())
-    assert wait_until_idle(sim_server)["blocks"] == 0
-    assert aborted(sim_server) - before == 5
+    assert wait_until_idle(any_sim_server)["blocks"] == 0
+    assert aborted(any_sim_server) - before == 5
 
 
-def test_tenant_timeout_ends_the_request(sim_server):
+def test_tenant_timeout_ends_the_request(any_sim_server):
     body = {"model": "sim:fixed:0.002", "prompt": "long", "max_tokens": 8000}
     started = time.monotonic()
     r = httpx.post(
-        f"{sim_server.url}/v1/completions",
+        f"{any_sim_server.url}/v1/completions",
         json=body,
-        headers=sim_server.headers("slow"),
+        headers=any_sim_server.headers("slow"),
         timeout=30,
     )
     assert r.status_code == 408
     assert r.json()["error"]["code"] == "timeout"
     assert time.monotonic() - started < 10  # 0.3 s timeout, far from 200 s of generation
     with httpx.stream(
-        "POST", f"{sim_server.url}/v1/completions", json={**body, "stream": True},
-        headers=sim_server.headers("slow"), timeout=30,
+        "POST", f"{any_sim_server.url}/v1/completions", json={**body, "stream": True},
+        headers=any_sim_server.headers("slow"), timeout=30,
     ) as stream:  # fmt: skip
         lines = [line for line in stream.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
     assert json.loads(lines[-2][6:])["error"]["code"] == "timeout"
-    assert wait_until_idle(sim_server)["blocks"] == 0
+    assert wait_until_idle(any_sim_server)["blocks"] == 0
 
 
-def test_admin_aborts_a_request_by_id(sim_server):
+def test_admin_aborts_a_request_by_id(any_sim_server):
     body = {"model": "sim:fixed:0.002", "prompt": "abort me", "max_tokens": 8000, "stream": True}
     with httpx.stream(
         "POST",
-        f"{sim_server.url}/v1/completions",
+        f"{any_sim_server.url}/v1/completions",
         json=body,
-        headers=sim_server.headers(),
+        headers=any_sim_server.headers(),
         timeout=30,
     ) as stream:
         request_id = stream.headers["x-request-id"]
         refused = httpx.post(
-            f"{sim_server.url}/admin/requests/{request_id}/abort",
-            headers=sim_server.headers("team-a"),
+            f"{any_sim_server.url}/admin/requests/{request_id}/abort",
+            headers=any_sim_server.headers("team-a"),
         )
         assert refused.status_code == 403
         done = httpx.post(
-            f"{sim_server.url}/admin/requests/{request_id}/abort",
+            f"{any_sim_server.url}/admin/requests/{request_id}/abort",
             headers={"Authorization": f"Bearer {ADMIN_KEY}"},
         )
         assert done.status_code == 200
@@ -141,18 +141,18 @@ def test_admin_aborts_a_request_by_id(sim_server):
     assert events[-1]["choices"][0]["finish_reason"] == "abort"
     assert len(events) < 1000
     missing = httpx.post(
-        f"{sim_server.url}/admin/requests/nope/abort",
+        f"{any_sim_server.url}/admin/requests/nope/abort",
         headers={"Authorization": f"Bearer {ADMIN_KEY}"},
     )
     assert missing.status_code == 404
 
 
 @pytest.mark.parametrize("max_tokens", [1, 3])
-def test_max_tokens_ends_in_its_step(sim_server, max_tokens):
+def test_max_tokens_ends_in_its_step(any_sim_server, max_tokens):
     r = httpx.post(
-        f"{sim_server.url}/v1/completions",
+        f"{any_sim_server.url}/v1/completions",
         json={"model": "sim:fixed:0.002", "prompt": "x", "max_tokens": max_tokens},
-        headers=sim_server.headers(),
+        headers=any_sim_server.headers(),
         timeout=30,
     )
     assert r.json()["usage"]["completion_tokens"] == max_tokens

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -9,7 +10,14 @@ import httpx
 import pytest
 import yaml
 
-from tests.server.conftest import ADMIN_KEY, KEYS, Server, launch, tenants_data
+from tests.server.conftest import (
+    ADMIN_KEY,
+    KEYS,
+    Server,
+    engine_processes,
+    launch,
+    tenants_data,
+)
 from tokenfair.core.kv_cache import KVCacheManager
 from tokenfair.core.request import Request
 from tokenfair.server.tenants import hash_key
@@ -69,16 +77,16 @@ def test_admin_api_refuses_tenant_keys(sim_server):
     assert weight.status_code == 403
 
 
-def test_admin_lists_tenants_and_changes_weights(sim_server):
+def test_admin_lists_tenants_and_changes_weights(any_sim_server):
     httpx.post(
-        f"{sim_server.url}/v1/completions",
+        f"{any_sim_server.url}/v1/completions",
         json={"model": "sim:fixed:0.002", "prompt": "x", "max_tokens": 2},
-        headers=sim_server.headers("team-b"),
+        headers=any_sim_server.headers("team-b"),
         timeout=30,
     )
     rows = {
         row["name"]: row
-        for row in httpx.get(f"{sim_server.url}/admin/tenants", headers=ADMIN).json()["data"]
+        for row in httpx.get(f"{any_sim_server.url}/admin/tenants", headers=ADMIN).json()["data"]
     }
     assert set(rows) >= {"team-a", "team-b", "team-c", "slow"}
     assert rows["team-b"]["weight"] == 2.0
@@ -86,26 +94,26 @@ def test_admin_lists_tenants_and_changes_weights(sim_server):
     assert rows["team-b"]["counter"] > 0
     assert {"waiting", "running", "preemptions"} <= set(rows["team-b"])
     changed = httpx.post(
-        f"{sim_server.url}/admin/tenants/team-b/weight", json={"weight": 3.5}, headers=ADMIN
+        f"{any_sim_server.url}/admin/tenants/team-b/weight", json={"weight": 3.5}, headers=ADMIN
     )
     assert changed.status_code == 200
     rows = {
         row["name"]: row
-        for row in httpx.get(f"{sim_server.url}/admin/tenants", headers=ADMIN).json()["data"]
+        for row in httpx.get(f"{any_sim_server.url}/admin/tenants", headers=ADMIN).json()["data"]
     }
     assert rows["team-b"]["weight"] == 3.5
-    assert sim_server.metric("tokenfair:tenant_weight", tenant="team-b") == 3.5
+    assert any_sim_server.metric("tokenfair:tenant_weight", tenant="team-b") == 3.5
     bad = httpx.post(
-        f"{sim_server.url}/admin/tenants/team-b/weight", json={"weight": -1}, headers=ADMIN
+        f"{any_sim_server.url}/admin/tenants/team-b/weight", json={"weight": -1}, headers=ADMIN
     )
     assert bad.status_code == 400
     unknown = httpx.post(
-        f"{sim_server.url}/admin/tenants/nobody/weight", json={"weight": 1}, headers=ADMIN
+        f"{any_sim_server.url}/admin/tenants/nobody/weight", json={"weight": 1}, headers=ADMIN
     )
     assert unknown.status_code == 404
-    httpx.post(f"{sim_server.url}/admin/tenants/team-b/weight", json={"weight": 2.0}, headers=ADMIN)
+    httpx.post(f"{any_sim_server.url}/admin/tenants/team-b/weight", json={"weight": 2.0}, headers=ADMIN)
     recent = httpx.get(
-        f"{sim_server.url}/admin/requests/recent",
+        f"{any_sim_server.url}/admin/requests/recent",
         params={"tenant": "team-b", "limit": 1},
         headers=ADMIN,
     )
@@ -114,7 +122,7 @@ def test_admin_lists_tenants_and_changes_weights(sim_server):
     assert row["ttft_steps"] >= 1 and 0 < row["ttft_s"] <= row["e2e_s"]
     assert (
         httpx.get(
-            f"{sim_server.url}/admin/requests/recent", headers=sim_server.headers()
+            f"{any_sim_server.url}/admin/requests/recent", headers=any_sim_server.headers()
         ).status_code
         == 403
     )
@@ -182,11 +190,15 @@ def test_salted_prefix_hashes():
     kv.check_invariants()
 
 
-def test_sighup_reloads_and_keeps_the_old_file_on_error(server_dir):
+@pytest.mark.parametrize("engine", ["thread", "process"])
+def test_sighup_reloads_and_keeps_the_old_file_on_error(server_dir, engine):
     data = tenants_data()
-    server = launch(server_dir, "--model", "sim:fixed:0.002", tenants=data)
+    server = launch(server_dir, "--model", "sim:fixed:0.002", "--engine", engine, tenants=data)
     path = next(server_dir.glob(f"tenants-{server.url.rsplit(':', 1)[1]}.yaml"))
     try:
+        # A terminal's hangup reaches the whole process group: the engine must live on.
+        for child in engine_processes(server):
+            os.kill(child, signal.SIGHUP)
         url = f"{server.url}/v1/completions"
         body = {"model": "sim:fixed:0.002", "prompt": "x", "max_tokens": 300, "stream": True}
         with httpx.stream(

@@ -1,18 +1,20 @@
-"""The engine on its own thread, fed by an asyncio event loop (the server's).
+"""The engine stepping beside an asyncio event loop (the server's): its loop side.
 
-The engine thread owns the Engine: it alone touches the scheduler and the executor.
-The event loop hands it work through three queues drained before every step (new
-requests, aborts, and calls such as metric snapshots or weight changes), so an abort is
-honoured before the next step and nothing races with a step in progress.
+`EngineClient` is what the loop sees of an engine that steps elsewhere: `submit`,
+`abort` and `call` hand it work, which it takes in before its next step (so an abort is
+honoured before the next step and nothing races a step in progress), and each step's
+outputs come back in ONE hand-over, which the client appends to per-request streams
+that readers take at their own pace. A slow reader therefore never stalls a step: its
+tokens queue up in its stream.
 
-After each step the thread posts that step's outputs to the loop in ONE callback; the
-loop appends them to per-request streams that clients read at their own pace. A slow
-client therefore never stalls a step: its tokens queue up in its stream. With nothing to
-do the thread sleeps on a condition variable and wakes on the next submission.
+Two engines implement it: `AsyncEngine` (here) steps the Engine on a thread of this
+process, and `EngineProcess` (engine_process.py) in a process of its own, where its
+Python does not share the event loop's GIL.
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import collections
 import logging
@@ -94,54 +96,54 @@ class RequestStream:
                 yield output
 
 
-class AsyncEngine:
-    """Steps `engine` on a thread; `submit` / `abort` / `call` from the event loop."""
+class EngineClient(abc.ABC):
+    """The loop side of an engine stepping elsewhere: streams, and their delivery.
+
+    Subclasses carry the work to the engine (`_send_request`, `_send_abort`,
+    `_send_call`) and bring back, on the loop: acceptance verdicts (`_accepted`), a
+    step's outputs (`_dispatch`), call results, and failure (`_fail_all`).
+    """
 
     def __init__(
-        self,
-        engine: Engine,
-        on_step: Callable[[list[RequestOutput], float, int], None] | None = None,
+        self, on_step: Callable[[list[RequestOutput], float, int], None] | None = None
     ) -> None:
-        self.engine = engine
         # Called on the loop with a step's outputs, the engine time they were handed
         # over at and the engine's step count then (metrics), right after the streams
         # got them, in the same callback: a client that has read its last token and
         # then scrapes the metrics finds it counted.
         self.on_step = on_step
         self.streams: dict[str, RequestStream] = {}
-        self._cv = threading.Condition()
-        self._inbox: list[Request] = []
-        self._aborts: list[tuple[str, FinishReason]] = []
-        self._calls: list[tuple[Callable[[Engine], Any], asyncio.Future[Any]]] = []
         # Steps whose outputs are not all delivered yet (see _deliver_slice).
         self._backlog: collections.deque[_Delivery] = collections.deque()
         self._delivering = False
-        self._stopping = False
-        self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.error: BaseException | None = None
+        self.num_steps = 0  # the engine's step count, as of its latest hand-over
 
-    # --- lifecycle ---
-    def start(self) -> None:
-        """Start the engine thread; call from the event loop that will read the outputs."""
-        if self._thread is not None:
-            return
-        self._loop = asyncio.get_running_loop()
-        sys.setswitchinterval(SWITCH_INTERVAL_S)
-        self._thread = threading.Thread(target=self._run, name="tokenfair-engine", daemon=True)
-        self._thread.start()
+    # --- what an engine provides ---
+    @abc.abstractmethod
+    def start(self) -> None: ...
 
-    async def stop(self) -> None:
-        with self._cv:
-            self._stopping = True
-            self._cv.notify()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join, 10.0)
-            self._thread = None
+    @abc.abstractmethod
+    async def stop(self) -> None: ...
 
     @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and not self._stopping
+    @abc.abstractmethod
+    def alive(self) -> bool: ...
+
+    @abc.abstractmethod
+    def now(self) -> float:
+        """The engine's clock (request arrival times are on it)."""
+        ...
+
+    @abc.abstractmethod
+    def _send_request(self, request: Request) -> None: ...
+
+    @abc.abstractmethod
+    def _send_abort(self, request_id: str, reason: FinishReason) -> None: ...
+
+    @abc.abstractmethod
+    def _send_call(self, fn: Callable[[Engine], Any], future: asyncio.Future[Any]) -> None: ...
 
     # --- from the event loop ---
     def submit(self, request: Request) -> RequestStream:
@@ -151,89 +153,29 @@ class AsyncEngine:
         assert self._loop is not None
         stream = RequestStream(request, self._loop)
         self.streams[request.request_id] = stream
-        with self._cv:
-            self._inbox.append(request)
-            self._cv.notify()
+        self._send_request(request)
         return stream
 
     def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> None:
         """Cancel a request; honoured before the next step. Unknown or finished ids: no-op."""
         if request_id not in self.streams:
             return
-        with self._cv:
-            self._aborts.append((request_id, reason))
-            self._cv.notify()
+        self._send_abort(request_id, reason)
 
     async def call(self, fn: Callable[[Engine], T]) -> T:
-        """Run `fn(engine)` on the engine thread between two steps; return its result."""
+        """Run `fn(engine)` where the engine steps, between two steps; return its result.
+        (An engine in its own process needs `fn` and its result to pickle.)"""
         if not self.alive:
             raise EngineDeadError("the engine is not running")
         assert self._loop is not None
         future: asyncio.Future[T] = self._loop.create_future()
-        with self._cv:
-            self._calls.append((fn, future))
-            self._cv.notify()
+        self._send_call(fn, future)
         return await future
 
-    # --- on the engine thread ---
-    def _run(self) -> None:
-        engine, cv, loop = self.engine, self._cv, self._loop
-        assert loop is not None
-        try:
-            while True:
-                with cv:
-                    while not (
-                        self._inbox
-                        or self._aborts
-                        or self._calls
-                        or self._stopping
-                        or engine.has_unfinished()
-                    ):
-                        cv.wait()
-                    if self._stopping:
-                        break
-                    inbox, self._inbox = self._inbox, []
-                    aborts, self._aborts = self._aborts, []
-                    calls, self._calls = self._calls, []
-                verdicts = [(r, engine.add_request(r)) for r in inbox]
-                for request_id, reason in aborts:
-                    self._abort(request_id, reason)
-                if verdicts:
-                    loop.call_soon_threadsafe(self._accepted, verdicts)
-                for fn, future in calls:
-                    try:
-                        result = fn(engine)
-                    except Exception as error:
-                        loop.call_soon_threadsafe(_fail, future, error)
-                    else:
-                        loop.call_soon_threadsafe(_resolve, future, result)
-                outputs = engine.step()
-                if outputs:
-                    loop.call_soon_threadsafe(
-                        self._dispatch, outputs, engine.clock.now(), engine.num_steps
-                    )
-        except BaseException as error:  # a bug in a step: fail every stream, loudly
-            log.exception("the engine thread crashed")
-            self.error = error
-            with cv:
-                self._stopping = True
-            loop.call_soon_threadsafe(self._fail_all)
-
-    def _abort(self, request_id: str, reason: FinishReason) -> None:
-        engine = self.engine
-        if request_id not in engine.scheduler.requests:
-            return
-        if reason is FinishReason.ABORT:
-            engine.abort(request_id)
-        else:  # e.g. a timeout reported as its own reason: same path, other label
-            request = engine.scheduler.requests[request_id]
-            engine.abort(request_id)
-            request.finish_reason = reason
-
     # --- back on the loop ---
-    def _accepted(self, verdicts: list[tuple[Request, bool]]) -> None:
-        for request, ok in verdicts:
-            stream = self.streams.get(request.request_id)
+    def _accepted(self, verdicts: list[tuple[str, bool]]) -> None:
+        for request_id, ok in verdicts:
+            stream = self.streams.get(request_id)
             if stream is None:
                 continue
             if not stream.accepted.done():
@@ -242,6 +184,7 @@ class AsyncEngine:
                 self._close(stream)
 
     def _dispatch(self, outputs: list[RequestOutput], now: float, step: int) -> None:
+        self.num_steps = step
         # First tokens and ends go first: TTFT and end-to-end latency wait for them,
         # while a token in the middle of a stream can wait a little longer.
         first: list[RequestOutput] = []
@@ -301,11 +244,124 @@ class AsyncEngine:
         stream._event.set()
         self.streams.pop(stream.request_id, None)
 
-    def _fail_all(self) -> None:
+    def _fail_all(self, why: str = "the engine crashed") -> None:
         for stream in list(self.streams.values()):
             if not stream.accepted.done():
-                stream.accepted.set_exception(EngineDeadError("the engine thread crashed"))
+                stream.accepted.set_exception(EngineDeadError(why))
             self._close(stream)
+
+
+class AsyncEngine(EngineClient):
+    """Steps `engine` on a thread of this process; `submit` / `abort` / `call` from the loop."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        on_step: Callable[[list[RequestOutput], float, int], None] | None = None,
+    ) -> None:
+        super().__init__(on_step)
+        self.engine = engine
+        self._cv = threading.Condition()
+        self._inbox: list[Request] = []
+        self._aborts: list[tuple[str, FinishReason]] = []
+        self._calls: list[tuple[Callable[[Engine], Any], asyncio.Future[Any]]] = []
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle ---
+    def start(self) -> None:
+        """Start the engine thread; call from the event loop that will read the outputs."""
+        if self._thread is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
+        self._thread = threading.Thread(target=self._run, name="tokenfair-engine", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 10.0)
+            self._thread = None
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stopping
+
+    def now(self) -> float:
+        return self.engine.clock.now()
+
+    # --- from the event loop ---
+    def _send_request(self, request: Request) -> None:
+        with self._cv:
+            self._inbox.append(request)
+            self._cv.notify()
+
+    def _send_abort(self, request_id: str, reason: FinishReason) -> None:
+        with self._cv:
+            self._aborts.append((request_id, reason))
+            self._cv.notify()
+
+    def _send_call(self, fn: Callable[[Engine], Any], future: asyncio.Future[Any]) -> None:
+        with self._cv:
+            self._calls.append((fn, future))
+            self._cv.notify()
+
+    # --- on the engine thread ---
+    def _run(self) -> None:
+        engine, cv, loop = self.engine, self._cv, self._loop
+        assert loop is not None
+        try:
+            while True:
+                with cv:
+                    while not (
+                        self._inbox
+                        or self._aborts
+                        or self._calls
+                        or self._stopping
+                        or engine.has_unfinished()
+                    ):
+                        cv.wait()
+                    if self._stopping:
+                        break
+                    inbox, self._inbox = self._inbox, []
+                    aborts, self._aborts = self._aborts, []
+                    calls, self._calls = self._calls, []
+                verdicts = [(r.request_id, engine.add_request(r)) for r in inbox]
+                for request_id, reason in aborts:
+                    abort_in_engine(engine, request_id, reason)
+                if verdicts:
+                    loop.call_soon_threadsafe(self._accepted, verdicts)
+                for fn, future in calls:
+                    try:
+                        result = fn(engine)
+                    except Exception as error:
+                        loop.call_soon_threadsafe(_fail, future, error)
+                    else:
+                        loop.call_soon_threadsafe(_resolve, future, result)
+                outputs = engine.step()
+                if outputs:
+                    loop.call_soon_threadsafe(
+                        self._dispatch, outputs, engine.clock.now(), engine.num_steps
+                    )
+        except BaseException as error:  # a bug in a step: fail every stream, loudly
+            log.exception("the engine thread crashed")
+            self.error = error
+            with cv:
+                self._stopping = True
+            loop.call_soon_threadsafe(self._fail_all, "the engine thread crashed")
+
+
+def abort_in_engine(engine: Engine, request_id: str, reason: FinishReason) -> None:
+    """Abort a request the engine holds (unknown ids: nothing); `reason` labels it."""
+    if request_id not in engine.scheduler.requests:
+        return
+    request = engine.scheduler.requests[request_id]
+    engine.abort(request_id)
+    if reason is not FinishReason.ABORT:  # e.g. a timeout, reported as its own reason
+        request.finish_reason = reason
 
 
 @dataclass(slots=True)

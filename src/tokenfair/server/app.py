@@ -1,8 +1,9 @@
 """The FastAPI application: `create_app(model, tenants, config)`.
 
 Endpoints: /v1/completions, /v1/chat/completions (routes), /v1/models, /health,
-/metrics (Prometheus text), /admin/* (admin), /openapi.json. The engine thread starts
-with the app and stops with it; on shutdown requests still in flight are aborted.
+/metrics (Prometheus text), /admin/* (admin), /openapi.json. The engine (on a thread of
+this process, or an EngineProcess already launched) starts with the app and stops with
+it; on shutdown requests still in flight are aborted.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from tokenfair.engine.async_engine import AsyncEngine
+from tokenfair.engine.async_engine import AsyncEngine, EngineClient
 from tokenfair.server import admin, routes
 from tokenfair.server.admission import AdmissionControl
 from tokenfair.server.errors import APIError, install_error_handlers
@@ -28,12 +29,20 @@ from tokenfair.server.tenants import TenantDirectory
 
 
 def create_app(
-    model: ServedModel, tenants: TenantDirectory, config: ServerConfig | None = None
+    model: ServedModel,
+    tenants: TenantDirectory,
+    config: ServerConfig | None = None,
+    engine: EngineClient | None = None,
 ) -> FastAPI:
+    """Without `engine`, the model's own engine steps on a thread of this process."""
     config = config or ServerConfig()
     metrics = ServerMetrics()
     metrics.tenants(t.name for t in tenants.tenants)
-    engine = AsyncEngine(model.engine, on_step=metrics.on_step)
+    if engine is None:
+        if model.engine is None:
+            raise ValueError("a model card without its engine needs the engine it runs in")
+        engine = AsyncEngine(model.engine)
+    engine.on_step = metrics.on_step
     state = ServerState(
         model=model,
         engine=engine,

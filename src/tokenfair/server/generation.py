@@ -106,8 +106,7 @@ def prepare(state: ServerState, body: Body, tenant: Tenant, kind: str) -> Prepar
             param="max_tokens" if asked == body.max_tokens else "max_completion_tokens",
             code="context_length_exceeded",
         )
-    kv = model.engine.scheduler.kv
-    if kv.blocks_for(prompt_tokens + max_tokens) > kv.num_blocks:
+    if model.kv_blocks_for(prompt_tokens + max_tokens) > model.kv_num_blocks:
         raise APIError(
             400,
             f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) can never fit in the "
@@ -133,7 +132,7 @@ def prepare(state: ServerState, body: Body, tenant: Tenant, kind: str) -> Prepar
         request_id=state.new_request_id(kind),
         client=tenant.name,
         input_tokens=prompt_tokens,
-        arrival_s=model.engine.clock.now(),
+        arrival_s=state.engine.now(),
         sampling=sampling,
         prompt_token_ids=ids if model.keeps_token_ids else None,
         priority=body.priority if body.priority is not None else tenant.priority,
@@ -216,7 +215,7 @@ async def start(state: ServerState, prepared: Prepared) -> Job:
     job = Job(state, prepared, admission)
     try:
         job.stream = state.engine.submit(prepared.request)
-        state.metrics.arrived(prepared.request.request_id, state.model.engine.num_steps)
+        state.metrics.arrived(prepared.request.request_id, state.engine.num_steps)
         accepted = await job.stream.accepted
     except EngineDeadError:
         admission.release()
@@ -231,7 +230,7 @@ async def start(state: ServerState, prepared: Prepared) -> Job:
         state.metrics.reject(tenant.name, "policy")
         raise APIError(
             429,
-            f"the scheduling policy ({state.model.engine.scheduler.policy.name}) refused this "
+            f"the scheduling policy ({state.model.policy_name}) refused this "
             f"request for tenant {tenant.name!r}; retry later",
             code="rate_limit_exceeded",
             headers={"Retry-After": "1"},

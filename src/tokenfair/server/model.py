@@ -3,11 +3,15 @@
 `build_served_model(spec, ...)` makes one from `builtin:tiny`, a local transformers
 model directory (the HF executor) or `sim:PROFILE` (the simulator's executor on the wall
 clock); the scheduler is the same in all three. The policy gets the tenants' weights.
+
+`build_engine_and_card(...)` is the same build for an engine in its own process
+(engine/engine_process.py): it runs there, keeps the Engine and sends the server the
+ServedModel without it (the card: tokenizer, limits, KV geometry, policy name).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from tokenfair.core.policies.base import Policy
@@ -43,18 +47,30 @@ class NoChatTemplateError(ValueError):
 @dataclass(slots=True)
 class ServedModel:
     name: str  # the model id clients send and /v1/models lists
-    engine: Engine
     tokenizer: ModelTokenizer
     max_context: int  # positions the model can attend to (prompt + output)
     vocab_size: int | None  # None: any token id is fine (sim)
     has_chat_template: bool
     keeps_token_ids: bool  # False for sim: prompts are only counted
     is_sim: bool
+    kv_num_blocks: int
+    kv_block_size: int
+    policy_name: str
+    # The engine, where it steps in this process; None on a card whose engine runs in
+    # a process of its own.
+    engine: Engine | None = None
 
     @property
     def kv_tokens(self) -> int:
-        kv = self.engine.scheduler.kv
-        return kv.num_blocks * kv.block_size
+        return self.kv_num_blocks * self.kv_block_size
+
+    def kv_blocks_for(self, num_tokens: int) -> int:
+        """KV blocks `num_tokens` tokens take (the pool's rounding rule)."""
+        return -(-num_tokens // self.kv_block_size)
+
+    def card(self) -> ServedModel:
+        """The same model without its engine (what another process needs to serve it)."""
+        return replace(self, engine=None)
 
     def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
         if not self.has_chat_template:
@@ -96,13 +112,13 @@ def build_served_model(
         )
         return ServedModel(
             name=name,
-            engine=engine,
             tokenizer=SimTokenizer(),
             max_context=SIM_MAX_CONTEXT,
             vocab_size=None,
             has_chat_template=True,
             keeps_token_ids=False,
             is_sim=True,
+            **_engine_facts(engine),
         )
     try:
         from tokenfair.engine.hf.factory import make_hf_engine
@@ -129,11 +145,29 @@ def build_served_model(
     vocab = getattr(text_config, "vocab_size", None)
     return ServedModel(
         name=name,
-        engine=engine,
         tokenizer=loaded.tokenizer,
         max_context=max_positions or engine.scheduler.config.kv_tokens,
         vocab_size=int(vocab) if vocab else None,
         has_chat_template=has_template,
         keeps_token_ids=True,
         is_sim=False,
+        **_engine_facts(engine),
     )
+
+
+def _engine_facts(engine: Engine) -> dict[str, Any]:
+    kv = engine.scheduler.kv
+    return {
+        "kv_num_blocks": kv.num_blocks,
+        "kv_block_size": kv.block_size,
+        "policy_name": engine.scheduler.policy.name,
+        "engine": engine,
+    }
+
+
+def build_engine_and_card(spec: str, **options: Any) -> tuple[ServedModel, Engine]:
+    """`build_served_model` in an engine process: the card for the server, the engine
+    for the process."""
+    served = build_served_model(spec, **options)
+    assert served.engine is not None
+    return served.card(), served.engine

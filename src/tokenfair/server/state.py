@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import secrets
@@ -9,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tokenfair.engine.async_engine import AsyncEngine
+from tokenfair.engine.async_engine import EngineClient
 from tokenfair.server.admission import AdmissionControl
 from tokenfair.server.metrics import ServerMetrics, Snapshot
 from tokenfair.server.model import ServedModel
@@ -42,7 +43,7 @@ class ServerConfig:
 @dataclass(slots=True)
 class ServerState:
     model: ServedModel
-    engine: AsyncEngine
+    engine: EngineClient
     tenants: TenantDirectory
     config: ServerConfig
     metrics: ServerMetrics
@@ -69,7 +70,7 @@ class ServerState:
             return str(error)
         self.tenants.replace(loaded)
         weights = {t.name: t.weight for t in loaded.tenants}
-        await self.engine.call(lambda engine: _set_weights(engine, weights))
+        await self.engine.call(functools.partial(_set_weights, weights=weights))
         self.metrics.tenants(weights)
         log.info("tenants file reloaded: %d tenants", len(loaded.tenants))
         return None
@@ -77,7 +78,7 @@ class ServerState:
     async def set_weight(self, tenant: str, weight: float) -> None:
         """Change a tenant's weight; the scheduler's next decision uses it."""
         self.tenants.set_weight(tenant, weight)
-        await self.engine.call(lambda engine: _set_weights(engine, {tenant: weight}))
+        await self.engine.call(functools.partial(_set_weights, weights={tenant: weight}))
 
 
 def _set_weights(engine: object, weights: dict[str, float]) -> None:
