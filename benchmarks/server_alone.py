@@ -20,7 +20,7 @@
 Prints one JSON line per measurement (with the 1-minute load average: the machine is
 shared, so compare runs under similar load).
 
-    .venv/bin/python benchmarks/server_alone.py [--requests 4000]
+    .venv/bin/python benchmarks/server_alone.py [--requests 4000] [--engine process]
 """
 
 from __future__ import annotations
@@ -94,10 +94,15 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 512])
     parser.add_argument("--skip-short", action="store_true")
+    parser.add_argument(
+        "--engine", choices=["auto", "process", "thread"], default="auto",
+        help="tokenfair serve --engine (auto: a thread for sim:)",
+    )  # fmt: skip
     args = parser.parse_args()
+    engine = ("--engine", args.engine)
 
     if not args.skip_short:
-        server = tokenfair_server("--model", "sim:zero", "--max-num-seqs", "1024")
+        server = tokenfair_server("--model", "sim:zero", "--max-num-seqs", "1024", *engine)
         try:
             run_load(server.url, "sim:zero", "--concurrency", "16", "--requests", "500")  # warm up
             for concurrency in args.concurrency:
@@ -105,13 +110,20 @@ def main() -> None:
                     server.url, "sim:zero", "--concurrency", str(concurrency),
                     "--requests", str(max(args.requests, 4 * concurrency)), "--max-tokens", "4",
                 )  # fmt: skip
-                emit({"benchmark": "server_alone", "scenario": "short_non_streaming", **result})
+                emit(
+                    {
+                        "benchmark": "server_alone",
+                        "scenario": "short_non_streaming",
+                        "engine": args.engine,
+                        **result,
+                    }
+                )
         finally:
             server.stop()
 
     model = f"sim:fixed:{STEP_S}"
     server = tokenfair_server(
-        "--model", model, "--max-num-seqs", "1024", "--tenants", str(tenants_file())
+        "--model", model, "--max-num-seqs", "1024", "--tenants", str(tenants_file()), *engine
     )
     try:
         for concurrency in args.concurrency:
@@ -124,7 +136,15 @@ def main() -> None:
                 "--ids-out", str(ids),
             )  # fmt: skip
             added = added_by_server(server.url, ids)
-            emit({"benchmark": "server_alone", "scenario": "paced_streams", **result, **added})
+            emit(
+                {
+                    "benchmark": "server_alone",
+                    "scenario": "paced_streams",
+                    "engine": args.engine,
+                    **result,
+                    **added,
+                }
+            )
     finally:
         server.stop()
 
