@@ -158,7 +158,7 @@ def engine_processes(server: Server) -> list[int]:
     return [
         int(child)
         for child in children
-        if b"tokenfair.engine.engine_process" in Path(f"/proc/{child}/cmdline").read_bytes()
+        if b"tokenfair.engine.engine_core" in Path(f"/proc/{child}/cmdline").read_bytes()
     ]
 
 

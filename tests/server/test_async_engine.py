@@ -9,9 +9,10 @@ import pytest
 from tokenfair.core.policies import make_policy
 from tokenfair.core.request import FinishReason, Request, SamplingParams
 from tokenfair.core.scheduler import Scheduler, SchedulerConfig
-from tokenfair.engine import async_engine
-from tokenfair.engine.async_engine import AsyncEngine, EngineDeadError, RequestStream
+from tokenfair.engine import engine_client
+from tokenfair.engine.async_engine import AsyncEngine
 from tokenfair.engine.engine import Engine, RequestOutput
+from tokenfair.engine.engine_client import EngineDeadError, RequestStream
 from tokenfair.server.sim_model import SimDetokenizer, WallClockSimExecutor, sim_profile
 
 
@@ -208,7 +209,7 @@ def streams_with_one_token(engine: AsyncEngine, n: int, sink=None) -> list[Reque
 
 
 def test_first_tokens_and_ends_go_out_first(monkeypatch):
-    monkeypatch.setattr(async_engine, "DELIVERY_SLICE_S", 0.0)  # one output per slice
+    monkeypatch.setattr(engine_client, "DELIVERY_SLICE_S", 0.0)  # one output per slice
     delivered: list[str] = []
 
     def record(output: RequestOutput) -> bool:
@@ -236,7 +237,7 @@ def test_first_tokens_and_ends_go_out_first(monkeypatch):
 def test_slices_keep_each_streams_order_when_the_next_step_arrives_meanwhile(monkeypatch):
     """The next step's outputs, arriving before the last slice of a step is out, come
     after it (and, the loop being behind, go to the readers in one go)."""
-    monkeypatch.setattr(async_engine, "DELIVERY_SLICE_S", 0.0)  # one output per slice
+    monkeypatch.setattr(engine_client, "DELIVERY_SLICE_S", 0.0)  # one output per slice
     offered: list[str] = []
 
     def record(output: RequestOutput) -> bool:
@@ -256,3 +257,21 @@ def test_slices_keep_each_streams_order_when_the_next_step_arrives_meanwhile(mon
     assert all(texts == [f"{rid}:1", f"{rid}:2"] for rid, texts in seen.items()), seen
     # While step 2 waited (the loop behind), step 1's outputs bypassed the sinks.
     assert [text for text in offered if text.endswith(":1")] == ["r0:1"]
+
+
+def test_stopping_ends_the_streams_in_flight_as_aborted():
+    async def main() -> list[FinishReason | None]:
+        engine = AsyncEngine(make_engine(step_s=0.002, kv_tokens=65536))
+        engine.start()
+        streams = [engine.submit(request(f"r{i}", 10_000)) for i in range(3)]
+        assert all([await s.accepted for s in streams])
+        for stream in streams:
+            await stream.next_batch()  # running
+        for request_id in list(engine.streams):  # what the server does on shutdown
+            engine.abort(request_id)
+        await engine.stop()
+        await asyncio.sleep(0.05)  # the thread's last callback runs on the loop
+        assert all(s.done for s in streams)
+        return [s.finish_reason for s in streams]
+
+    assert run(main()) == [FinishReason.ABORT] * 3

@@ -86,7 +86,9 @@ def test_non_streaming_disconnect_aborts(any_sim_server):
     before = aborted(any_sim_server)
 
     async def go() -> None:
-        await asyncio.gather(*(vanish_mid_stream(any_sim_server, "team-a", False) for _ in range(5)))
+        await asyncio.gather(
+            *(vanish_mid_stream(any_sim_server, "team-a", False) for _ in range(5))
+        )
 
     asyncio.run(go())
     assert wait_until_idle(any_sim_server)["blocks"] == 0

@@ -49,14 +49,14 @@ def test_a_bad_engine_choice_names_the_option():
     assert b"Traceback" not in done.stderr
 
 
-def test_a_model_that_cannot_load_in_the_engine_process_is_one_line(tmp_path):
+def test_a_model_that_cannot_load_in_the_engine_process_is_one_line():
     done = subprocess.run(
-        [sys.executable, "-m", "tokenfair.cli", "serve", "--model", str(tmp_path / "missing"),
+        [sys.executable, "-m", "tokenfair.cli", "serve", "--model", "sim:no-such-profile",
          "--engine", "process"],
         env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"},
         capture_output=True,
         timeout=120,
     )  # fmt: skip
     assert done.returncode == 2
-    assert b"neither a builtin" in done.stderr
+    assert b"no-such-profile" in done.stderr
     assert b"Traceback" not in done.stderr

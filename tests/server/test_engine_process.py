@@ -1,6 +1,6 @@
 """The engine in its own process: the same contract as on a thread, across a socket.
 
-Each test launches a real child (`python -m tokenfair.engine.engine_process`) that builds
+Each test launches a real child (`python -m tokenfair.engine.engine_core`) that builds
 a sim: engine with the server's own factory; calls use picklable functions
 (operator.attrgetter, methodcaller), as a server's calls must.
 """
@@ -16,8 +16,9 @@ import time
 import pytest
 
 from tokenfair.core.request import FinishReason, Request, SamplingParams
-from tokenfair.engine.async_engine import EngineDeadError
+from tokenfair.engine.engine_client import EngineDeadError
 from tokenfair.engine.engine_process import EngineBuildError, EngineProcess
+from tokenfair.engine.frames import FrameBuffer, frame
 from tokenfair.server.model import ServedModel, build_engine_and_card
 
 USED_BLOCKS = operator.attrgetter("scheduler.kv.num_used_blocks")
@@ -140,10 +141,15 @@ def test_many_concurrent_streams_finish():
 
 
 def test_a_bad_build_is_a_one_line_error():
-    with pytest.raises(EngineBuildError, match="unknown sim profile|sim"):
-        EngineProcess.launch(build_engine_and_card, {"spec": "sim:no-such-profile"})
-    with pytest.raises(EngineBuildError, match="max_num_seqs"):
-        launch(max_num_seqs=0)
+    for spec, options, named in [
+        ("sim:no-such-profile", {}, "no-such-profile"),
+        ("sim:zero", {"max_num_seqs": 0}, "max_num_seqs"),
+    ]:
+        with pytest.raises(EngineBuildError) as refused:
+            EngineProcess.launch(build_engine_and_card, {"spec": spec, **options})
+        message = str(refused.value)
+        assert named in message
+        assert "\n" not in message and "Traceback" not in message
 
 
 def test_a_crash_in_a_step_fails_the_streams_and_the_engine():
@@ -191,3 +197,71 @@ def test_the_engine_process_exits_when_the_server_goes():
     while engine.process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     assert engine.process.returncode == 0
+
+
+def test_frames_arrive_whole_however_the_bytes_are_split():
+    messages = [("request", i, "x" * i) for i in range(50)]
+    data = frame(messages[:20]) + frame(messages[20:]) + frame([("stop",)])
+    frames = FrameBuffer()
+    got = []
+    for i in range(len(data)):
+        got.extend(frames.feed(data[i : i + 1]))
+    assert got == [*messages, ("stop",)]
+
+
+def test_a_call_that_cannot_pickle_is_refused_and_the_link_stays_usable():
+    async def main() -> int:
+        engine = launch()
+        engine.start()
+        with pytest.raises(TypeError, match="must pickle"):
+            await engine.call(lambda e: e.num_steps)
+        stream = engine.submit(request(engine, "r", 3))
+        tokens = sum([len(o.new_token_ids) async for o in stream])
+        assert await engine.call(USED_BLOCKS) == 0
+        await engine.stop()
+        return tokens
+
+    assert run(main()) == 3
+
+
+def test_stopping_ends_the_streams_in_flight_as_aborted():
+    async def main() -> list[FinishReason | None]:
+        engine = launch(step_s=0.002)
+        engine.start()
+        streams = [engine.submit(request(engine, f"r{i}", 10_000)) for i in range(3)]
+        assert all([await s.accepted for s in streams])
+        for stream in streams:
+            await stream.next_batch()  # running
+        for request_id in list(engine.streams):  # what the server does on shutdown
+            engine.abort(request_id)
+        await engine.stop()
+        assert engine.process.returncode == 0
+        assert all(s.done for s in streams)
+        return [s.finish_reason for s in streams]
+
+    assert run(main()) == [FinishReason.ABORT] * 3
+
+
+def test_a_refused_request_says_why():
+    async def main() -> FinishReason | None:
+        engine = launch(kv_tokens=64)
+        engine.start()
+        stream = engine.submit(request(engine, "big", 500))
+        assert not await stream.accepted
+        await engine.stop()
+        return stream.finish_reason
+
+    assert run(main()) is FinishReason.REJECTED
+
+
+def test_calls_fail_once_the_engine_process_is_gone():
+    async def main() -> None:
+        engine = launch()
+        engine.start()
+        os.kill(engine.process.pid, signal.SIGKILL)
+        engine.process.wait()
+        with pytest.raises(EngineDeadError):
+            await engine.call(USED_BLOCKS)
+        await engine.stop()
+
+    run(main())

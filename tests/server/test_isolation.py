@@ -111,7 +111,9 @@ def test_admin_lists_tenants_and_changes_weights(any_sim_server):
         f"{any_sim_server.url}/admin/tenants/nobody/weight", json={"weight": 1}, headers=ADMIN
     )
     assert unknown.status_code == 404
-    httpx.post(f"{any_sim_server.url}/admin/tenants/team-b/weight", json={"weight": 2.0}, headers=ADMIN)
+    httpx.post(
+        f"{any_sim_server.url}/admin/tenants/team-b/weight", json={"weight": 2.0}, headers=ADMIN
+    )
     recent = httpx.get(
         f"{any_sim_server.url}/admin/requests/recent",
         params={"tenant": "team-b", "limit": 1},

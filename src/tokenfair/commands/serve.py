@@ -124,7 +124,7 @@ def serve(
     import uvicorn
 
     from tokenfair.core.scheduler import ConfigError
-    from tokenfair.engine.async_engine import EngineClient
+    from tokenfair.engine.engine_client import EngineClient
     from tokenfair.engine.engine_process import EngineProcess
     from tokenfair.server.app import create_app
     from tokenfair.server.model import build_engine_and_card, build_served_model

@@ -65,6 +65,13 @@ class Engine:
         self._aborted.append(request)
         return True
 
+    def aborted_outputs(self) -> list[RequestOutput]:
+        """The last outputs of the requests aborted since the previous step (each once;
+        `step` hands them out too)."""
+        outputs = [RequestOutput(r, [], finished=True) for r in self._aborted]
+        self._aborted = []
+        return outputs
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
@@ -76,8 +83,7 @@ class Engine:
         scheduler = self.scheduler
         start = self.clock.now()
         batch = scheduler.schedule(start)
-        outputs = [RequestOutput(r, [], finished=True) for r in self._aborted]
-        self._aborted = []
+        outputs = self.aborted_outputs()
         if batch.is_empty:
             return outputs
         result = self.executor.execute(batch)

@@ -17,7 +17,8 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from tokenfair.engine.async_engine import AsyncEngine, EngineClient
+from tokenfair.engine.async_engine import AsyncEngine
+from tokenfair.engine.engine_client import EngineClient
 from tokenfair.server import admin, routes
 from tokenfair.server.admission import AdmissionControl
 from tokenfair.server.errors import APIError, install_error_handlers

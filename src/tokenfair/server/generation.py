@@ -17,8 +17,8 @@ from typing import Any
 from starlette.types import Receive
 
 from tokenfair.core.request import FinishReason, Request, SamplingParams
-from tokenfair.engine.async_engine import EngineDeadError
 from tokenfair.engine.engine import RequestOutput
+from tokenfair.engine.engine_client import EngineDeadError
 from tokenfair.server.admission import Admission
 from tokenfair.server.errors import APIError
 from tokenfair.server.model import NoChatTemplateError

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tokenfair.engine.async_engine import EngineClient
+from tokenfair.engine.engine_client import EngineClient
 from tokenfair.server.admission import AdmissionControl
 from tokenfair.server.metrics import ServerMetrics, Snapshot
 from tokenfair.server.model import ServedModel
