@@ -26,13 +26,10 @@ VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 
 
 def _vllm_available() -> str | None:
+    # An environment that exists must work (`make vllm-env` checked it imports): a broken
+    # one fails the fixture with vLLM's own log rather than skipping the tests.
     if not VLLM_PYTHON.exists():
         return f"vLLM's environment is missing ({VLLM_PYTHON}); `make` builds it"
-    probe = subprocess.run(
-        [str(VLLM_PYTHON), "-c", "import vllm"], capture_output=True, timeout=120
-    )
-    if probe.returncode != 0:
-        return f"vLLM does not import in {VLLM_PYTHON}: {probe.stderr.decode()[-300:]}"
     return None
 
 
