@@ -1,18 +1,17 @@
-"""The engine on its thread: streams, aborts before the next step, idle sleep, slow readers."""
+"""The engine on its thread, and the loop side's delivery: idle sleep, slow readers, sinks,
+slices. What both engines promise alike is in test_engine_contract.py."""
 
 from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 from tokenfair.core.policies import make_policy
-from tokenfair.core.request import FinishReason, Request, SamplingParams
+from tokenfair.core.request import Request, SamplingParams
 from tokenfair.core.scheduler import Scheduler, SchedulerConfig
 from tokenfair.engine import engine_client
 from tokenfair.engine.async_engine import AsyncEngine
 from tokenfair.engine.engine import Engine, RequestOutput
-from tokenfair.engine.engine_client import EngineDeadError, RequestStream
+from tokenfair.engine.engine_client import RequestStream
 from tokenfair.server.sim_model import SimDetokenizer, WallClockSimExecutor, sim_profile
 
 
@@ -31,44 +30,6 @@ def request(rid: str, max_tokens: int, client: str = "a", prompt: int = 4) -> Re
 
 def run(coro):
     return asyncio.run(coro)
-
-
-def test_stream_yields_every_token_then_ends():
-    async def main() -> list[RequestOutput]:
-        engine = AsyncEngine(make_engine())
-        engine.start()
-        stream = engine.submit(request("r", 5))
-        assert await stream.accepted
-        outputs = [o async for o in stream]
-        await engine.stop()
-        return outputs
-
-    outputs = run(main())
-    assert sum(len(o.new_token_ids) for o in outputs) == 5
-    assert outputs[-1].finished and outputs[-1].finish_reason is FinishReason.LENGTH
-    assert "".join(o.new_text for o in outputs) == " tok" * 5
-
-
-def test_abort_is_honoured_before_the_next_step():
-    async def main() -> tuple[int, int, int]:
-        core = make_engine(step_s=0.005)
-        engine = AsyncEngine(core)
-        engine.start()
-        stream = engine.submit(request("r", 10_000))
-        await stream.accepted
-        await stream.next_batch()  # running now
-        engine.abort("r")
-        seen = 0
-        async for output in stream:
-            seen += len(output.new_token_ids)
-        blocks = await engine.call(lambda e: e.scheduler.kv.num_used_blocks)
-        running = await engine.call(lambda e: len(e.scheduler.running))
-        await engine.stop()
-        return seen, blocks, running
-
-    seen, blocks, running = run(main())
-    assert seen < 50
-    assert blocks == 0 and running == 0
 
 
 def test_thread_sleeps_when_idle_and_wakes_on_submit():
@@ -111,53 +72,6 @@ def test_a_slow_reader_never_stalls_the_steps():
     steps, buffered = run(main())
     assert steps >= 50
     assert buffered >= 45
-
-
-def test_rejected_request_resolves_accepted_false():
-    async def main() -> tuple[bool, bool]:
-        engine = AsyncEngine(make_engine(kv_tokens=64))
-        engine.start()
-        stream = engine.submit(request("big", 500))
-        accepted = await stream.accepted
-        done = stream.done
-        await engine.stop()
-        return accepted, done
-
-    assert run(main()) == (False, True)
-
-
-def test_call_runs_between_steps_and_propagates_errors():
-    async def main() -> None:
-        engine = AsyncEngine(make_engine())
-        engine.start()
-        assert await engine.call(lambda e: e.scheduler.config.max_num_seqs) == 8
-
-        def boom(e: Engine) -> None:
-            raise KeyError("x")
-
-        with pytest.raises(KeyError):
-            await engine.call(boom)
-        await engine.stop()
-        with pytest.raises(EngineDeadError):
-            engine.submit(request("late", 1))
-
-    run(main())
-
-
-def test_many_concurrent_streams_finish():
-    async def main() -> int:
-        engine = AsyncEngine(make_engine(max_num_seqs=64, kv_tokens=65536))
-        engine.start()
-        streams = [engine.submit(request(f"r{i}", 20, client=f"c{i % 4}")) for i in range(200)]
-
-        async def drain(stream) -> int:
-            return sum([len(o.new_token_ids) async for o in stream])
-
-        counts = await asyncio.gather(*(drain(s) for s in streams))
-        await engine.stop()
-        return sum(counts)
-
-    assert run(main()) == 200 * 20
 
 
 def output_of(req: Request, text: str, finished: bool = False) -> RequestOutput:
@@ -257,21 +171,3 @@ def test_slices_keep_each_streams_order_when_the_next_step_arrives_meanwhile(mon
     assert all(texts == [f"{rid}:1", f"{rid}:2"] for rid, texts in seen.items()), seen
     # While step 2 waited (the loop behind), step 1's outputs bypassed the sinks.
     assert [text for text in offered if text.endswith(":1")] == ["r0:1"]
-
-
-def test_stopping_ends_the_streams_in_flight_as_aborted():
-    async def main() -> list[FinishReason | None]:
-        engine = AsyncEngine(make_engine(step_s=0.002, kv_tokens=65536))
-        engine.start()
-        streams = [engine.submit(request(f"r{i}", 10_000)) for i in range(3)]
-        assert all([await s.accepted for s in streams])
-        for stream in streams:
-            await stream.next_batch()  # running
-        for request_id in list(engine.streams):  # what the server does on shutdown
-            engine.abort(request_id)
-        await engine.stop()
-        await asyncio.sleep(0.05)  # the thread's last callback runs on the loop
-        assert all(s.done for s in streams)
-        return [s.finish_reason for s in streams]
-
-    assert run(main()) == [FinishReason.ABORT] * 3

@@ -1,8 +1,9 @@
-"""The engine in its own process: the same contract as on a thread, across a socket.
+"""The engine in its own process: what only a process has (its card, its build errors,
+crashes, a killed child, a server gone, the frames, calls that must pickle). What it
+promises alike with the thread is in test_engine_contract.py.
 
 Each test launches a real child (`python -m tokenfair.engine.engine_core`) that builds
-a sim: engine with the server's own factory; calls use picklable functions
-(operator.attrgetter, methodcaller), as a server's calls must.
+a sim: engine with the server's own factory.
 """
 
 from __future__ import annotations
@@ -15,14 +16,13 @@ import time
 
 import pytest
 
-from tokenfair.core.request import FinishReason, Request, SamplingParams
+from tokenfair.core.request import Request, SamplingParams
 from tokenfair.engine.engine_client import EngineDeadError
 from tokenfair.engine.engine_process import EngineBuildError, EngineProcess
 from tokenfair.engine.frames import FrameBuffer, frame
 from tokenfair.server.model import ServedModel, build_engine_and_card
 
 USED_BLOCKS = operator.attrgetter("scheduler.kv.num_used_blocks")
-RUNNING = operator.attrgetter("scheduler.running")
 
 
 def launch(step_s: float = 0.0, **options: object) -> EngineProcess:
@@ -50,94 +50,6 @@ def test_the_card_describes_the_engine_it_came_from():
         assert 0 <= engine.now() < 60
     finally:
         run(engine.stop())
-
-
-def test_streams_every_token_and_mirrors_the_request():
-    async def main() -> tuple[list, Request]:  # type: ignore[type-arg]
-        engine = launch()
-        engine.start()
-        stream = engine.submit(request(engine, "r", 5))
-        assert await stream.accepted
-        outputs = [o async for o in stream]
-        await engine.stop()
-        return outputs, stream.request
-
-    outputs, mirrored = run(main())
-    assert sum(len(o.new_token_ids) for o in outputs) == 5
-    assert "".join(o.new_text for o in outputs) == " tok" * 5
-    assert outputs[-1].finished and outputs[-1].finish_reason is FinishReason.LENGTH
-    # What the server reads of a request arrived with the outputs.
-    assert len(mirrored.output_token_ids) == 5
-    assert mirrored.first_token_s is not None and mirrored.finish_s is not None
-    assert mirrored.arrival_s <= mirrored.first_token_s <= mirrored.finish_s
-
-
-def test_abort_is_honoured_before_the_next_step_and_frees_the_blocks():
-    async def main() -> tuple[int, int, int]:
-        engine = launch(step_s=0.005)
-        engine.start()
-        stream = engine.submit(request(engine, "r", 10_000))
-        await stream.accepted
-        await stream.next_batch()  # running now
-        assert await engine.call(USED_BLOCKS) > 0
-        engine.abort("r")
-        seen = sum([len(o.new_token_ids) async for o in stream])
-        blocks = await engine.call(USED_BLOCKS)
-        running = len(await engine.call(RUNNING))
-        reason = stream.finish_reason
-        await engine.stop()
-        assert reason is FinishReason.ABORT
-        return seen, blocks, running
-
-    seen, blocks, running = run(main())
-    assert seen < 50
-    assert blocks == 0 and running == 0
-
-
-def test_a_refused_request_resolves_accepted_false():
-    async def main() -> tuple[bool, bool]:
-        engine = launch(kv_tokens=64)
-        engine.start()
-        stream = engine.submit(request(engine, "big", 500))
-        accepted = await stream.accepted
-        done = stream.done
-        await engine.stop()
-        return accepted, done
-
-    assert run(main()) == (False, True)
-
-
-def test_calls_return_results_and_raise_the_engines_errors():
-    async def main() -> None:
-        engine = launch(max_num_seqs=8)
-        engine.start()
-        assert await engine.call(operator.attrgetter("scheduler.config.max_num_seqs")) == 8
-        with pytest.raises(AttributeError):
-            await engine.call(operator.attrgetter("no_such_thing"))
-        await engine.stop()
-        with pytest.raises(EngineDeadError):
-            engine.submit(request(engine, "late", 1))
-        assert engine.process.returncode == 0
-
-    run(main())
-
-
-def test_many_concurrent_streams_finish():
-    async def main() -> int:
-        engine = launch(max_num_seqs=64, kv_tokens=65536)
-        engine.start()
-        streams = [
-            engine.submit(request(engine, f"r{i}", 20, client=f"c{i % 4}")) for i in range(200)
-        ]
-
-        async def drain(stream) -> int:  # type: ignore[no-untyped-def]
-            return sum([len(o.new_token_ids) async for o in stream])
-
-        counts = await asyncio.gather(*(drain(s) for s in streams))
-        await engine.stop()
-        return sum(counts)
-
-    assert run(main()) == 200 * 20
 
 
 def test_a_bad_build_is_a_one_line_error():
@@ -222,36 +134,6 @@ def test_a_call_that_cannot_pickle_is_refused_and_the_link_stays_usable():
         return tokens
 
     assert run(main()) == 3
-
-
-def test_stopping_ends_the_streams_in_flight_as_aborted():
-    async def main() -> list[FinishReason | None]:
-        engine = launch(step_s=0.002)
-        engine.start()
-        streams = [engine.submit(request(engine, f"r{i}", 10_000)) for i in range(3)]
-        assert all([await s.accepted for s in streams])
-        for stream in streams:
-            await stream.next_batch()  # running
-        for request_id in list(engine.streams):  # what the server does on shutdown
-            engine.abort(request_id)
-        await engine.stop()
-        assert engine.process.returncode == 0
-        assert all(s.done for s in streams)
-        return [s.finish_reason for s in streams]
-
-    assert run(main()) == [FinishReason.ABORT] * 3
-
-
-def test_a_refused_request_says_why():
-    async def main() -> FinishReason | None:
-        engine = launch(kv_tokens=64)
-        engine.start()
-        stream = engine.submit(request(engine, "big", 500))
-        assert not await stream.accepted
-        await engine.stop()
-        return stream.finish_reason
-
-    assert run(main()) is FinishReason.REJECTED
 
 
 def test_calls_fail_once_the_engine_process_is_gone():
