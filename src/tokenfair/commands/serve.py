@@ -30,8 +30,8 @@ ENGINE_ARRANGEMENTS = ("auto", "process", "thread")
 
 def engine_arrangement(choice: str, model: str) -> str:
     """`process` or `thread`. auto: a real model's engine steps in its own process, so
-    its Python never waits for the event loop's GIL (measured in docs/server.md: 6-15%
-    more tokens/s); sim:'s engine only sleeps through its steps, and the extra hop to
+    its Python never waits for the event loop's GIL (docs/server.md: 7.5% more tokens/s,
+    the median of paired rounds); sim:'s engine only sleeps through its steps, and the extra hop to
     another process would cost it latency instead."""
     if choice not in ENGINE_ARRANGEMENTS:
         raise ValueError(
