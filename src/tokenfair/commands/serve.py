@@ -30,9 +30,9 @@ ENGINE_ARRANGEMENTS = ("auto", "process", "thread")
 
 def engine_arrangement(choice: str, model: str) -> str:
     """`process` or `thread`. auto: a real model's engine steps in its own process, so
-    its Python never waits for the event loop's GIL (docs/server.md: 7.5% more tokens/s,
-    the median of paired rounds); sim:'s engine only sleeps through its steps, and the extra hop to
-    another process would cost it latency instead."""
+    its Python never waits for the event loop's GIL (docs/server.md: 7.5% more
+    tokens/s, the median of paired rounds); sim:'s engine only sleeps through its
+    steps, and the extra hop to another process would cost it latency instead."""
     if choice not in ENGINE_ARRANGEMENTS:
         raise ValueError(
             f"--engine must be one of {', '.join(ENGINE_ARRANGEMENTS)}, got {choice!r}"
