@@ -30,6 +30,11 @@ from collections import OrderedDict
 from tokenfair.core.request import Request
 
 
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    """Blocks of `block_size` tokens that hold `num_tokens` tokens (the one rounding rule)."""
+    return -(-num_tokens // block_size)
+
+
 class KVCacheManager:
     def __init__(
         self,
@@ -73,8 +78,8 @@ class KVCacheManager:
         return len(self._swap_free)
 
     def blocks_for(self, num_tokens: int) -> int:
-        """Blocks that hold `num_tokens` tokens (the one rounding rule)."""
-        return -(-num_tokens // self.block_size)
+        """Blocks that hold `num_tokens` tokens (see `blocks_for`)."""
+        return blocks_for(num_tokens, self.block_size)
 
     def blocks_needed(self, request: Request, num_tokens: int) -> int:
         """Blocks `request` must add to hold `num_tokens` tokens in total."""

@@ -19,7 +19,7 @@ from typing import Any
 
 from tokenfair.core.request import FinishReason, Request
 from tokenfair.engine.engine import Engine, RequestOutput
-from tokenfair.engine.engine_client import EngineClient, _fail, _resolve
+from tokenfair.engine.engine_client import EngineClient, fail_future, resolve_future
 
 log = logging.getLogger(__name__)
 
@@ -110,37 +110,39 @@ class AsyncEngine(EngineClient):
                     aborts, self._aborts = self._aborts, []
                     calls, self._calls = self._calls, []
                     stopping = self._stopping
-                if stopping:  # the aborts sent before the stop end their streams
-                    for request_id, reason in aborts:
-                        abort_in_engine(engine, request_id, reason)
-                    if outputs := engine.aborted_outputs():
-                        loop.call_soon_threadsafe(
-                            self._dispatch, outputs, engine.clock.now(), engine.num_steps
-                        )
-                    break
-                verdicts = [(r.request_id, engine.add_request(r)) for r in inbox]
+                verdicts = (
+                    [] if stopping else [(r.request_id, engine.add_request(r)) for r in inbox]
+                )
                 for request_id, reason in aborts:
                     abort_in_engine(engine, request_id, reason)
+                if stopping:  # the aborts sent before the stop end their streams
+                    self._hand_over(engine.aborted_outputs())
+                    break
                 if verdicts:
                     loop.call_soon_threadsafe(self._accepted, verdicts)
                 for fn, future in calls:
                     try:
                         result = fn(engine)
                     except Exception as error:
-                        loop.call_soon_threadsafe(_fail, future, error)
+                        loop.call_soon_threadsafe(fail_future, future, error)
                     else:
-                        loop.call_soon_threadsafe(_resolve, future, result)
-                outputs = engine.step()
-                if outputs:
-                    loop.call_soon_threadsafe(
-                        self._dispatch, outputs, engine.clock.now(), engine.num_steps
-                    )
+                        loop.call_soon_threadsafe(resolve_future, future, result)
+                self._hand_over(engine.step())
         except BaseException as error:  # a bug in a step: fail every stream, loudly
             log.exception("the engine thread crashed")
             self.error = error
             with cv:
                 self._stopping = True
             loop.call_soon_threadsafe(self._fail_all, "the engine thread crashed")
+
+    def _hand_over(self, outputs: list[RequestOutput]) -> None:
+        """Post a step's outputs to the loop, in one callback (none: nothing)."""
+        if outputs:
+            engine = self.engine
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(
+                self._dispatch, outputs, engine.clock.now(), engine.num_steps
+            )
 
 
 def abort_in_engine(engine: Engine, request_id: str, reason: FinishReason) -> None:

@@ -260,11 +260,11 @@ def _is_first(output: RequestOutput) -> bool:
     return len(output.request.output_token_ids) == len(output.new_token_ids)
 
 
-def _resolve(future: asyncio.Future[Any], value: Any) -> None:
+def resolve_future(future: asyncio.Future[Any], value: Any) -> None:
     if not future.done():
         future.set_result(value)
 
 
-def _fail(future: asyncio.Future[Any], error: BaseException) -> None:
+def fail_future(future: asyncio.Future[Any], error: BaseException) -> None:
     if not future.done():
         future.set_exception(error)

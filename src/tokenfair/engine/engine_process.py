@@ -32,7 +32,12 @@ from typing import Any
 
 from tokenfair.core.request import FinishReason, Request
 from tokenfair.engine.engine import Engine, RequestOutput
-from tokenfair.engine.engine_client import EngineClient, EngineDeadError, _fail, _resolve
+from tokenfair.engine.engine_client import (
+    EngineClient,
+    EngineDeadError,
+    fail_future,
+    resolve_future,
+)
 from tokenfair.engine.frames import FrameBuffer, frame, read_one
 
 log = logging.getLogger(__name__)
@@ -160,7 +165,7 @@ class EngineProcess(EngineClient):
         try:
             pickle.dumps(fn, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as error:  # e.g. a lambda: refused here, the link stays usable
-            _fail(future, TypeError(f"a call to an engine process must pickle: {error}"))
+            fail_future(future, TypeError(f"a call to an engine process must pickle: {error}"))
             return
         call_id = self._next_call
         self._next_call += 1
@@ -230,7 +235,7 @@ class EngineProcess(EngineClient):
             _, call_id, ok, value = message
             future = self._calls.pop(call_id, None)
             if future is not None:
-                (_resolve if ok else _fail)(future, value)
+                (resolve_future if ok else fail_future)(future, value)
         elif kind == "crashed":
             log.error("the engine process crashed:\n%s", message[1])
             self.error = EngineDeadError("the engine process crashed")
@@ -269,7 +274,7 @@ class EngineProcess(EngineClient):
                 self.error = EngineDeadError("the engine process exited")
             log.error("the engine process exited unexpectedly (code %s)", self.process.poll())
         for future in self._calls.values():
-            _fail(future, EngineDeadError("the engine process exited"))
+            fail_future(future, EngineDeadError("the engine process exited"))
         self._calls.clear()
         self._fail_all("the engine process exited" if expected else "the engine process crashed")
 
