@@ -156,3 +156,39 @@ def test_without_the_chunk_writer_every_token_goes_through_send(plain_uvicorn):
             "/v1/completions", json={"model": model, "prompt": "hi", "max_tokens": 7}
         ).json()
         assert whole["usage"]["completion_tokens"] == 7
+
+
+def running_requests(url: str) -> float:
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("tokenfair:num_requests_running")
+    )
+
+
+def test_without_the_chunk_writer_a_disconnect_still_aborts(plain_uvicorn):
+    """No connection callback there: a task waiting on `receive` notices the client go."""
+    with httpx.Client(base_url=plain_uvicorn, timeout=60) as client:
+        model = client.get("/v1/models").json()["data"][0]["id"]
+        with client.stream("POST", "/v1/completions", json=stream_body(model, 8000)) as r:
+            assert r.status_code == 200
+            raw = r.iter_raw()  # held: a dropped iterator closes the response
+            next(raw)  # streaming (8 s of tokens at 1 ms a step), then gone
+            assert running_requests(plain_uvicorn) == 1
+    deadline = time.monotonic() + 10
+    while running_requests(plain_uvicorn) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert running_requests(plain_uvicorn) == 0
+
+
+def test_the_chunk_writer_reports_a_client_already_gone_at_once():
+    from types import SimpleNamespace
+
+    from tokenfair.server.chunk_write import ChunkWriter
+
+    calls: list[str] = []
+    writer = ChunkWriter(SimpleNamespace(disconnected=True))
+    writer.watch(lambda: calls.append("gone"))
+    writer.watch(None)  # stops watching: nothing more
+    assert calls == ["gone"]

@@ -19,7 +19,12 @@ from typing import Any
 
 from tokenfair.core.request import FinishReason, Request
 from tokenfair.engine.engine import Engine, RequestOutput
-from tokenfair.engine.engine_client import EngineClient, fail_future, resolve_future
+from tokenfair.engine.engine_client import (
+    EngineClient,
+    delivery_order,
+    fail_future,
+    resolve_future,
+)
 
 log = logging.getLogger(__name__)
 
@@ -139,9 +144,10 @@ class AsyncEngine(EngineClient):
         """Post a step's outputs to the loop, in one callback (none: nothing)."""
         if outputs:
             engine = self.engine
+            ordered, urgent = delivery_order(outputs)
             assert self._loop is not None
             self._loop.call_soon_threadsafe(
-                self._dispatch, outputs, engine.clock.now(), engine.num_steps
+                self._dispatch, ordered, urgent, engine.clock.now(), engine.num_steps
             )
 
 

@@ -168,35 +168,46 @@ class EngineClient(abc.ABC):
 
     # --- back on the loop ---
     def _accepted(self, verdicts: list[tuple[str, bool]]) -> None:
+        """Apply the engine's verdicts now; wake the waiting requests a little later.
+
+        A verdict arrives with the outputs of the step just ended, whose ends and first
+        tokens go out first and whose clients then send new requests. Accepted requests
+        have a whole step before their first token, so they carry on (open their
+        responses) after the loop has taken in what arrived meanwhile: two turns of
+        the ready queue put them behind the reads of the current one (under uvloop).
+        A stream may even end before its reader wakes (a loop that fell far behind
+        reads many steps at once): the verdict is bound to the stream here, so it
+        still comes.
+        """
+        woken: list[tuple[RequestStream, bool]] = []
         for request_id, ok in verdicts:
             stream = self.streams.get(request_id)
             if stream is None:
                 continue
-            if not stream.accepted.done():
-                stream.accepted.set_result(ok)
+            woken.append((stream, ok))
             if not ok:
                 self._close(stream)
+        if woken:
+            assert self._loop is not None
+            self._loop.call_soon(self._loop.call_soon, _resolve_verdicts, woken)
 
-    def _dispatch(self, outputs: list[RequestOutput], now: float, step: int) -> None:
+    def _dispatch(self, outputs: list[RequestOutput], urgent: int, now: float, step: int) -> None:
+        """A step's outputs, in `delivery_order` (its first `urgent` outputs urgent)."""
         self._num_steps = step
-        # First tokens and ends go first: TTFT and end-to-end latency wait for them,
-        # while a token in the middle of a stream can wait a little longer.
-        first: list[RequestOutput] = []
-        later: list[RequestOutput] = []
-        for output in outputs:
-            (first if output.finished or _is_first(output) else later).append(output)
-        self._backlog.append(_Delivery(first + later, now, step))
+        self._backlog.append(_Delivery(outputs, urgent, now, step))
         if not self._delivering:
             self._delivering = True
             self._deliver_slice()
 
     def _deliver_slice(self) -> None:
-        """Deliver outputs, oldest first, for DELIVERY_SLICE_S; the rest after the loop's
-        next turn.
+        """Deliver outputs, oldest first: a step's urgent ones (ends, first tokens) at
+        once, the rest for DELIVERY_SLICE_S; what is left two turns of the loop later.
 
         With the loop free to read sockets between two slices, a client whose stream
         just ended sends its next request at once, and that request does not wait until
-        every token of the step is written. A slice is a time budget, not a count.
+        every token of the step is written: the next slice is queued from a callback
+        queued now, so it comes after the callbacks of the sockets read in between (the
+        new requests' tasks), under uvloop. A slice is a time budget, not a count.
         While the loop is behind (a later step's outputs already wait), outputs go out
         without a budget and to the readers rather than the sinks: each reader then
         takes all its stream's tokens at once (one write for several tokens), which is
@@ -220,7 +231,7 @@ class EngineClient(abc.ABC):
                     stream._put(output, offer)
                     if output.finished:
                         self._close(stream)
-                out_of_time = offer and time.perf_counter() > deadline
+                out_of_time = offer and end >= delivery.urgent and time.perf_counter() > deadline
             delivery.at = end
             if self.on_step is not None:
                 self.on_step(outputs[at:end], delivery.now, delivery.step)
@@ -228,7 +239,7 @@ class EngineClient(abc.ABC):
                 backlog.popleft()
         if backlog:
             assert self._loop is not None
-            self._loop.call_soon(self._deliver_slice)
+            self._loop.call_soon(self._loop.call_soon, self._deliver_slice)
         else:
             self._delivering = False
 
@@ -250,14 +261,39 @@ class _Delivery:
     """One step's outputs, in delivery order, and how many went out."""
 
     outputs: list[RequestOutput]
+    urgent: int  # the first `urgent` outputs go out without a time budget
     now: float
     step: int
     at: int = 0
 
 
-def _is_first(output: RequestOutput) -> bool:
-    """The request's first tokens: every token it has is in this output."""
-    return len(output.request.output_token_ids) == len(output.new_token_ids)
+def delivery_order(outputs: list[RequestOutput]) -> tuple[list[RequestOutput], int]:
+    """A step's outputs in the order the loop delivers them, and how many are urgent.
+
+    Ends go first (end-to-end latency waits for them, and each frees a client to send
+    its next request), then first tokens (TTFT waits for them); a token in the middle
+    of a stream can wait a little longer. Run where the engine steps, before the hand-over,
+    so the event loop does not pay for it.
+    """
+    ends: list[RequestOutput] = []
+    firsts: list[RequestOutput] = []
+    middles: list[RequestOutput] = []
+    for output in outputs:
+        if output.finished:
+            ends.append(output)
+        elif len(output.request.output_token_ids) == len(output.new_token_ids):
+            firsts.append(output)  # every token the request has is in this output
+        else:
+            middles.append(output)
+    ends += firsts
+    urgent = len(ends)
+    ends += middles
+    return ends, urgent
+
+
+def _resolve_verdicts(woken: list[tuple[RequestStream, bool]]) -> None:
+    for stream, ok in woken:
+        resolve_future(stream.accepted, ok)
 
 
 def resolve_future(future: asyncio.Future[Any], value: Any) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 from tokenfair.core.request import FinishReason
 from tokenfair.engine.async_engine import abort_in_engine
 from tokenfair.engine.engine import Engine, RequestOutput
+from tokenfair.engine.engine_client import delivery_order
 from tokenfair.engine.frames import FrameBuffer, frame, read_one, round_trip
 
 PR_SET_PDEATHSIG = 1
@@ -96,7 +97,9 @@ class EngineCore:
 
     def outputs(self, outputs: list[RequestOutput]) -> tuple[Any, ...]:
         engine = self.engine
-        return ("outputs", [wire_output(o) for o in outputs], engine.clock.now(), engine.num_steps)
+        ordered, urgent = delivery_order(outputs)
+        wired = [wire_output(o) for o in ordered]
+        return ("outputs", wired, urgent, engine.clock.now(), engine.num_steps)
 
     def handle(self, messages: list[Any]) -> list[Any]:
         engine = self.engine

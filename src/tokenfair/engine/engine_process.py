@@ -228,7 +228,7 @@ class EngineProcess(EngineClient):
     def _on_message(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == "outputs":
-            self._on_outputs(message[1], message[2], message[3])
+            self._on_outputs(message[1], message[2], message[3], message[4])
         elif kind == "accepted":
             self._on_verdicts(message[1], message[2])
         elif kind == "result":
@@ -249,12 +249,24 @@ class EngineProcess(EngineClient):
                 stream.request.finish_reason = reason
         self._accepted([(request_id, ok) for request_id, ok, _ in verdicts])
 
-    def _on_outputs(self, wired: list[tuple[Any, ...]], now: float, step: int) -> None:
+    def _on_outputs(self, wired: list[tuple[Any, ...]], urgent: int, now: float, step: int) -> None:
         streams = self.streams
         outputs = []
-        for rid, new_ids, new_text, finished, logprobs, reason, first_s, finish_s, pre in wired:
+        dropped_urgent = 0
+        for i, (
+            rid,
+            new_ids,
+            new_text,
+            finished,
+            logprobs,
+            reason,
+            first_s,
+            finish_s,
+            pre,
+        ) in enumerate(wired):
             stream = streams.get(rid)
             if stream is None:  # aborted here meanwhile, or unknown: nothing to tell
+                dropped_urgent += i < urgent
                 continue
             request = stream.request
             request.output_token_ids.extend(new_ids)
@@ -264,7 +276,7 @@ class EngineProcess(EngineClient):
                 request.finish_reason = reason
                 request.finish_s = finish_s
             outputs.append(RequestOutput(request, new_ids, new_text, finished, logprobs))
-        self._dispatch(outputs, now, step)
+        self._dispatch(outputs, urgent - dropped_urgent, now, step)
 
     def _on_lost(self) -> None:
         expected = self._stopping and self.error is None

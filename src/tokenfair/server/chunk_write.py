@@ -21,7 +21,7 @@ every token.
 
 from __future__ import annotations
 
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -30,12 +30,23 @@ EXTENSION = "tokenfair.chunk_write"
 
 
 class ChunkWriter:
-    """Synchronous chunk writes for one uvicorn request-response cycle."""
+    """Synchronous chunk writes for one uvicorn request-response cycle, and the news of
+    its client's disconnect."""
 
-    __slots__ = ("cycle",)
+    __slots__ = ("cycle", "on_disconnect")
 
     def __init__(self, cycle: Any) -> None:
         self.cycle = cycle
+        # Called (on the loop) when the connection is lost before the response completed.
+        self.on_disconnect: Callable[[], None] | None = None
+
+    def watch(self, on_disconnect: Callable[[], None] | None) -> None:
+        """Call `on_disconnect` when the client goes away before the response completed
+        (at once if it already has); None stops watching. Costs no task, unlike a
+        coroutine waiting on `receive` for `http.disconnect`."""
+        self.on_disconnect = on_disconnect
+        if on_disconnect is not None and self.cycle.disconnected:
+            on_disconnect()
 
     def ready(self) -> bool:
         """Whether a chunk can be written now, exactly as `send` would."""
@@ -79,9 +90,18 @@ def writer_of(scope: MutableMapping[str, Any]) -> ChunkWriter | None:
 class ChunkWriteProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, adding the chunk writer to every request's scope."""
 
+    writer: ChunkWriter | None = None  # the current cycle's
+
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
         cycle = self.cycle
         # The request's task is created above but runs later: the scope can still grow.
         if cycle is not None and cycle.scope is self.scope:
-            self.scope.setdefault("extensions", {})[EXTENSION] = {"writer": ChunkWriter(cycle)}
+            self.writer = ChunkWriter(cycle)
+            self.scope.setdefault("extensions", {})[EXTENSION] = {"writer": self.writer}
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        writer = self.writer
+        if writer is not None and writer.cycle.disconnected and writer.on_disconnect is not None:
+            writer.on_disconnect()

@@ -10,16 +10,19 @@ by an operator; in every case the engine frees its slot and blocks before its ne
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from starlette.types import Receive
+from starlette.types import Receive, Scope
 
 from tokenfair.core.request import FinishReason, Request, SamplingParams
 from tokenfair.engine.engine import RequestOutput
 from tokenfair.engine.engine_client import EngineDeadError
 from tokenfair.server.admission import Admission
+from tokenfair.server.chunk_write import writer_of
 from tokenfair.server.errors import APIError
 from tokenfair.server.model import NoChatTemplateError
 from tokenfair.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -241,8 +244,18 @@ async def start(state: ServerState, prepared: Prepared) -> Job:
     return job
 
 
-async def watch_disconnect(receive: Receive, job: Job) -> None:
-    """Abort the job when the client goes away (streaming or not)."""
+def watch_disconnect(scope: Scope, receive: Receive, job: Job) -> Callable[[], object]:
+    """Abort the job when the client goes away (streaming or not); returns the function
+    that stops watching. With the chunk writer (uvicorn under `tokenfair serve`) the
+    connection itself reports the loss; elsewhere a task waits on `receive`."""
+    writer = writer_of(scope)
+    if writer is not None:
+        writer.watch(job.on_disconnect)
+        return functools.partial(writer.watch, None)
+    return asyncio.ensure_future(_receive_disconnect(receive, job)).cancel
+
+
+async def _receive_disconnect(receive: Receive, job: Job) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":

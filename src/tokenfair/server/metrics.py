@@ -17,13 +17,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
 from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from tokenfair.core.cost import LinearCost
 from tokenfair.core.request import FinishReason, Request
 from tokenfair.engine.engine import Engine, RequestOutput
+from tokenfair.server.histogram import LoopHistogram
 
 RECENT_REQUESTS = 2048  # finished requests kept for GET /admin/requests/recent
 LATENCY_BUCKETS = (
@@ -105,31 +106,29 @@ class ServerMetrics:
             ["tenant"],
             registry=registry,
         )
-        self.ttft = Histogram(
+        self.ttft = LoopHistogram(
             "tokenfair:time_to_first_token_seconds",
             "Arrival to first token.",
-            ["tenant"],
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
+            "tenant",
+            LATENCY_BUCKETS,
         )
-        self.itl = Histogram(
+        registry.register(self.ttft)
+        self.itl = LoopHistogram(
             "tokenfair:inter_token_latency_seconds",
             "Time between two tokens of one request.",
-            ["tenant"],
-            buckets=TOKEN_LATENCY_BUCKETS,
-            registry=registry,
+            "tenant",
+            TOKEN_LATENCY_BUCKETS,
         )
-        self.e2e = Histogram(
-            "tokenfair:e2e_request_latency_seconds",
-            "Arrival to finish.",
-            ["tenant"],
-            buckets=LATENCY_BUCKETS,
-            registry=registry,
+        registry.register(self.itl)
+        self.e2e = LoopHistogram(
+            "tokenfair:e2e_request_latency_seconds", "Arrival to finish.", "tenant", LATENCY_BUCKETS
         )
+        registry.register(self.e2e)
         self.service: dict[str, float] = {}  # weighted tokens received, per tenant
         self.known_tenants: set[str] = set()
         self.snapshot = Snapshot()
         self._by_tenant: dict[str, tuple[Any, Any, Any, Any, Any]] = {}
+        self._finished_by: dict[tuple[str, str], Any] = {}
         self._last_token_s: dict[str, float] = {}  # request id -> engine time of its last token
         self._arrival_step: dict[str, int] = {}
         self._first_step: dict[str, tuple[int, float]] = {}  # step and hand-over time
@@ -157,6 +156,12 @@ class ServerMetrics:
             )
         return children
 
+    def _finished_series(self, tenant: str, reason: str) -> Any:
+        series = self._finished_by.get((tenant, reason))
+        if series is None:
+            series = self._finished_by[tenant, reason] = self.finished.labels(tenant, reason)
+        return series
+
     def arrived(self, request_id: str, step: int) -> None:
         """Note the engine's step count when a request was submitted."""
         self._arrival_step[request_id] = step
@@ -164,7 +169,7 @@ class ServerMetrics:
     def on_step(self, outputs: list[RequestOutput], now: float, step: int = 0) -> None:
         """Record one engine step's outputs (called on the loop before streams see them)."""
         last = self._last_token_s
-        generated: Counter[str] = Counter()
+        generated: dict[str, int] = {}
         w_in, w_out = self.cost.w_in, self.cost.w_out
         service = self.service
         for output in outputs:
@@ -174,7 +179,7 @@ class ServerMetrics:
             ttft, itl, e2e, prompt_tokens, _ = self._children(tenant)
             n = len(output.new_token_ids)
             if n:
-                generated[tenant] += n
+                generated[tenant] = generated.get(tenant, 0) + n
                 previous = last.get(rid)
                 if previous is None:
                     self._first_step[rid] = (step, now)
@@ -191,7 +196,7 @@ class ServerMetrics:
                 reason = request.finish_reason
                 if reason is not FinishReason.REJECTED:
                     label = reason.value if reason is not None else "abort"
-                    self.finished.labels(tenant, label).inc()
+                    self._finished_series(tenant, label).inc()
                     finish = request.finish_s if request.finish_s is not None else now
                     e2e.observe(finish - request.arrival_s)
         for tenant, n in generated.items():

@@ -154,13 +154,14 @@ class ChunkEncoder:
 
     def outputs(self, batch: list[RequestOutput]) -> bytes:
         """The events for a batch of outputs; the last one carries the finish reason."""
-        parts: list[bytes] = []
-        for output in batch:
-            if self.logprobs is not None or output.finished:
-                parts.append(self._full(output))
-            elif output.new_text:
-                parts.append(self._prefix + orjson.dumps(output.new_text) + self._suffix)
-        return b"".join(parts)
+        return b"".join([self.output(output) for output in batch])
+
+    def output(self, output: RequestOutput) -> bytes:
+        """The event for one output (b"" when it carries nothing to send)."""
+        if self.logprobs is not None or output.finished:
+            return self._full(output)
+        text = output.new_text
+        return self._prefix + orjson.dumps(text) + self._suffix if text else b""
 
     def _full(self, output: RequestOutput) -> bytes:
         job = self.job

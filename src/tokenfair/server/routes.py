@@ -7,7 +7,6 @@ speed and for control over the bound, and the OpenAPI schema is declared explici
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any, TypeVar
 
@@ -123,11 +122,11 @@ async def generate(
     job = await start(state, prepared)
     if prepared.stream:
         return EventStreamResponse(job)
-    return await _collect(receive, job, prepared)
+    return await _collect(scope, receive, job, prepared)
 
 
-async def _collect(receive: Receive, job: Job, prepared: Prepared) -> Response:
-    watcher = asyncio.ensure_future(watch_disconnect(receive, job))
+async def _collect(scope: Scope, receive: Receive, job: Job, prepared: Prepared) -> Response:
+    unwatch = watch_disconnect(scope, receive, job)
     logprobs = (
         LogprobsBuilder(job.state.model.tokenizer, prepared.logprobs or 0, prepared.chat)
         if prepared.logprobs is not None
@@ -155,7 +154,7 @@ async def _collect(receive: Receive, job: Job, prepared: Prepared) -> Response:
                 take(output)
     finally:
         job.stream.sink = None
-        watcher.cancel()
+        unwatch()
         job.close()
     if job.timed_out:
         raise timeout_error(job)
@@ -232,7 +231,7 @@ class EventStreamResponse(Response):
                 job.state.metrics.backpressure.labels(job.request.client).inc()
             return False
         job.on_output()
-        data = self.encoder.outputs([output])
+        data = self.encoder.output(output)
         if not output.finished:
             if data:
                 writer.write(data)
@@ -245,7 +244,7 @@ class EventStreamResponse(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         job, encoder = self.job, self.encoder
-        watcher = asyncio.ensure_future(watch_disconnect(receive, job))
+        unwatch = watch_disconnect(scope, receive, job)
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             opening = encoder.first()
@@ -277,7 +276,7 @@ class EventStreamResponse(Response):
             job.on_disconnect()
         finally:
             job.stream.sink = None
-            watcher.cancel()
+            unwatch()
             job.close()
 
 
