@@ -143,3 +143,58 @@ def test_a_refusal_ends_the_stream_at_once_and_wakes_it_with_false():
 
 def run(coro):
     return asyncio.run(coro)
+
+
+def test_middle_tokens_and_verdict_wake_ups_wait_while_requests_are_taken_in():
+    """While new requests wait for their handlers (urgent_work), a step's middle tokens
+    and the wake-up of accepted requests wait for them; its urgent outputs do not."""
+    delivered: list[str] = []
+
+    def record(output: RequestOutput) -> bool:
+        delivered.append(output.new_text)
+        return True
+
+    async def main() -> tuple[list[str], bool, list[str], bool]:
+        engine = AsyncEngine(make_engine())
+        arrivals = [True]
+        engine.urgent_work = lambda: arrivals[0]
+        streams = registered_streams(engine, 6, record)
+        waiting = RequestStream(request("new"), engine._loop)
+        engine.streams["new"] = waiting
+        del streams[0].request.output_token_ids[0]  # r0: its first token
+        step = [output_of(s.request, s.request_id, finished=s is streams[1]) for s in streams]
+        engine._dispatch(*delivery_order(step), 1.0, 1)
+        engine._accepted([("new", True)])
+        for _ in range(20):  # turns of the loop with requests still waiting
+            await asyncio.sleep(0)
+        meanwhile, woken_meanwhile = list(delivered), waiting.accepted.done()
+        arrivals[0] = False  # their handlers ran
+        while engine._delivering or not waiting.accepted.done():
+            await asyncio.sleep(0)
+        return meanwhile, woken_meanwhile, delivered, await waiting.accepted
+
+    meanwhile, woken_meanwhile, delivered_all, accepted = run(main())
+    assert meanwhile == ["r1", "r0"]  # the end and the first token only
+    assert not woken_meanwhile
+    assert sorted(delivered_all) == [f"r{i}" for i in range(6)] and accepted
+
+
+def test_lower_priority_work_waits_no_longer_than_its_bound(monkeypatch):
+    """A count that never clears (say, a miscount) delays the rest of a step by at most
+    MAX_YIELD_S: here none at all."""
+    monkeypatch.setattr(engine_client, "MAX_YIELD_S", 0.0)
+
+    async def main() -> tuple[list[str], bool]:
+        engine = AsyncEngine(make_engine())
+        engine.urgent_work = lambda: True
+        streams = registered_streams(engine, 3)
+        engine._dispatch(*delivery_order([output_of(s.request, "t") for s in streams]), 1.0, 1)
+        waiting = RequestStream(request("new"), engine._loop)
+        engine.streams["new"] = waiting
+        engine._accepted([("new", True)])
+        for _ in range(10):
+            await asyncio.sleep(0)
+        taken = [o.new_text for s in streams for o in s._pending]
+        return taken, waiting.accepted.done()
+
+    assert run(main()) == (["t"] * 3, True)

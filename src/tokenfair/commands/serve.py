@@ -12,17 +12,20 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from tokenfair.server.intake import Intake
+
 console = Console(stderr=True)
 log = logging.getLogger("tokenfair.serve")
 
 
-def http_protocol() -> str | type:
-    """httptools with the chunk writer (see server/chunk_write.py) when installed."""
+def http_protocol(intake: Intake) -> str | type:
+    """httptools with the chunk writer (see server/chunk_write.py), counting arrivals
+    in `intake`, when installed."""
     if importlib.util.find_spec("httptools") is None:
         return "h11"
-    from tokenfair.server.chunk_write import ChunkWriteProtocol
+    from tokenfair.server.chunk_write import chunk_write_protocol
 
-    return ChunkWriteProtocol
+    return chunk_write_protocol(intake)
 
 
 ENGINE_ARRANGEMENTS = ("auto", "process", "thread")
@@ -176,13 +179,15 @@ def serve(
     except (TenantsFileError, ConfigError, ValueError, OSError) as error:
         raise _fail(str(error)) from None
     app = create_app(served, directory, config, runner)
+    intake = Intake()
+    app.state.server.engine.urgent_work = intake.pending
     has = importlib.util.find_spec
     uv_config = uvicorn.Config(
         FastPath(app),
         host=host,
         port=port,
         loop="uvloop" if has("uvloop") else "asyncio",
-        http=http_protocol(),
+        http=http_protocol(intake),
         log_level=log_level.lower(),
         access_log=False,
         # No client addresses are read (tenants come from API keys, or from the trusted

@@ -27,6 +27,9 @@ from tokenfair.engine.engine import Engine, RequestOutput
 T = TypeVar("T")
 
 DELIVERY_SLICE_S = 0.0002  # see EngineClient._deliver_slice
+# The longest that lower-priority loop work (a step's middle tokens, waking accepted
+# requests) waits for new requests to be taken in (see EngineClient.urgent_work).
+MAX_YIELD_S = 0.005
 
 
 class EngineDeadError(RuntimeError):
@@ -108,6 +111,10 @@ class EngineClient(abc.ABC):
         self._loop: asyncio.AbstractEventLoop | None = None
         self.error: BaseException | None = None
         self._num_steps = 0
+        # True while the loop has more urgent work queued: requests that arrived and
+        # whose handlers have not run yet (the server's Intake). Middle tokens and the
+        # wake-up of accepted requests wait for it, for at most MAX_YIELD_S.
+        self.urgent_work: Callable[[], bool] | None = None
 
     @property
     def num_steps(self) -> int:
@@ -173,8 +180,7 @@ class EngineClient(abc.ABC):
         A verdict arrives with the outputs of the step just ended, whose ends and first
         tokens go out first and whose clients then send new requests. Accepted requests
         have a whole step before their first token, so they carry on (open their
-        responses) after the loop has taken in what arrived meanwhile: two turns of
-        the ready queue put them behind the reads of the current one (under uvloop).
+        responses) after the loop has taken in what arrived meanwhile (`urgent_work`).
         A stream may even end before its reader wakes (a loop that fell far behind
         reads many steps at once): the verdict is bound to the stream here, so it
         still comes.
@@ -189,26 +195,40 @@ class EngineClient(abc.ABC):
                 self._close(stream)
         if woken:
             assert self._loop is not None
-            self._loop.call_soon(self._loop.call_soon, _resolve_verdicts, woken)
+            self._loop.call_soon(self._wake_accepted, woken, time.perf_counter())
+
+    def _wake_accepted(self, woken: list[tuple[RequestStream, bool]], since: float) -> None:
+        if self._yielding(since):
+            assert self._loop is not None
+            self._loop.call_soon(self._wake_accepted, woken, since)
+            return
+        for stream, ok in woken:
+            resolve_future(stream.accepted, ok)
+
+    def _yielding(self, since: float) -> bool:
+        """Whether lower-priority work queued at `since` should let new requests in first."""
+        urgent_work = self.urgent_work
+        return (
+            urgent_work is not None and urgent_work() and time.perf_counter() - since < MAX_YIELD_S
+        )
 
     def _dispatch(self, outputs: list[RequestOutput], urgent: int, now: float, step: int) -> None:
         """A step's outputs, in `delivery_order` (its first `urgent` outputs urgent)."""
         self._num_steps = step
-        self._backlog.append(_Delivery(outputs, urgent, now, step))
+        self._backlog.append(_Delivery(outputs, urgent, now, step, time.perf_counter()))
         if not self._delivering:
             self._delivering = True
             self._deliver_slice()
 
     def _deliver_slice(self) -> None:
         """Deliver outputs, oldest first: a step's urgent ones (ends, first tokens) at
-        once, the rest for DELIVERY_SLICE_S; what is left two turns of the loop later.
+        once, the rest for DELIVERY_SLICE_S; what is left on a later turn of the loop.
 
         With the loop free to read sockets between two slices, a client whose stream
         just ended sends its next request at once, and that request does not wait until
-        every token of the step is written: the next slice is queued from a callback
-        queued now, so it comes after the callbacks of the sockets read in between (the
-        new requests' tasks), under uvloop. A slice is a time budget, not a count.
-        While the loop is behind (a later step's outputs already wait), outputs go out
+        every token of the step is written: while requests wait to be taken in
+        (`urgent_work`), the next slice waits for them. A slice is a time budget, not a
+        count. While the loop is behind (a later step's outputs already wait), outputs go out
         without a budget and to the readers rather than the sinks: each reader then
         takes all its stream's tokens at once (one write for several tokens), which is
         what a saturated server needs. Outputs go strictly in order, so a stream's
@@ -216,6 +236,11 @@ class EngineClient(abc.ABC):
         meanwhile.
         """
         backlog, streams = self._backlog, self.streams
+        assert self._loop is not None
+        first = backlog[0]
+        if len(backlog) == 1 and first.at >= first.urgent and self._yielding(first.handed_at):
+            self._loop.call_soon(self._deliver_slice)
+            return
         deadline = time.perf_counter() + DELIVERY_SLICE_S
         out_of_time = False
         while backlog and not out_of_time:
@@ -231,15 +256,18 @@ class EngineClient(abc.ABC):
                     stream._put(output, offer)
                     if output.finished:
                         self._close(stream)
-                out_of_time = offer and end >= delivery.urgent and time.perf_counter() > deadline
+                out_of_time = (
+                    offer
+                    and end >= delivery.urgent
+                    and (time.perf_counter() > deadline or self._yielding(delivery.handed_at))
+                )
             delivery.at = end
             if self.on_step is not None:
                 self.on_step(outputs[at:end], delivery.now, delivery.step)
             if end == len(outputs):
                 backlog.popleft()
         if backlog:
-            assert self._loop is not None
-            self._loop.call_soon(self._loop.call_soon, self._deliver_slice)
+            self._loop.call_soon(self._deliver_slice)
         else:
             self._delivering = False
 
@@ -264,6 +292,7 @@ class _Delivery:
     urgent: int  # the first `urgent` outputs go out without a time budget
     now: float
     step: int
+    handed_at: float  # perf_counter() when the loop got it
     at: int = 0
 
 
@@ -289,11 +318,6 @@ def delivery_order(outputs: list[RequestOutput]) -> tuple[list[RequestOutput], i
     urgent = len(ends)
     ends += middles
     return ends, urgent
-
-
-def _resolve_verdicts(woken: list[tuple[RequestStream, bool]]) -> None:
-    for stream, ok in woken:
-        resolve_future(stream.accepted, ok)
 
 
 def resolve_future(future: asyncio.Future[Any], value: Any) -> None:

@@ -32,7 +32,7 @@ from tokenfair.core.request import FinishReason
 from tokenfair.engine.async_engine import abort_in_engine
 from tokenfair.engine.engine import Engine, RequestOutput
 from tokenfair.engine.engine_client import delivery_order
-from tokenfair.engine.frames import FrameBuffer, frame, read_one, round_trip
+from tokenfair.engine.frames import READ_SIZE, FrameBuffer, frame, read_one, round_trip
 
 PR_SET_PDEATHSIG = 1
 
@@ -70,7 +70,7 @@ class EngineCore:
             ready, _, _ = select.select([sock], [], [], None if wait and not messages else 0)
             if not ready:
                 return messages
-            data = sock.recv(1 << 20)
+            data = sock.recv(READ_SIZE)
             if not data:
                 return None
             messages.extend(self.frames.feed(data))

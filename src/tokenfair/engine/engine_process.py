@@ -38,7 +38,7 @@ from tokenfair.engine.engine_client import (
     fail_future,
     resolve_future,
 )
-from tokenfair.engine.frames import FrameBuffer, frame, read_one
+from tokenfair.engine.frames import READ_SIZE, FrameBuffer, frame, read_one
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ class EngineProcess(EngineClient):
     # --- from the engine ---
     def _on_readable(self) -> None:
         try:
-            data = self._sock.recv(1 << 20)
+            data = self._sock.recv(READ_SIZE)
         except BlockingIOError:
             return
         except OSError:

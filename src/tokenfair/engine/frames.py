@@ -13,6 +13,9 @@ import struct
 from typing import Any
 
 HEADER = struct.Struct("!I")
+# Bytes asked of one recv: a step's outputs fit (a few KB); a larger frame takes more
+# reads. (A 1 MiB request made every read allocate, and free, a 1 MiB buffer.)
+READ_SIZE = 1 << 16
 
 
 def frame(messages: list[Any]) -> bytes:
@@ -45,7 +48,7 @@ class FrameBuffer:
 def read_one(sock: socket.socket, frames: FrameBuffer) -> Any:
     """The first message of a frame holding one, blocking; None at end of file."""
     while True:
-        data = sock.recv(1 << 20)
+        data = sock.recv(READ_SIZE)
         if not data:
             return None
         for message in frames.feed(data):

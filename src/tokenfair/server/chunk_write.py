@@ -26,6 +26,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from tokenfair.server.intake import Intake
+
 EXTENSION = "tokenfair.chunk_write"
 
 
@@ -33,12 +35,23 @@ class ChunkWriter:
     """Synchronous chunk writes for one uvicorn request-response cycle, and the news of
     its client's disconnect."""
 
-    __slots__ = ("cycle", "on_disconnect")
+    __slots__ = ("counted", "cycle", "intake", "on_disconnect")
 
-    def __init__(self, cycle: Any) -> None:
+    def __init__(self, cycle: Any, intake: Intake | None = None) -> None:
         self.cycle = cycle
         # Called (on the loop) when the connection is lost before the response completed.
         self.on_disconnect: Callable[[], None] | None = None
+        self.intake = intake
+        self.counted = intake is not None  # in intake.arrived until its handler starts
+        if intake is not None:
+            intake.arrived += 1
+
+    def handler_started(self) -> None:
+        """The request's handler runs: it is no longer waiting to be taken in (once)."""
+        if self.counted:
+            self.counted = False
+            assert self.intake is not None
+            self.intake.arrived -= 1
 
     def watch(self, on_disconnect: Callable[[], None] | None) -> None:
         """Call `on_disconnect` when the client goes away before the response completed
@@ -88,20 +101,38 @@ def writer_of(scope: MutableMapping[str, Any]) -> ChunkWriter | None:
 
 
 class ChunkWriteProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, adding the chunk writer to every request's scope."""
+    """uvicorn's httptools protocol, adding the chunk writer to every request's scope.
+    `chunk_write_protocol(intake)` makes one that also counts arrivals in `intake`."""
 
+    intake: Intake | None = None
     writer: ChunkWriter | None = None  # the current cycle's
 
     def on_headers_complete(self) -> None:
+        previous = self.cycle
         super().on_headers_complete()
         cycle = self.cycle
         # The request's task is created above but runs later: the scope can still grow.
-        if cycle is not None and cycle.scope is self.scope:
-            self.writer = ChunkWriter(cycle)
+        if cycle is not None and cycle is not previous and cycle.scope is self.scope:
+            # Only a request whose task starts now counts as arrived: a pipelined one
+            # waits for the response before it, not for the loop.
+            started = previous is None or previous.response_complete
+            self.writer = ChunkWriter(cycle, self.intake if started else None)
             self.scope.setdefault("extensions", {})[EXTENSION] = {"writer": self.writer}
+
+    def on_response_complete(self) -> None:
+        if self.writer is not None:
+            self.writer.handler_started()  # (it has: an app that never said so)
+        super().on_response_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         writer = self.writer
-        if writer is not None and writer.cycle.disconnected and writer.on_disconnect is not None:
-            writer.on_disconnect()
+        if writer is not None:
+            writer.handler_started()  # a task that never got to run (at shutdown)
+            if writer.cycle.disconnected and writer.on_disconnect is not None:
+                writer.on_disconnect()
+
+
+def chunk_write_protocol(intake: Intake) -> type[ChunkWriteProtocol]:
+    """The protocol class for one server, counting its arrivals in `intake`."""
+    return type("ChunkWriteProtocol", (ChunkWriteProtocol,), {"intake": intake})

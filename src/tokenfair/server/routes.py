@@ -181,6 +181,9 @@ class FastPath:
         self.state: ServerState = app.state.server
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        writer = writer_of(scope)
+        if writer is not None:
+            writer.handler_started()  # taken in: the loop's lower-priority work may go on
         if scope["type"] == "http" and scope["method"] == "POST":
             hot = HOT_PATHS.get(scope["path"])
             if hot is not None:
