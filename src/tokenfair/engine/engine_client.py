@@ -228,8 +228,8 @@ class EngineClient(abc.ABC):
         just ended sends its next request at once, and that request does not wait until
         every token of the step is written: while requests wait to be taken in
         (`urgent_work`), the next slice waits for them. A slice is a time budget, not a
-        count. While the loop is behind (a later step's outputs already wait), outputs go out
-        without a budget and to the readers rather than the sinks: each reader then
+        count. While the loop is behind (a later step's outputs already wait), outputs go
+        out without a budget and to the readers rather than the sinks: each reader then
         takes all its stream's tokens at once (one write for several tokens), which is
         what a saturated server needs. Outputs go strictly in order, so a stream's
         tokens never overtake each other, even when the next step's outputs arrive
@@ -237,6 +237,9 @@ class EngineClient(abc.ABC):
         """
         backlog, streams = self._backlog, self.streams
         assert self._loop is not None
+        if not backlog:
+            self._delivering = False
+            return
         first = backlog[0]
         if len(backlog) == 1 and first.at >= first.urgent and self._yielding(first.handed_at):
             self._loop.call_soon(self._deliver_slice)
@@ -301,8 +304,8 @@ def delivery_order(outputs: list[RequestOutput]) -> tuple[list[RequestOutput], i
 
     Ends go first (end-to-end latency waits for them, and each frees a client to send
     its next request), then first tokens (TTFT waits for them); a token in the middle
-    of a stream can wait a little longer. Run where the engine steps, before the hand-over,
-    so the event loop does not pay for it.
+    of a stream can wait a little longer. Run where the engine steps, before the
+    hand-over, so the event loop does not pay for it.
     """
     ends: list[RequestOutput] = []
     firsts: list[RequestOutput] = []
@@ -314,10 +317,10 @@ def delivery_order(outputs: list[RequestOutput]) -> tuple[list[RequestOutput], i
             firsts.append(output)  # every token the request has is in this output
         else:
             middles.append(output)
-    ends += firsts
-    urgent = len(ends)
-    ends += middles
-    return ends, urgent
+    ordered = ends + firsts
+    urgent = len(ordered)
+    ordered += middles
+    return ordered, urgent
 
 
 def resolve_future(future: asyncio.Future[Any], value: Any) -> None:

@@ -266,7 +266,8 @@ class EngineProcess(EngineClient):
         ) in enumerate(wired):
             stream = streams.get(rid)
             if stream is None:  # aborted here meanwhile, or unknown: nothing to tell
-                dropped_urgent += i < urgent
+                if i < urgent:
+                    dropped_urgent += 1
                 continue
             request = stream.request
             request.output_token_ids.extend(new_ids)
