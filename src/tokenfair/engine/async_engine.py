@@ -119,7 +119,7 @@ class AsyncEngine(EngineClient):
                     [] if stopping else [(r.request_id, engine.add_request(r)) for r in inbox]
                 )
                 for request_id, reason in aborts:
-                    abort_in_engine(engine, request_id, reason)
+                    engine.abort(request_id, reason)
                 if stopping:  # the aborts sent before the stop end their streams
                     self._hand_over(engine.aborted_outputs())
                     break
@@ -149,13 +149,3 @@ class AsyncEngine(EngineClient):
             self._loop.call_soon_threadsafe(
                 self._dispatch, ordered, urgent, engine.clock.now(), engine.num_steps
             )
-
-
-def abort_in_engine(engine: Engine, request_id: str, reason: FinishReason) -> None:
-    """Abort a request the engine holds (unknown ids: nothing); `reason` labels it."""
-    if request_id not in engine.scheduler.requests:
-        return
-    request = engine.scheduler.requests[request_id]
-    engine.abort(request_id)
-    if reason is not FinishReason.ABORT:  # e.g. a timeout, reported as its own reason
-        request.finish_reason = reason

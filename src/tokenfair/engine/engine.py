@@ -55,10 +55,11 @@ class Engine:
         """Queue a request; False if the policy or the pool refused it (finished REJECTED)."""
         return self.scheduler.add_request(request, self.clock.now())
 
-    def abort(self, request_id: str) -> bool:
-        """Cancel a request; its slot and KV blocks are free before the next step."""
+    def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT) -> bool:
+        """Cancel a request (unknown ids: False); its slot and KV blocks are free before
+        the next step. `reason` labels its end (a timeout is reported as such)."""
         request = self.scheduler.requests.get(request_id)
-        if request is None or not self.scheduler.abort(request_id, self.clock.now()):
+        if request is None or not self.scheduler.abort(request_id, self.clock.now(), reason):
             return False
         if self.detokenizer is not None:
             self.detokenizer.forget(request_id)

@@ -29,7 +29,6 @@ from collections.abc import Callable
 from typing import Any
 
 from tokenfair.core.request import FinishReason
-from tokenfair.engine.async_engine import abort_in_engine
 from tokenfair.engine.engine import Engine, RequestOutput
 from tokenfair.engine.engine_client import delivery_order
 from tokenfair.engine.frames import READ_SIZE, FrameBuffer, frame, read_one, round_trip
@@ -112,7 +111,7 @@ class EngineCore:
                 ok = engine.add_request(request)
                 verdicts.append((request.request_id, ok, request.finish_reason))
             elif kind == "abort":
-                abort_in_engine(engine, message[1], message[2])
+                engine.abort(message[1], message[2])
             elif kind == "call":
                 replies.append(self.call(message[1], message[2]))
             elif kind == "stop":

@@ -253,17 +253,8 @@ class EngineProcess(EngineClient):
         streams = self.streams
         outputs = []
         dropped_urgent = 0
-        for i, (
-            rid,
-            new_ids,
-            new_text,
-            finished,
-            logprobs,
-            reason,
-            first_s,
-            finish_s,
-            pre,
-        ) in enumerate(wired):
+        for i, wire in enumerate(wired):
+            rid, new_ids, new_text, finished, logprobs, reason, first_s, finish_s, pre = wire
             stream = streams.get(rid)
             if stream is None:  # aborted here meanwhile, or unknown: nothing to tell
                 if i < urgent:
