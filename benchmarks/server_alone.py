@@ -16,6 +16,11 @@
    Python of scheduler and engine, which an offline run pays too) excluded. The figure
    beyond the ideal (tokens x 10 ms, no engine overhead, no wait for the step in
    progress) is printed beside it.
+3. The same streams in an open loop: Poisson arrivals at the rate that keeps 1, 64 and
+   512 streams in flight on average (Little's law: streams / mean duration), as
+   independent users arrive. A closed-loop client sends its next request the moment its
+   stream ends, so all its arrivals land in the burst right after a step; these land
+   anywhere in the step.
 
 Prints one JSON line per measurement (with the 1-minute load average: the machine is
 shared, so compare runs under similar load).
@@ -143,6 +148,26 @@ def main() -> None:
                     "engine": args.engine,
                     **result,
                     **added,
+                }
+            )
+            # The same mean number of streams in flight, arriving as independent users do.
+            ids = OUT / f"paced-open-{concurrency}.jsonl"
+            rate = concurrency / (sum(TOKENS) / 2 * STEP_S)  # Little's law
+            result = run_load(
+                server.url, model, "--rate", f"{rate:.3f}", "--stream",
+                "--concurrency", str(4 * concurrency + 16),
+                "--requests", str(max(1000, 4 * concurrency) if concurrency > 1 else 100),
+                "--max-tokens-min", str(TOKENS[0]), "--max-tokens", str(TOKENS[1]),
+                "--key", KEY, "--ids-out", str(ids),
+            )  # fmt: skip
+            emit(
+                {
+                    "benchmark": "server_alone",
+                    "scenario": "paced_streams_open_loop",
+                    "engine": args.engine,
+                    "mean_streams": concurrency,
+                    **result,
+                    **added_by_server(server.url, ids),
                 }
             )
     finally:

@@ -1,11 +1,18 @@
 """A light HTTP load generator for OpenAI-compatible servers (its own process).
 
 Raw asyncio connections with keep-alive, pre-encoded requests and httptools parsing, so
-the client costs as little CPU as possible on a machine it shares with the server. Closed loop: C workers
-each send one request at a time, for N requests in all or for D seconds.
+the client costs as little CPU as possible on a machine it shares with the server.
+
+- Closed loop (the default): C workers each send one request at a time, for N requests
+  in all or for D seconds. Each worker sends its next request the moment the last one
+  ends, so arrivals bunch up right after the server's bursts of ends.
+- Open loop (`--rate R`): N requests at Poisson arrival times, R a second on average
+  (seeded: `--seed`), each on an idle keep-alive connection or a new one, whatever the
+  server's pace, as independent users arrive; at most C in flight (a request that finds
+  C in flight waits, and `waited_for_cap` counts it).
 
     python benchmarks/server_tools/loadgen.py --url http://127.0.0.1:8000 --model sim:zero \
-        --concurrency 64 --requests 5000 --max-tokens 4 [--stream] [--key KEY]
+        --concurrency 64 --requests 5000 --max-tokens 4 [--stream] [--key KEY] [--rate 400]
 
 Prints one JSON line: requests/s, output tokens/s, latency and TTFT percentiles
 (seconds), errors by status. --max-tokens-min draws each request's max_tokens
@@ -23,6 +30,7 @@ import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 import httptools
 
@@ -175,6 +183,79 @@ async def worker(
         connection.transport.close()
 
 
+class Pool:
+    """Idle keep-alive connections to one server, shared by the open loop's requests."""
+
+    def __init__(self, host: str, port: int, keep_body: bool) -> None:
+        self.host, self.port, self.keep_body = host, port, keep_body
+        self.idle: list[Connection] = []
+
+    async def take(self) -> Connection:
+        while self.idle:
+            connection = self.idle.pop()
+            if connection.open:
+                return connection
+        loop = asyncio.get_running_loop()
+        _, connection = await loop.create_connection(
+            lambda: Connection(self.keep_body), self.host, self.port
+        )
+        return connection
+
+    def give_back(self, connection: Connection) -> None:
+        if connection.open:
+            self.idle.append(connection)
+
+    def close(self) -> None:
+        for connection in self.idle:
+            if connection.transport is not None:
+                connection.transport.close()
+
+
+async def open_loop(args: argparse.Namespace, tally: Tally, deadline: float) -> int:
+    """--requests requests at Poisson arrival times; returns how many waited for the cap."""
+    host, port = args.url.removeprefix("http://").split(":")
+    rng = random.Random(args.seed)
+    pool = Pool(host, int(port), tally.keep_records)
+    gate = asyncio.Semaphore(args.concurrency)
+    in_flight: set[asyncio.Task[None]] = set()
+    waited = 0
+
+    async def one(payload: bytes) -> None:
+        try:
+            connection = await pool.take()
+            started = time.perf_counter()
+            await connection.send(payload)
+        except OSError:  # refused, or closed before the response ended
+            tally.errors[0] += 1
+            return
+        finally:
+            gate.release()
+        record(connection, started, tally)
+        pool.give_back(connection)
+
+    arrival = time.perf_counter()
+    for index in range(args.requests):
+        arrival += rng.expovariate(args.rate)
+        delay = arrival - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if time.perf_counter() >= deadline:
+            break
+        if gate.locked():
+            waited += 1
+        await gate.acquire()
+        low = args.max_tokens_min if args.max_tokens_min is not None else args.max_tokens
+        prompt = args.prompt or f"request number {index} " * args.prompt_words
+        payload = request_bytes(host, args, prompt, rng.randint(low, args.max_tokens))
+        task = asyncio.create_task(one(payload))
+        in_flight.add(task)
+        task.add_done_callback(in_flight.discard)
+    if in_flight:
+        await asyncio.gather(*in_flight)
+    pool.close()
+    return waited
+
+
 def pct(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -188,9 +269,12 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
     budget = [args.requests]
     started = time.perf_counter()
     deadline = started + args.duration
-    workers = asyncio.gather(
-        *(worker(args, tally, budget, deadline, i) for i in range(args.concurrency))
-    )
+    if args.rate is not None:
+        workers: asyncio.Future[Any] = asyncio.ensure_future(open_loop(args, tally, deadline))
+    else:
+        workers = asyncio.gather(
+            *(worker(args, tally, budget, deadline, i) for i in range(args.concurrency))
+        )
     cut_short = False
     try:  # requests still in flight at the deadline are dropped, not waited for
         await asyncio.wait_for(workers, timeout=min(args.duration + 1, 1e8))
@@ -215,6 +299,10 @@ async def main(args: argparse.Namespace) -> dict[str, object]:
         "errors": dict(tally.errors),
         "cut_short_at_duration": cut_short,
     }
+    if args.rate is not None:
+        result["rate_per_s"] = args.rate
+        finished = workers.done() and not workers.cancelled()
+        result["waited_for_cap"] = workers.result() if finished else None
     if args.ids_out:
         with open(args.ids_out, "w") as out:
             for rid, latency, ttft in tally.records:
@@ -245,6 +333,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--stagger", type=float, default=0.0, help="each worker starts after U(0, this) seconds"
     )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="open loop: Poisson arrivals, this many a second on average (--concurrency caps "
+        "the requests in flight)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the open loop's arrivals and lengths")
     parser.add_argument(
         "--ids-out", default=None, help="write each request's id, latency and TTFT (JSON lines)"
     )
