@@ -5,7 +5,7 @@ message names a factory (pickled by reference) and its arguments; `factory(**kwa
 builds `(card, engine)` here and the card goes back in the ready message. Then the loop
 is the engine thread's (`AsyncEngine`): take in requests, aborts and calls; step; send
 the step's outputs in one message, each with what the server reads of its request
-(`wire_output`; engine_process.py applies it to the server's copy).
+(wire.py: the server applies it to its own copy).
 
 The process ignores SIGINT, SIGHUP and SIGTERM (a terminal's Ctrl-C or hangup and a
 service manager's stop reach the whole process group; the server decides when its
@@ -32,24 +32,9 @@ from tokenfair.core.request import FinishReason
 from tokenfair.engine.engine import Engine, RequestOutput
 from tokenfair.engine.engine_client import delivery_order
 from tokenfair.engine.frames import READ_SIZE, FrameBuffer, frame, read_one, round_trip
+from tokenfair.engine.wire import wire_output
 
 PR_SET_PDEATHSIG = 1
-
-
-def wire_output(output: RequestOutput) -> tuple[Any, ...]:
-    """An output as the server's EngineProcess unpacks it (keep the two in step)."""
-    request = output.request
-    return (
-        request.request_id,
-        output.new_token_ids,
-        output.new_text,
-        output.finished,
-        output.logprobs,
-        request.finish_reason,
-        request.first_token_s,
-        request.finish_s,
-        request.preemptions,
-    )
 
 
 class EngineCore:

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tokenfair.core.request import FinishReason, Request
-from tokenfair.engine.engine import Engine, RequestOutput
+from tokenfair.engine.engine import Engine
 from tokenfair.engine.engine_client import (
     EngineClient,
     EngineDeadError,
@@ -39,6 +39,7 @@ from tokenfair.engine.engine_client import (
     resolve_future,
 )
 from tokenfair.engine.frames import READ_SIZE, FrameBuffer, frame, read_one
+from tokenfair.engine.wire import WireOutput, apply_wire_output, request_id_of
 
 log = logging.getLogger(__name__)
 
@@ -249,25 +250,17 @@ class EngineProcess(EngineClient):
                 stream.request.finish_reason = reason
         self._accepted([(request_id, ok) for request_id, ok, _ in verdicts])
 
-    def _on_outputs(self, wired: list[tuple[Any, ...]], urgent: int, now: float, step: int) -> None:
+    def _on_outputs(self, wired: list[WireOutput], urgent: int, now: float, step: int) -> None:
         streams = self.streams
         outputs = []
         dropped_urgent = 0
         for i, wire in enumerate(wired):
-            rid, new_ids, new_text, finished, logprobs, reason, first_s, finish_s, pre = wire
-            stream = streams.get(rid)
+            stream = streams.get(request_id_of(wire))
             if stream is None:  # aborted here meanwhile, or unknown: nothing to tell
                 if i < urgent:
                     dropped_urgent += 1
                 continue
-            request = stream.request
-            request.output_token_ids.extend(new_ids)
-            request.first_token_s = first_s
-            request.preemptions = pre
-            if finished:
-                request.finish_reason = reason
-                request.finish_s = finish_s
-            outputs.append(RequestOutput(request, new_ids, new_text, finished, logprobs))
+            outputs.append(apply_wire_output(wire, stream.request))
         self._dispatch(outputs, urgent - dropped_urgent, now, step)
 
     def _on_lost(self) -> None:
