@@ -110,6 +110,13 @@ def serve(
         float | None,
         typer.Option(help="Seconds before a request is aborted (tenants may override)."),
     ] = 600.0,
+    shutdown_timeout: Annotated[
+        int,
+        typer.Option(
+            help="On SIGTERM or Ctrl-C, seconds the requests in flight get to finish; "
+            "then they end with a 503 (an error event in a stream)."
+        ),
+    ] = 5,
     engine: Annotated[
         str,
         typer.Option(
@@ -194,7 +201,7 @@ def serve(
         # tenant header behind a proxy): rewriting them from X-Forwarded-For per request
         # would cost time and change nothing.
         proxy_headers=False,
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=shutdown_timeout,
     )
     server = uvicorn.Server(uv_config)
 

@@ -7,6 +7,7 @@ speed and for control over the bound, and the OpenAPI schema is declared explici
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, TypeVar
 
@@ -170,6 +171,16 @@ HOT_PATHS: dict[str, tuple[type[Body], str]] = {
 }
 
 
+def shutting_down() -> APIError:
+    """The answer to a request still running when the server's graceful shutdown ran out:
+    uvicorn then cancels its task, which would otherwise vanish with a traceback in the
+    log and, for a response not yet started, a 500."""
+    return APIError(
+        503, "the server is shutting down; retry on another replica or later",
+        code="shutting_down", headers={"Retry-After": "1"},
+    )  # fmt: skip
+
+
 class FastPath:
     """ASGI app in front of FastAPI: POSTs to the generation endpoints go straight to
     `generate`, skipping the framework's middleware and dependency machinery (a large
@@ -191,6 +202,8 @@ class FastPath:
                     response = await generate(self.state, scope, receive, *hot)
                 except APIError as error:
                     response = error.response()
+                except asyncio.CancelledError:  # see shutting_down
+                    response = shutting_down().response()
                 except Exception:
                     log.exception("internal error on POST %s", scope["path"])
                     response = APIError(
@@ -257,20 +270,29 @@ class EventStreamResponse(Response):
             if self.writer is not None:
                 job.stream.sink = self.write_through
             last = b""
-            while batch := await job.next_batch():
-                data = encoder.outputs(batch)
-                if job.finished:  # the last chunk leaves with the usage and [DONE]
-                    last = data
-                    break
-                if data:
-                    self.sending = True
-                    try:
-                        await send({"type": "http.response.body", "body": data, "more_body": True})
-                    finally:
-                        self.sending = False
+            cancelled = False
+            try:
+                while batch := await job.next_batch():
+                    data = encoder.outputs(batch)
+                    if job.finished:  # the last chunk leaves with the usage and [DONE]
+                        last = data
+                        break
+                    if data:
+                        self.sending = True
+                        try:
+                            await send(
+                                {"type": "http.response.body", "body": data, "more_body": True}
+                            )
+                        finally:
+                            self.sending = False
+            except asyncio.CancelledError:  # the shutdown's grace ran out (shutting_down)
+                job.stream.sink = None  # nothing may overtake the closing event
+                cancelled = True
             if self.ended:
                 return
-            if job.timed_out:
+            if cancelled:
+                last += encoder.error(503, shutting_down().body())
+            elif job.timed_out:
                 last += encoder.error(408, timeout_error(job).body())
             elif job.prepared.include_usage:
                 last += encoder.usage()
