@@ -113,7 +113,11 @@ def tenants_file(tmp: Path, weights: dict[str, float] | None = None) -> Path:
 
 
 def gateway(
-    tmp: Path, upstreams: list[dict[str, Any]], name: str = "gateway", **settings: Any
+    tmp: Path,
+    upstreams: list[dict[str, Any]],
+    name: str = "gateway",
+    cli: tuple[str, ...] = (),
+    **settings: Any,
 ) -> Process:
     port = free_port()
     config = {
@@ -134,6 +138,7 @@ def gateway(
         str(path),
         "--log-level",
         "warning",
+        *cli,
     ]
     return Process(args, port, tmp / f"{name}.log").start()
 

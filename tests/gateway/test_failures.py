@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
 import threading
 import time
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 import redis
@@ -201,3 +204,51 @@ def test_no_upstream_in_rotation_is_a_quick_503(tmp_path: Path) -> None:
         assert raised.value.status_code == 503 and raised.value.body["code"] == "no_upstream"  # type: ignore[index]
     finally:
         gw.stop()
+
+
+def test_requests_past_the_shutdown_grace_period_are_answered(tmp_path: Path) -> None:
+    """SIGTERM: past --shutdown-timeout a relayed stream ends with an error event and
+    [DONE], a request still queued in the gateway gets a 503; no traceback."""
+    upstream = fake_upstream(tmp_path, "slow", token_interval=0.01)
+    config = [{"url": upstream.url, "models": ["fake"], "max_concurrent": 1}]
+    gw = gateway(tmp_path, config, cli=("--shutdown-timeout", "1"))
+    headers = {"Authorization": f"Bearer {KEYS['light']}"}
+    events: list[str] = []
+    answer: list[httpx.Response] = []
+    streaming = threading.Event()
+
+    def long_stream() -> None:  # 3,000 tokens 10 ms apart: far past the grace period
+        body = {"model": "fake", "prompt": "hi", "max_tokens": 3000, "stream": True}
+        url = f"{gw.url}/v1/completions"
+        with httpx.stream("POST", url, json=body, headers=headers, timeout=60) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    streaming.set()
+
+    def queued() -> None:  # the upstream's one slot is taken: it waits in the gateway
+        body = {"model": "fake", "prompt": "hi", "max_tokens": 4}
+        url = f"{gw.url}/v1/completions"
+        answer.append(httpx.post(url, json=body, headers=headers, timeout=60))
+
+    streamer = threading.Thread(target=long_stream)
+    streamer.start()
+    assert streaming.wait(20)
+    waiter = threading.Thread(target=queued)
+    waiter.start()
+    _wait_until(lambda: sum(state(gw)["waiting"].values()) == 1)
+    assert gw.popen is not None
+    gw.popen.send_signal(signal.SIGTERM)
+    streamer.join(30)
+    waiter.join(30)
+    code = gw.popen.wait(30)
+    upstream.stop()
+
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2])["error"]["code"] == "shutting_down"
+    assert len(events) > 50  # the grace period ran first
+    assert answer[0].status_code == 503
+    assert answer[0].json()["error"]["code"] == "shutting_down"
+    assert code == -signal.SIGTERM
+    log = gw.log.read_text()
+    assert "Traceback" not in log and "Exception in ASGI application" not in log

@@ -24,6 +24,13 @@ def gateway(
     log_level: Annotated[
         str, typer.Option(help="Log level: debug, info, warning, error.")
     ] = "warning",
+    shutdown_timeout: Annotated[
+        int,
+        typer.Option(
+            help="On SIGTERM or Ctrl-C, seconds the requests in flight get to finish; "
+            "then they end with a 503 (an error event in a stream)."
+        ),
+    ] = 5,
 ) -> None:
     """Fair-share admission gateway in front of vLLM, SGLang or tokenfair servers."""
     from tokenfair.gateway.config import GatewayConfigError, load_config
@@ -64,5 +71,5 @@ def gateway(
         loop="uvloop",
         http="httptools",
         proxy_headers=False,  # the client address is never used; skip the middleware
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=shutdown_timeout,
     )

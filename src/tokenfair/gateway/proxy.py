@@ -23,7 +23,7 @@ from tokenfair.gateway.meter import Meter
 from tokenfair.gateway.requests import CompletionCall, parse_call
 from tokenfair.gateway.sse import SSEReader, usage_of
 from tokenfair.gateway.upstream_client import UpstreamError, UpstreamResponse
-from tokenfair.server.errors import APIError
+from tokenfair.server.errors import APIError, shutting_down
 
 if TYPE_CHECKING:
     from tokenfair.gateway.app import Gateway
@@ -54,11 +54,13 @@ Send = Any
 class _Response:
     """What has been sent to the client so far."""
 
-    __slots__ = ("send", "started")
+    __slots__ = ("complete", "event_stream", "send", "started")
 
     def __init__(self, send: Send) -> None:
         self.send = send
         self.started = False
+        self.event_stream = False  # relaying server-sent events
+        self.complete = False
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.started = True
@@ -66,6 +68,15 @@ class _Response:
 
     async def body(self, data: bytes, more: bool = True) -> None:
         await self.send({"type": "http.response.body", "body": data, "more_body": more})
+        self.complete = not more
+
+    async def cut_short(self, error: APIError) -> None:
+        """End the response with `error`: its whole answer, or a stream's last event."""
+        if not self.started:
+            await self.error(error)
+        elif self.event_stream and not self.complete:
+            event = b"data: " + orjson.dumps(error.body()) + b"\n\n"
+            await self.body(event + b"data: [DONE]\n\n", more=False)
 
     async def error(self, error: APIError) -> None:
         body = orjson.dumps(error.body())
@@ -110,14 +121,20 @@ class CompletionProxy:
             return
         work = asyncio.ensure_future(self._serve(call, tenant, response, arrival))
         watcher = asyncio.ensure_future(self._watch(receive))
+        stopping = False
         try:
             await asyncio.wait((work, watcher), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the shutdown's grace period ran out
+            stopping = True
         finally:
             watcher.cancel()
-            if not work.done():  # the client is gone: abandon the request
+            if not work.done():  # the client is gone, or the gateway stops: abandon it
                 work.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await work
+        if stopping:
+            with contextlib.suppress(OSError):
+                await response.cut_short(shutting_down())
 
     @staticmethod
     async def _watch(receive: Receive) -> None:
@@ -367,6 +384,7 @@ class CompletionProxy:
         reader = SSEReader(
             counter.chunk, on_tokens, meter.on_usage, hide_usage_chunk=not call.client_wants_usage
         )
+        response.event_stream = True
         await response.start(up.status, headers)
         try:
             async for chunk in up:

@@ -126,3 +126,13 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(Exception, on_unexpected)
+
+
+def shutting_down() -> APIError:
+    """The answer to a request still running when the server's (or the gateway's)
+    graceful shutdown ran out: uvicorn then cancels its task, which would otherwise
+    vanish with a traceback in the log and, for a response not yet started, a 500."""
+    return APIError(
+        503, "the server is shutting down; retry on another replica or later",
+        code="shutting_down", headers={"Retry-After": "1"},
+    )  # fmt: skip

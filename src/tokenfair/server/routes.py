@@ -20,7 +20,7 @@ from starlette.types import Receive, Scope, Send
 
 from tokenfair.engine.engine import RequestOutput
 from tokenfair.server.chunk_write import ChunkWriter, writer_of
-from tokenfair.server.errors import APIError, validation_message
+from tokenfair.server.errors import APIError, shutting_down, validation_message
 from tokenfair.server.generation import (
     Job,
     Prepared,
@@ -169,16 +169,6 @@ HOT_PATHS: dict[str, tuple[type[Body], str]] = {
     "/v1/completions": (CompletionRequest, "cmpl"),
     "/v1/chat/completions": (ChatCompletionRequest, "chatcmpl"),
 }
-
-
-def shutting_down() -> APIError:
-    """The answer to a request still running when the server's graceful shutdown ran out:
-    uvicorn then cancels its task, which would otherwise vanish with a traceback in the
-    log and, for a response not yet started, a 500."""
-    return APIError(
-        503, "the server is shutting down; retry on another replica or later",
-        code="shutting_down", headers={"Retry-After": "1"},
-    )  # fmt: skip
 
 
 class FastPath:
