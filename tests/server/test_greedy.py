@@ -73,3 +73,18 @@ def test_greedy_stream_equals_whole_under_concurrency(tiny_server):
                 assert text == server_text(tiny_server, prompt, 12)["choices"][0]["text"]
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("params", [{"temperature": 1e-300}, {"temperature": 1.0, "top_p": 1e-300}])
+def test_extreme_sampling_parameters_are_served_greedily(tiny_server, params):
+    """The edges of what the schema allows neither fail the request nor the engine."""
+    greedy = server_text(tiny_server, PROMPTS[0], 8)["choices"][0]
+    body = {"model": "builtin:tiny", "prompt": PROMPTS[0], "max_tokens": 8, **params}
+    answer = httpx.post(
+        f"{tiny_server.url}/v1/completions", json=body, headers=tiny_server.headers(), timeout=60
+    )
+    assert answer.status_code == 200
+    choice = answer.json()["choices"][0]
+    assert choice["finish_reason"] == greedy["finish_reason"] != "abort"
+    assert choice["text"] == greedy["text"]
+    assert httpx.get(f"{tiny_server.url}/health", timeout=10).status_code == 200

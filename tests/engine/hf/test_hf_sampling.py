@@ -60,6 +60,22 @@ def test_top_k_one_and_tiny_top_p_are_greedy():
     assert top_p.output_token_ids == greedy.output_token_ids
 
 
+def test_extreme_but_valid_parameters_are_greedy_and_never_fail():
+    """What a client may send (temperature >= 0, 0 < top_p <= 1) at its edges: float32
+    turns a temperature near 0 into infinities and a top_p near 0 into 0."""
+    prompt = random_prompt(17, seed=3)
+    greedy = sampled_request("g", prompt, max_tokens=8)
+    edges = [
+        sampled_request("t", prompt, max_tokens=8, temperature=1e-300),
+        sampled_request("t6", prompt, max_tokens=8, temperature=1e-6),
+        sampled_request("p", prompt, max_tokens=8, temperature=1.0, top_p=1e-300),
+        sampled_request("tp", prompt, max_tokens=8, temperature=2.0, top_p=1e-45, top_k=3),
+    ]
+    run(engine_for("llama"), [greedy, *edges])
+    for request in edges:
+        assert request.output_token_ids == greedy.output_token_ids, request.request_id
+
+
 def test_filter_logits_keeps_the_right_tokens():
     from tokenfair.engine.hf.sampler import filter_logits
 

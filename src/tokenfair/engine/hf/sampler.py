@@ -1,7 +1,9 @@
 """Pick each request's next token from its logits, with its own sampling parameters.
 
-Greedy rows (temperature 0) are decided together with one argmax. Other rows apply
-temperature, then top-k, then top-p, and draw from the result.
+Greedy rows (temperature 0, or below GREEDY_BELOW) are decided together with one
+argmax. Other rows apply temperature, then top-k, then top-p, and draw from the result;
+the most likely token always survives the filters, so a draw always has a token to take,
+whatever parameters a client sent.
 
 A seeded request draws its k-th output token from a generator seeded by (seed, k), so
 its text is a pure function of the seed: it comes out the same whatever it was batched
@@ -17,6 +19,9 @@ import torch
 from tokenfair.core.request import Request, SamplingParams
 
 _SEED_STRIDE = 1_000_003  # spreads (seed, k) pairs over distinct generator seeds
+# A temperature this small is greedy, as in vLLM: dividing float32 logits by a
+# temperature near 0 overflows them to infinities, whose softmax is NaN.
+GREEDY_BELOW = 1e-5
 
 
 def _step_generator(seed: int, step: int, device: torch.device) -> torch.Generator:
@@ -34,8 +39,10 @@ def filter_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     if params.top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True)
         probs = torch.softmax(sorted_logits, dim=-1)
-        # Drop a token when the tokens before it already reach top_p (keeps at least one).
+        # Drop a token when the tokens before it already reach top_p. The first stays
+        # even when top_p is so small that it rounds to 0 in float32.
         drop = probs.cumsum(-1) - probs >= params.top_p
+        drop[0] = False
         logits = logits.scatter(0, order[drop], float("-inf"))
     return logits
 
@@ -64,7 +71,7 @@ class Sampler:
         logprobs: dict[str, list[dict[int, float]]] | None = None
         for row, request in enumerate(requests):
             params = request.sampling
-            if params.temperature > 0:
+            if params.temperature >= GREEDY_BELOW:
                 filtered = filter_logits(logits[row], params)
                 probs = torch.softmax(filtered, dim=-1)
                 if params.seed is None:
