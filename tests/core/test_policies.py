@@ -220,6 +220,47 @@ def test_vtc_victim_and_preempt_threshold():
     assert make_policy("vtc").preempt_for(head, [old, new]) is None
 
 
+def test_vtc_orders_a_clients_own_requests_by_priority_not_across_clients():
+    policy = make_policy("vtc")
+    first, urgent, later, lax = (
+        make_request(client="a", priority=p, arrival_s=t)
+        for p, t in ((0, 0.0), (-5, 1.0), (0, 2.0), (3, 3.0))
+    )
+    other = make_request(client="b", priority=9, arrival_s=0.5)
+    for r in (first, other, urgent, later, lax):
+        policy.add(r, r.arrival_s)
+    assert policy.pop() is urgent  # a's most urgent, although it came second
+    policy.on_admit(urgent, True, 1.0)  # a is charged 4: b (0) goes next, priority 9 or not
+    assert policy.pop() is other
+    policy.on_admit(other, True, 1.0)
+    policy.requeue(urgent)  # preempted: first again among its equals, ahead of priority 0
+    back = make_request(client="a", priority=0, arrival_s=4.0)
+    policy.requeue(back)  # a preempted priority 0: before the waiting ones of its priority
+    assert drain(policy) == [urgent, back, first, later, lax]
+
+
+def test_vtc_priority_queues_agree_with_sorting_under_random_operations():
+    rng = random.Random(11)
+    policy = make_policy("vtc")
+    expected: list = []  # one client: (priority, order) decides; requeues go first
+    first_seq = 0
+    for step in range(2000):
+        if rng.random() < 0.6 or not expected:
+            r = make_request(client="a", priority=rng.randint(-2, 2), arrival_s=step)
+            policy.add(r, step)
+            expected.append((r.priority, step, r))
+        elif rng.random() < 0.2:
+            first_seq -= 1
+            r = make_request(client="a", priority=rng.randint(-2, 2), arrival_s=step)
+            policy.requeue(r)
+            expected.append((r.priority, first_seq - 10_000, r))
+        else:
+            expected.sort(key=lambda e: e[:2])
+            assert policy.pop() is expected.pop(0)[2]
+    expected.sort(key=lambda e: e[:2])
+    assert drain(policy) == [e[2] for e in expected]
+
+
 def test_vtc_heap_agrees_with_brute_force_under_random_operations():
     rng = random.Random(7)
     policy = make_policy("vtc-predict")

@@ -212,37 +212,40 @@ def test_requests_past_the_shutdown_grace_period_are_answered(tmp_path: Path) ->
     upstream = fake_upstream(tmp_path, "slow", token_interval=0.01)
     config = [{"url": upstream.url, "models": ["fake"], "max_concurrent": 1}]
     gw = gateway(tmp_path, config, cli=("--shutdown-timeout", "1"))
-    headers = {"Authorization": f"Bearer {KEYS['light']}"}
-    events: list[str] = []
-    answer: list[httpx.Response] = []
-    streaming = threading.Event()
+    try:
+        headers = {"Authorization": f"Bearer {KEYS['light']}"}
+        events: list[str] = []
+        answer: list[httpx.Response] = []
+        streaming = threading.Event()
 
-    def long_stream() -> None:  # 3,000 tokens 10 ms apart: far past the grace period
-        body = {"model": "fake", "prompt": "hi", "max_tokens": 3000, "stream": True}
-        url = f"{gw.url}/v1/completions"
-        with httpx.stream("POST", url, json=body, headers=headers, timeout=60) as response:
-            for line in response.iter_lines():
-                if line.startswith("data: "):
-                    events.append(line[6:])
-                    streaming.set()
+        def long_stream() -> None:  # 3,000 tokens 10 ms apart: far past the grace period
+            body = {"model": "fake", "prompt": "hi", "max_tokens": 3000, "stream": True}
+            url = f"{gw.url}/v1/completions"
+            with httpx.stream("POST", url, json=body, headers=headers, timeout=60) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data: "):
+                        events.append(line[6:])
+                        streaming.set()
 
-    def queued() -> None:  # the upstream's one slot is taken: it waits in the gateway
-        body = {"model": "fake", "prompt": "hi", "max_tokens": 4}
-        url = f"{gw.url}/v1/completions"
-        answer.append(httpx.post(url, json=body, headers=headers, timeout=60))
+        def queued() -> None:  # the upstream's one slot is taken: it waits in the gateway
+            body = {"model": "fake", "prompt": "hi", "max_tokens": 4}
+            url = f"{gw.url}/v1/completions"
+            answer.append(httpx.post(url, json=body, headers=headers, timeout=60))
 
-    streamer = threading.Thread(target=long_stream)
-    streamer.start()
-    assert streaming.wait(20)
-    waiter = threading.Thread(target=queued)
-    waiter.start()
-    _wait_until(lambda: sum(state(gw)["waiting"].values()) == 1)
-    assert gw.popen is not None
-    gw.popen.send_signal(signal.SIGTERM)
-    streamer.join(30)
-    waiter.join(30)
-    code = gw.popen.wait(30)
-    upstream.stop()
+        streamer = threading.Thread(target=long_stream)
+        streamer.start()
+        assert streaming.wait(20)
+        waiter = threading.Thread(target=queued)
+        waiter.start()
+        _wait_until(lambda: sum(state(gw)["waiting"].values()) == 1)
+        assert gw.popen is not None
+        gw.popen.send_signal(signal.SIGTERM)
+        streamer.join(30)
+        waiter.join(30)
+        code = gw.popen.wait(30)
+    finally:
+        gw.stop()
+        upstream.stop()
 
     assert events[-1] == "[DONE]"
     assert json.loads(events[-2])["error"]["code"] == "shutting_down"

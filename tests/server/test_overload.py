@@ -122,7 +122,8 @@ def test_body_and_prompt_bounds(one_seat):
     long_prompt = post(one_seat, "team-c", prompt="a" * 400, max_tokens=1)
     assert long_prompt.status_code == 400
     assert (
-        "max_tokens_per_request of tenant 'team-c' (64)" in long_prompt.json()["error"]["message"]
+        "max_tokens_per_request of tenant 'team-c' (64 tokens)"
+        in long_prompt.json()["error"]["message"]
     )
     too_many = post(one_seat, "team-c", prompt="a", max_tokens=100)
     assert too_many.status_code == 400
@@ -132,7 +133,14 @@ def test_body_and_prompt_bounds(one_seat):
     assert never_fits.status_code == 400
     error = never_fits.json()["error"]
     assert "KV cache" in error["message"] and "1024" in error["message"]
-    assert error["code"] == "context_length_exceeded"
+    assert error["code"] == "context_length_exceeded" and error["param"] == "max_tokens"
+    # A prompt that alone overflows the pool names the prompt, whatever max_tokens is.
+    alone = post(one_seat, "team-a", prompt="a" * 4400, max_tokens=1)  # 1,100 tokens
+    assert alone.status_code == 400 and alone.json()["error"]["param"] == "prompt"
+    # Without max_tokens the default (256) is cut to what the pool leaves: 24 tokens.
+    capped = post(one_seat, "team-a", prompt="a" * 4000)
+    assert capped.status_code == 200, capped.text
+    assert capped.json()["usage"]["completion_tokens"] == 24
     empty = post(one_seat, "team-a", prompt=[], max_tokens=1)
     assert empty.status_code == 400
 
@@ -184,3 +192,34 @@ def test_priority_field_orders_the_queue(server_dir):
         assert asyncio.run(scenario()) == ["seat", "p-3", "p1", "p5", "p9"]
     finally:
         server.stop()
+
+
+def test_priority_orders_a_tenants_requests_under_vtc(one_seat):
+    """The default policy honours `priority` among one tenant's own requests."""
+
+    async def scenario() -> list[str]:
+        finished: list[str] = []
+        async with httpx.AsyncClient(base_url=one_seat.url, timeout=60) as c:
+
+            async def send(name: str, priority: int, max_tokens: int = 2) -> None:
+                body = {"model": MODEL, "prompt": "x", "max_tokens": max_tokens}
+                answer = await c.post(
+                    "/v1/completions",
+                    json={**body, "priority": priority},
+                    headers={"Authorization": f"Bearer {KEYS['team-a']}"},
+                )
+                assert answer.status_code == 200, answer.text
+                finished.append(name)
+
+            seat = asyncio.ensure_future(send("seat", 10, max_tokens=40))  # 0.4 s
+            await asyncio.sleep(0.1)
+            tasks = [seat]
+            for name, priority in (("lax1", 10), ("lax2", 10), ("urgent", -10), ("lax3", 10)):
+                tasks.append(asyncio.ensure_future(send(name, priority)))
+                await asyncio.sleep(0.02)  # arrival order is send order
+            await asyncio.gather(*tasks)
+        return finished
+
+    finished = asyncio.run(scenario())
+    # "seat" holds the one seat; of the waiting ones the urgent request goes first.
+    assert finished == ["seat", "urgent", "lax1", "lax2", "lax3"]

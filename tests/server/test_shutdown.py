@@ -43,33 +43,36 @@ def test_requests_past_the_grace_period_are_answered(tmp_path: Path, engine: str
         tmp_path, "--model", MODEL, "--max-num-seqs", "1", "--shutdown-timeout", "1",
         "--engine", engine,
     )  # fmt: skip
-    events: list[str] = []
-    answer: list[httpx.Response] = []
-    first_token = threading.Event()
+    try:
+        events: list[str] = []
+        answer: list[httpx.Response] = []
+        first_token = threading.Event()
 
-    def long_stream() -> None:  # 3,000 steps of 10 ms: far past the grace period
-        body = {"model": MODEL, "prompt": "hi", "max_tokens": 3000, "stream": True}
-        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:
-            for line in r.iter_lines():
-                if line.startswith("data: "):
-                    events.append(line[6:])
-                    first_token.set()
+        def long_stream() -> None:  # 3,000 steps of 10 ms: far past the grace period
+            body = {"model": MODEL, "prompt": "hi", "max_tokens": 3000, "stream": True}
+            with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        events.append(line[6:])
+                        first_token.set()
 
-    def waiting_request() -> None:  # the one seat is taken: it waits in the queue
-        body = {"model": MODEL, "prompt": "hi", "max_tokens": 4}
-        answer.append(httpx.post(f"{server.url}/v1/completions", json=body, timeout=60))
+        def waiting_request() -> None:  # the one seat is taken: it waits in the queue
+            body = {"model": MODEL, "prompt": "hi", "max_tokens": 4}
+            answer.append(httpx.post(f"{server.url}/v1/completions", json=body, timeout=60))
 
-    streamer = threading.Thread(target=long_stream)
-    streamer.start()
-    assert first_token.wait(20)
-    waiter = threading.Thread(target=waiting_request)
-    waiter.start()
-    wait_for(lambda: waiting(server) == 1)
+        streamer = threading.Thread(target=long_stream)
+        streamer.start()
+        assert first_token.wait(20)
+        waiter = threading.Thread(target=waiting_request)
+        waiter.start()
+        wait_for(lambda: waiting(server) == 1)
 
-    server.process.send_signal(signal.SIGTERM)
-    streamer.join(30)
-    waiter.join(30)
-    code = server.process.wait(30)
+        server.process.send_signal(signal.SIGTERM)
+        streamer.join(30)
+        waiter.join(30)
+        code = server.process.wait(30)
+    finally:
+        server.stop()  # a no-op once it has exited
 
     assert events[-1] == "[DONE]"
     error = json.loads(events[-2])["error"]

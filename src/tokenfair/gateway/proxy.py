@@ -21,6 +21,7 @@ import orjson
 from tokenfair.gateway.admission import AdmissionRefused, Ticket
 from tokenfair.gateway.meter import Meter
 from tokenfair.gateway.requests import CompletionCall, parse_call
+from tokenfair.gateway.response import ClientResponse
 from tokenfair.gateway.sse import SSEReader, usage_of
 from tokenfair.gateway.upstream_client import UpstreamError, UpstreamResponse
 from tokenfair.server.errors import APIError, shutting_down
@@ -51,44 +52,6 @@ Receive = Any
 Send = Any
 
 
-class _Response:
-    """What has been sent to the client so far."""
-
-    __slots__ = ("complete", "event_stream", "send", "started")
-
-    def __init__(self, send: Send) -> None:
-        self.send = send
-        self.started = False
-        self.event_stream = False  # relaying server-sent events
-        self.complete = False
-
-    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
-        self.started = True
-        await self.send({"type": "http.response.start", "status": status, "headers": headers})
-
-    async def body(self, data: bytes, more: bool = True) -> None:
-        await self.send({"type": "http.response.body", "body": data, "more_body": more})
-        self.complete = not more
-
-    async def cut_short(self, error: APIError) -> None:
-        """End the response with `error`: its whole answer, or a stream's last event."""
-        if not self.started:
-            await self.error(error)
-        elif self.event_stream and not self.complete:
-            event = b"data: " + orjson.dumps(error.body()) + b"\n\n"
-            await self.body(event + b"data: [DONE]\n\n", more=False)
-
-    async def error(self, error: APIError) -> None:
-        body = orjson.dumps(error.body())
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(body)).encode()),
-        ]
-        headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
-        await self.start(error.status_code, headers)
-        await self.body(body, more=False)
-
-
 async def _read_body(receive: Receive, limit: int) -> bytes:
     chunks: list[bytes] = []
     size = 0
@@ -110,7 +73,7 @@ class CompletionProxy:
         self.gw = gateway
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = _Response(send)
+        response = ClientResponse(send)
         arrival = time.perf_counter()
         try:
             call, tenant = await self._admit_checks(scope, receive)
@@ -165,7 +128,7 @@ class CompletionProxy:
         return counter.prompt(call.payload)
 
     async def _serve(
-        self, call: CompletionCall, tenant: Any, response: _Response, arrival: float
+        self, call: CompletionCall, tenant: Any, response: ClientResponse, arrival: float
     ) -> None:
         gw = self.gw
         prompt = max(1, self._prompt_tokens(call))
@@ -284,7 +247,7 @@ class CompletionProxy:
         call: CompletionCall,
         ticket: Ticket,
         meter: Meter,
-        response: _Response,
+        response: ClientResponse,
         arrival: float,
         tenant: str,
     ) -> str:
@@ -328,7 +291,7 @@ class CompletionProxy:
         up: UpstreamResponse,
         headers: list[tuple[bytes, bytes]],
         meter: Meter,
-        response: _Response,
+        response: ClientResponse,
         arrival: float,
         tenant: str,
     ) -> str:
@@ -367,7 +330,7 @@ class CompletionProxy:
         up: UpstreamResponse,
         headers: list[tuple[bytes, bytes]],
         meter: Meter,
-        response: _Response,
+        response: ClientResponse,
         arrival: float,
         tenant: str,
     ) -> str:

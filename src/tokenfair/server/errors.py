@@ -67,12 +67,18 @@ def error_body(
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
+# What pydantic puts in an error's location for the member of a union it tried
+# ('constrained-str', 'list[str]', 'int', ...): no field of a request has such a name.
+_UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "literal"}
+
+
 def field_path(loc: Sequence[object]) -> str:
-    """('body', 'messages', 0, 'role') -> 'messages.0.role' (the request body is implied)."""
+    """('body', 'messages', 0, 'role') -> 'messages.0.role' (the request body is implied);
+    ('stop', 'list[constrained-str]', 1) -> 'stop.1' (union members are not fields)."""
     parts = [str(p) for p in loc]
     if parts and parts[0] in ("body", "query", "path", "header"):
         parts = parts[1:]
-    return ".".join(parts)
+    return ".".join(p for p in parts if not ("[" in p or "-" in p or p.lower() in _UNION_TAGS))
 
 
 def validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | None]:
@@ -80,9 +86,14 @@ def validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | 
     if not errors:
         return "invalid request", None
     first = errors[0]
-    kind = first.get("type", "")
-    if kind == "json_invalid":
+    if first.get("type", "") == "json_invalid":
         return "the request body is not valid JSON", None
+    # A value that no member of a union accepts gives an error per member, in the
+    # members' order; the one that got deepest into the value says most.
+    field = field_path(first.get("loc", ())).split(".")[0]
+    same_field = [e for e in errors if field_path(e.get("loc", ())).split(".")[0] == field]
+    first = max(same_field, key=lambda e: len(field_path(e.get("loc", ())).split(".")))
+    kind = first.get("type", "")
     param = field_path(first.get("loc", ()))
     if kind == "missing":
         message = f"missing required field {param!r}" if param else "missing request body"
@@ -90,8 +101,9 @@ def validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | 
         message = f"invalid field {param!r}: {first.get('msg', 'invalid value')}"
     else:
         message = f"invalid request body: {first.get('msg', 'invalid value')}"
-    if len(errors) > 1:
-        message += f" (and {len(errors) - 1} more error{'s' if len(errors) > 2 else ''})"
+    others = {field_path(e.get("loc", ())).split(".")[0] for e in errors} - {field}
+    if others:
+        message += f" (and {len(others)} more field{'s' if len(others) > 1 else ''})"
     return message, param or None
 
 

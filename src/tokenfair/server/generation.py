@@ -84,12 +84,18 @@ def prepare(state: ServerState, body: Body, tenant: Tenant, kind: str) -> Prepar
     if not ids:
         raise APIError(400, "the prompt is empty: give at least one token", param=param)
     prompt_tokens = len(ids)
-    limit = min(tenant.max_tokens_per_request, model.max_context)
-    limit_name = (
-        f"max_tokens_per_request of tenant {tenant.name!r} ({tenant.max_tokens_per_request})"
-        if tenant.max_tokens_per_request <= model.max_context
-        else f"the model's context length ({model.max_context})"
+    # The three bounds on prompt + max_tokens: the tenant's, the model's context, and
+    # the KV pool (a request that can never fit in it would wait forever).
+    bounds = sorted(
+        [
+            (tenant.max_tokens_per_request, f"max_tokens_per_request of tenant {tenant.name!r}"),
+            (model.max_context, "the model's context length"),
+            (model.kv_tokens, "the KV cache (--kv-tokens)"),
+        ],
+        key=lambda bound: bound[0],
     )
+    limit, limit_name = bounds[0]
+    limit_name = f"{limit_name} ({limit} tokens)"
     if prompt_tokens >= limit:
         raise APIError(
             400,
@@ -102,19 +108,16 @@ def prepare(state: ServerState, body: Body, tenant: Tenant, kind: str) -> Prepar
         asked if asked is not None else min(state.config.default_max_tokens, limit - prompt_tokens)
     )
     if prompt_tokens + max_tokens > limit:
-        raise APIError(
-            400,
-            f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) = "
-            f"{prompt_tokens + max_tokens} tokens is more than {limit_name}",
-            param="max_tokens" if asked == body.max_tokens else "max_completion_tokens",
-            code="context_length_exceeded",
+        asked_by = (
+            "max_completion_tokens"
+            if isinstance(body, ChatCompletionRequest) and body.max_completion_tokens is not None
+            else "max_tokens"
         )
-    if model.kv_blocks_for(prompt_tokens + max_tokens) > model.kv_num_blocks:
         raise APIError(
             400,
-            f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) can never fit in the "
-            f"KV cache, which holds {model.kv_tokens} tokens (--kv-tokens); lower max_tokens",
-            param="max_tokens",
+            f"prompt ({prompt_tokens} tokens) + {asked_by} ({max_tokens}) = "
+            f"{prompt_tokens + max_tokens} tokens is more than {limit_name}; lower {asked_by}",
+            param=asked_by,
             code="context_length_exceeded",
         )
     logprobs = body.num_logprobs() if isinstance(body, ChatCompletionRequest) else body.logprobs
@@ -126,7 +129,7 @@ def prepare(state: ServerState, body: Body, tenant: Tenant, kind: str) -> Prepar
             top_k=body.top_k or 0,
             seed=body.seed,
             stop=body.stop_strings(),
-            ignore_eos=body.ignore_eos,
+            ignore_eos=bool(body.ignore_eos),
             logprobs=logprobs,
         )
     except ValueError as error:
@@ -146,7 +149,7 @@ def prepare(state: ServerState, body: Body, tenant: Tenant, kind: str) -> Prepar
         request,
         tenant,
         chat=isinstance(body, ChatCompletionRequest),
-        stream=body.stream,
+        stream=bool(body.stream),
         include_usage=body.include_usage,
         logprobs=logprobs,
     )

@@ -2,8 +2,10 @@
 
 Unknown fields are ignored, as the OpenAI API does; fields the server cannot honour
 (n > 1, echo, best_of > 1, non-text message parts) are refused by the schema itself, so
-`/openapi.json` describes exactly what is accepted. `priority` (lower runs first),
-`top_k` and `ignore_eos` follow vLLM's extensions.
+`/openapi.json` describes exactly what is accepted. Types are strict, as OpenAI's are:
+`"max_tokens": "2"` or `"stream": 1` is a 400, not a guess (an integer is a number,
+though). An explicit `null` means the default for every field OpenAI marks nullable.
+`priority` (lower runs first), `top_k` and `ignore_eos` follow vLLM's extensions.
 """
 
 from __future__ import annotations
@@ -20,19 +22,23 @@ StopString = Annotated[str, Field(min_length=1, max_length=512)]
 TokenId = Annotated[int, Field(ge=0, le=MAX_INT)]
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+# Every request model: unknown fields ignored, strict types.
+STRICT = ConfigDict(extra="ignore", strict=True)
 
-    include_usage: bool = False
+
+class StreamOptions(BaseModel):
+    model_config = STRICT
+
+    include_usage: bool | None = False
 
 
 class SamplingFields(BaseModel):
     """Fields shared by both endpoints."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     model: str = Field(min_length=1, max_length=512)
-    stream: bool = False
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(default=None, ge=1, le=MAX_INT)
     temperature: float | None = Field(default=None, ge=0, le=2, allow_inf_nan=False)
@@ -40,12 +46,12 @@ class SamplingFields(BaseModel):
     top_k: int | None = Field(default=None, ge=0, le=MAX_INT, description="vLLM extension; 0 = off")
     stop: StopString | list[StopString] | None = Field(default=None)
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
-    n: Literal[1] = Field(default=1, description="Only one choice per request is supported.")
+    n: Literal[1] | None = Field(default=1, description="Only one choice per request is supported.")
     user: str | None = Field(default=None, max_length=256)
     priority: int | None = Field(
         default=None, ge=-MAX_INT, le=MAX_INT, description="Lower runs first (vLLM's convention)."
     )
-    ignore_eos: bool = Field(
+    ignore_eos: bool | None = Field(
         default=False, description="vLLM extension: generate max_tokens tokens."
     )
 
@@ -73,7 +79,7 @@ class CompletionRequest(SamplingFields):
         description="One prompt: a string or a list of token ids (a one-element list of either is accepted)."
     )
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    echo: Literal[False] = False
+    echo: Literal[False] | None = False
     best_of: Literal[1] | None = None
     suffix: None = None
 
@@ -98,14 +104,14 @@ class CompletionRequest(SamplingFields):
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     type: Literal["text"]
     text: str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = STRICT
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
@@ -124,7 +130,7 @@ class ChatCompletionRequest(SamplingFields):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=MAX_INT)
-    logprobs: bool = False
+    logprobs: bool | None = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
     def token_limit(self) -> int | None:

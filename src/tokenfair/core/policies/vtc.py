@@ -1,7 +1,10 @@
 """The Virtual Token Counter (Sheng et al., OSDI 2024) and its variants.
 
 Every client has a counter of the (weighted) service it has received. Whenever the
-batch has room, the waiting client with the smallest counter sends its oldest request.
+batch has room, the waiting client with the smallest counter sends its oldest request,
+or, when its requests carry priorities, its most urgent one (lower first, vLLM's
+convention; ties by arrival): a client orders its own work, and no priority moves it
+ahead of another client.
 Admission charges the prompt, every generated token charges the output, both divided
 by the client's weight. A client that comes back from idle is lifted to the smallest
 counter among waiting clients (or, with nobody waiting, to the counter of the client
@@ -137,7 +140,10 @@ class VTCPolicy(Policy):
             self._lift(request.client)
             queue = self._queues[request.client] = deque()
             self._push(request.client)
-        queue.append(request)
+        if queue and request.priority < queue[-1].priority:
+            _insert_by_priority(queue, request, after_equals=True)
+        else:
+            queue.append(request)  # the usual case: arrival order
         self._num_waiting += 1
 
     def requeue(self, request: Request) -> None:
@@ -147,7 +153,10 @@ class VTCPolicy(Policy):
             self._counter.setdefault(request.client, 0.0)
             queue = self._queues[request.client] = deque()
             self._push(request.client)
-        queue.appendleft(request)
+        if queue and request.priority > queue[0].priority:
+            _insert_by_priority(queue, request, after_equals=False)
+        else:
+            queue.appendleft(request)  # first among its equals: it was running
         self._num_waiting += 1
 
     def peek(self) -> Request | None:
@@ -255,3 +264,15 @@ class VTCPolicy(Policy):
         candidate = self.victim(running)
         gap = self._counter.get(candidate.client, 0.0) - self._counter.get(head.client, 0.0)
         return candidate if gap > self.preempt_threshold else None
+
+
+def _insert_by_priority(queue: deque[Request], request: Request, after_equals: bool) -> None:
+    """Insert into a queue kept in priority order: after the requests of the same
+    priority (a new arrival), or before them (a preempted request going back)."""
+    for index, other in enumerate(queue):
+        if other.priority > request.priority or (
+            not after_equals and other.priority == request.priority
+        ):
+            queue.insert(index, request)
+            return
+    queue.append(request)
