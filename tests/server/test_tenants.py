@@ -80,6 +80,10 @@ def test_load_reads_defaults_and_lowercases_hashes(tmp_path):
         ("tenants: [\n", "line"),
         ("- a\n- b\n", "expected a mapping"),
         ("tenants:\n  - name: t\n    max_waiting: -1\n", "tenants.0.max_waiting"),
+        ("", "the file is empty"),  # a half-written file must not lock everyone out
+        ("# nothing yet\n", "the file is empty"),
+        ("tenants: []\n", "tenants: no tenant"),
+        ("admin_key_sha256: null\n", "tenants: required key missing"),
     ],
 )
 def test_bad_files_name_the_key(tmp_path, text, names):

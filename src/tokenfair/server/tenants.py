@@ -87,7 +87,9 @@ class TenantsFile(BaseModel):
         default=None, min_length=1, pattern=r"^[A-Za-z0-9-]+$"
     )
     share_prefix_cache: bool = False
-    tenants: list[Tenant] = Field(default_factory=list)
+    # Required, and never empty: a file naming nobody would lock every client out
+    # (a half-written file, on a reload), which the old file in force is better than.
+    tenants: list[Tenant] = Field(min_length=1)
 
     @field_validator("admin_key_sha256")
     @classmethod
@@ -128,13 +130,15 @@ def _describe(error: ValidationError) -> str:
         message = "unknown key"
     elif first["type"] == "missing":
         message = "required key missing"
+    elif first["type"] == "too_short" and loc == "tenants":
+        message = "no tenant: name at least one"
     return f"{loc}: {message}" if loc else message
 
 
 def parse_tenants(data: Any, source: str = "tenants file") -> TenantsFile:
     """Validate already-parsed YAML/JSON data; errors name `source` and the key."""
     if data is None:
-        data = {}
+        raise TenantsFileError(f"{source}: the file is empty: it needs a 'tenants' list")
     if not isinstance(data, dict):
         raise TenantsFileError(f"{source}: expected a mapping with a 'tenants' list")
     try:
