@@ -232,3 +232,27 @@ def test_sighup_reloads_and_keeps_the_old_file_on_error(server_dir, engine):
         assert "tenants.0.weight" in server.log.read_text()
     finally:
         server.stop()
+
+
+def test_admin_reaches_a_tenant_whose_name_has_a_slash(server_dir):
+    data = tenants_data()
+    data["tenants"].append({"name": "org/team", "key_sha256": [hash_key("key-org")]})  # type: ignore[attr-defined]
+    server = launch(server_dir, "--model", "sim:zero", tenants=data)
+    try:
+        for path, weight in (("org/team", 3.0), ("org%2Fteam", 4.0)):
+            changed = httpx.post(
+                f"{server.url}/admin/tenants/{path}/weight", json={"weight": weight}, headers=ADMIN
+            )
+            assert changed.status_code == 200, changed.text
+            assert changed.json() == {"name": "org/team", "weight": weight}
+        assert server.metric("tokenfair:tenant_weight", tenant="org/team") == 4.0
+        for weight in ("3", True):  # strict: a number, not something that converts to one
+            refused = httpx.post(
+                f"{server.url}/admin/tenants/org/team/weight",
+                json={"weight": weight},
+                headers=ADMIN,
+            )
+            assert refused.status_code == 400
+            assert refused.json()["error"]["param"] == "weight"
+    finally:
+        server.stop()

@@ -34,7 +34,7 @@ AdminState = Annotated[ServerState, Depends(_state)]
 
 
 class WeightChange(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     weight: float = Field(gt=0, le=1e9, allow_inf_nan=False)
 
 
@@ -61,7 +61,8 @@ async def list_tenants(state: AdminState) -> Response:
     return json_response({"object": "list", "data": rows})
 
 
-@router.post("/tenants/{name}/weight", summary="Change a tenant's weight at run time")
+# `:path`: a tenant name may hold a slash (`org/team`), plain or as %2F.
+@router.post("/tenants/{name:path}/weight", summary="Change a tenant's weight at run time")
 async def set_weight(name: str, change: WeightChange, state: AdminState) -> Response:
     if state.tenants.get(name) is None:
         raise APIError(404, f"no tenant named {name!r}", param="name")

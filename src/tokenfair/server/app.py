@@ -134,5 +134,36 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     bearer = {"type": "http", "scheme": "bearer"}
     schema["components"]["securitySchemes"] = {"bearer": bearer}
     schema["security"] = [{"bearer": []}]
+    _as_answered(schema)
     app.openapi_schema = schema
     return schema
+
+
+PUBLIC_PATHS = ("/health", "/metrics")  # no key needed
+
+
+def _as_answered(schema: dict[str, Any]) -> None:
+    """Make FastAPI's generated operations say what the server really answers: a bad
+    parameter or body is a 400 in OpenAI's error shape (not FastAPI's 422), the admin
+    API may answer 401, 403 and 404 too, and /health and /metrics need no key."""
+    error = {
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
+    }
+    admin = {
+        "401": "Missing or unknown key.",
+        "403": "A tenant key, not the admin key.",
+        "404": "No such tenant or request (or the admin API is off: no admin key is set).",
+    }
+    for path, operations in schema.get("paths", {}).items():
+        for operation in operations.values():
+            responses = operation.setdefault("responses", {})
+            if responses.pop("422", None) is not None:
+                responses.setdefault("400", {"description": "Invalid parameter or body.", **error})
+            if path.startswith("/admin/"):
+                for code, text in admin.items():
+                    responses.setdefault(code, {"description": text, **error})
+            if path in PUBLIC_PATHS:
+                operation["security"] = []
+    components = schema["components"]["schemas"]
+    for unused in ("HTTPValidationError", "ValidationError"):
+        components.pop(unused, None)
