@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 
 import httpx
@@ -158,3 +159,41 @@ def test_max_tokens_ends_in_its_step(any_sim_server, max_tokens):
         timeout=30,
     )
     assert r.json()["usage"]["completion_tokens"] == max_tokens
+
+
+def test_admin_lists_requests_in_flight_and_aborts_a_non_streaming_one(any_sim_server):
+    """A non-streaming request's id comes with its answer: the list is how it is found."""
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    body = {"model": "sim:fixed:0.002", "prompt": "find me", "max_tokens": 8000}
+    answers: list[httpx.Response] = []
+    caller = threading.Thread(
+        target=lambda: answers.append(
+            httpx.post(
+                f"{any_sim_server.url}/v1/completions",
+                json=body,
+                headers=any_sim_server.headers("team-b"),
+                timeout=60,
+            )
+        )
+    )
+    caller.start()
+    deadline = time.monotonic() + 20
+    rows: list[dict] = []
+    while not rows:
+        assert time.monotonic() < deadline
+        listing = httpx.get(
+            f"{any_sim_server.url}/admin/requests", params={"tenant": "team-b"}, headers=admin
+        )
+        assert listing.status_code == 200
+        rows = [row for row in listing.json()["data"] if row["completion_tokens"] > 0]
+        time.sleep(0.02)
+    (row,) = rows
+    assert row["tenant"] == "team-b" and row["started"] and row["age_s"] > 0
+    refused = httpx.get(f"{any_sim_server.url}/admin/requests", headers=any_sim_server.headers())
+    assert refused.status_code == 403
+    done = httpx.post(f"{any_sim_server.url}/admin/requests/{row['id']}/abort", headers=admin)
+    assert done.status_code == 200
+    caller.join(30)
+    answer = answers[0].json()
+    assert answer["id"] == row["id"] and answer["choices"][0]["finish_reason"] == "abort"
+    assert answer["usage"]["completion_tokens"] < 8000

@@ -33,6 +33,15 @@ def test_models_lists_the_served_model(sim_server):
     assert [m.id for m in models] == ["sim:fixed:0.002"]
 
 
+def test_a_model_is_retrieved_by_id(sim_server):
+    c = client(sim_server)
+    name = model_of(sim_server)
+    assert c.models.retrieve(name).id == name  # the id holds a colon: sim:fixed:0.002
+    with pytest.raises(openai.NotFoundError) as caught:
+        c.models.retrieve("org/other-model")
+    assert caught.value.body["code"] == "model_not_found"  # type: ignore[index]
+
+
 def test_completion_sync(any_server):
     c = client(any_server)
     result = c.completions.create(

@@ -83,3 +83,13 @@ def test_a_value_no_accepted_form_takes_names_its_field(
     error = answer.json()["error"]
     assert error["param"] == param
     assert "more field" not in error["message"]
+
+
+def test_top_logprobs_needs_logprobs(sim_server: Server) -> None:
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "top_logprobs": 2}
+    refused = post(sim_server, "/v1/chat/completions", body)
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["param"] == "top_logprobs" and "logprobs: true" in error["message"]
+    assert not error["message"].startswith("invalid field 'top_logprobs': Value error")
+    assert post(sim_server, "/v1/chat/completions", {**body, "logprobs": True}).status_code == 200

@@ -3,6 +3,7 @@
 GET  /admin/tenants                     every tenant: weight, VTC counter, waiting,
                                         running, service received, preemptions
 POST /admin/tenants/{name}/weight       {"weight": 2.0}: the next decision uses it
+GET  /admin/requests                    the requests in flight: id, tenant, tokens, age
 POST /admin/requests/{request_id}/abort abort one request (its id is the response's `id`)
 POST /admin/reload                      re-read the tenants file (as SIGHUP does)
 GET  /admin/requests/recent             the last finished requests with their timing
@@ -68,6 +69,30 @@ async def set_weight(name: str, change: WeightChange, state: AdminState) -> Resp
         raise APIError(404, f"no tenant named {name!r}", param="name")
     await state.set_weight(name, change.weight)
     return json_response({"name": name, "weight": change.weight})
+
+
+@router.get("/requests", summary="The requests in flight, oldest first")
+async def requests_in_flight(
+    state: AdminState, tenant: Annotated[str | None, Query(max_length=256)] = None
+) -> Response:
+    """What an operator needs to find a request to abort: a non-streaming request's id
+    is otherwise only known once its answer has come."""
+    now = state.engine.now()
+    in_flight = [stream.request for stream in list(state.engine.streams.values())]
+    in_flight.sort(key=lambda request: request.arrival_s)
+    rows = [
+        {
+            "id": request.request_id,
+            "tenant": request.client,
+            "prompt_tokens": request.input_tokens,
+            "completion_tokens": len(request.output_token_ids),
+            "age_s": round(now - request.arrival_s, 3),
+            "started": request.first_token_s is not None,
+        }
+        for request in in_flight
+        if tenant is None or request.client == tenant
+    ]
+    return json_response({"object": "list", "data": rows})
 
 
 @router.post("/requests/{request_id}/abort", summary="Abort a request by id")

@@ -74,17 +74,31 @@ def create_app(
     app.include_router(routes.router)
     app.include_router(admin.router)
 
+    entry = {
+        "id": model.name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "tokenfair",
+        "max_model_len": model.max_context,
+    }
+
     @app.get("/v1/models", summary="The served model")
     async def models(request: Request) -> Response:
         state.tenants.authenticate(request.headers.get("authorization"), request.headers)
-        entry = {
-            "id": model.name,
-            "object": "model",
-            "created": state.created,
-            "owned_by": "tokenfair",
-            "max_model_len": model.max_context,
-        }
         return routes.json_response({"object": "list", "data": [entry]})
+
+    # `:path`: model ids such as `org/model` or `sim:a10g-llama-7b` hold slashes.
+    @app.get("/v1/models/{model_id:path}", summary="One model, by id")
+    async def model_by_id(model_id: str, request: Request) -> Response:
+        state.tenants.authenticate(request.headers.get("authorization"), request.headers)
+        if model_id != model.name:
+            raise APIError(
+                404,
+                f"the model {model_id!r} does not exist; this server serves {model.name!r}",
+                param="model",
+                code="model_not_found",
+            )
+        return routes.json_response(entry)
 
     @app.get("/health", summary="200 while the engine runs, 503 otherwise")
     async def health() -> Response:

@@ -97,10 +97,10 @@ def validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | 
     param = field_path(first.get("loc", ()))
     if kind == "missing":
         message = f"missing required field {param!r}" if param else "missing request body"
-    elif param:
-        message = f"invalid field {param!r}: {first.get('msg', 'invalid value')}"
     else:
-        message = f"invalid request body: {first.get('msg', 'invalid value')}"
+        reason = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+        where = f"field {param!r}" if param else "request body"
+        message = f"invalid {where}: {reason}"
     others = {field_path(e.get("loc", ())).split(".")[0] for e in errors} - {field}
     if others:
         message += f" (and {len(others)} more field{'s' if len(others) > 1 else ''})"
