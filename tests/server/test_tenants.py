@@ -166,6 +166,20 @@ def test_tenant_from_user():
     assert {t.name for t in open_dir.tenants} == {OPEN_TENANT, "alice"}
 
 
+def test_tenant_from_user_is_bounded(monkeypatch):
+    import tokenfair.server.tenants as tenants
+
+    monkeypatch.setattr(tenants, "MAX_USER_TENANTS", 3)
+    open_dir = TenantDirectory.open(tenant_from_user=True)
+    base = open_dir.authenticate(None, {})
+    for user in ("u1", "u2", "u3"):
+        open_dir.for_user(base, user)
+    with pytest.raises(APIError) as caught:
+        open_dir.for_user(base, "u4")
+    assert caught.value.status_code == 429 and caught.value.code == "too_many_users"
+    assert open_dir.for_user(base, "u2").name == "u2"  # those already known still are
+
+
 def test_admin_key_checks(directory):
     directory.check_admin(f"Bearer {ADMIN}")
     for authorization, status in [(None, 401), ("Bearer wrong", 401), (f"Bearer {KEY_A}", 403)]:

@@ -39,6 +39,10 @@ from tokenfair.server.errors import APIError
 
 OPEN_TENANT = "default"
 OPEN_MAX_WAITING = 1 << 30
+# With tenant_from_user, how many distinct `user` values become tenants. Each tenant
+# keeps its counters and its metric series for good: without a bound, a client that
+# sends a new `user` per request would grow the server and /metrics without end.
+MAX_USER_TENANTS = 10_000
 KeyHash = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$")]
 TenantName = Annotated[
     str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]*$")
@@ -267,6 +271,15 @@ class TenantDirectory:
         with self._lock:
             found = self._users.get(user)
             if found is None:
+                if len(self._users) >= MAX_USER_TENANTS:
+                    raise APIError(
+                        429,
+                        f"this server already serves {MAX_USER_TENANTS} distinct users, the "
+                        "most that --tenant-from-user takes; a tenants file names tenants "
+                        "without a bound",
+                        param="user",
+                        code="too_many_users",
+                    )
                 found = Tenant.model_construct(**{**tenant.model_dump(), "name": user})
                 self._users[user] = found
             return found
