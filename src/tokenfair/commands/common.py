@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
@@ -27,6 +27,15 @@ if TYPE_CHECKING:
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 USAGE_ERROR = 2
+
+# `tokenfair serve` and `tokenfair gateway` stop alike (uvicorn's graceful shutdown).
+ShutdownTimeout = Annotated[
+    int,
+    typer.Option(
+        help="On SIGTERM or Ctrl-C, seconds the requests in flight get to finish; "
+        "then they end with a 503 (an error event in a stream)."
+    ),
+]
 
 
 def fail(message: str) -> NoReturn:

@@ -9,6 +9,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from tokenfair.commands.common import ShutdownTimeout
+
 console = Console(stderr=True)
 
 
@@ -24,13 +26,7 @@ def gateway(
     log_level: Annotated[
         str, typer.Option(help="Log level: debug, info, warning, error.")
     ] = "warning",
-    shutdown_timeout: Annotated[
-        int,
-        typer.Option(
-            help="On SIGTERM or Ctrl-C, seconds the requests in flight get to finish; "
-            "then they end with a 503 (an error event in a stream)."
-        ),
-    ] = 5,
+    shutdown_timeout: ShutdownTimeout = 5,
 ) -> None:
     """Fair-share admission gateway in front of vLLM, SGLang or tokenfair servers."""
     from tokenfair.gateway.config import GatewayConfigError, load_config

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from tokenfair.commands.common import ShutdownTimeout
 from tokenfair.server.intake import Intake
 
 console = Console(stderr=True)
@@ -110,13 +111,7 @@ def serve(
         float | None,
         typer.Option(help="Seconds before a request is aborted (tenants may override)."),
     ] = 600.0,
-    shutdown_timeout: Annotated[
-        int,
-        typer.Option(
-            help="On SIGTERM or Ctrl-C, seconds the requests in flight get to finish; "
-            "then they end with a 503 (an error event in a stream)."
-        ),
-    ] = 5,
+    shutdown_timeout: ShutdownTimeout = 5,
     engine: Annotated[
         str,
         typer.Option(
