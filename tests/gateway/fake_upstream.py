@@ -4,7 +4,8 @@
 
 It streams SSE at a fixed interval per token (`tok ` per chunk, `max_tokens` of them,
 16 by default), reports usage (prompt tokens = words + 1, deliberately unlike the
-gateway's estimate), notices client disconnects, and exposes what it is doing at
+gateway's estimate; a body with `fake_no_usage: true` gets a non-streaming answer
+without it), notices client disconnects, and exposes what it is doing at
 /stats and, in tokenfair's metric names, at /metrics. Raw ASGI, so that it is never
 the bottleneck of a benchmark.
 """
@@ -140,18 +141,17 @@ class FakeUpstream:
                     choice["message"] = {"role": "assistant", "content": "tok " * n}
                 else:
                     choice["text"] = "tok " * n
-                await self.json(
-                    send,
-                    200,
-                    {
-                        "id": "cmpl-fake",
-                        "object": kind,
-                        "created": 0,
-                        "model": model,
-                        "choices": [choice],
-                        "usage": usage,
-                    },
-                )
+                answer = {
+                    "id": "cmpl-fake",
+                    "object": kind,
+                    "created": 0,
+                    "model": model,
+                    "choices": [choice],
+                    "usage": usage,
+                }
+                if request.get("fake_no_usage"):  # as some servers answer
+                    del answer["usage"]
+                await self.json(send, 200, answer)
                 self.finished += 1
                 return
             await self.stream(

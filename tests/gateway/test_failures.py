@@ -106,6 +106,8 @@ def test_failure_before_the_first_byte_is_retried_once_elsewhere(tmp_path: Path)
                 == "tok tok "
             )
         assert stats(failing)["started"] == 0 and stats(good)["finished"] == 10
+        # A 5xx answer counts against the upstream's health, as a failed request does.
+        assert "upstream failing is out of rotation: answered 503" in gw.log.read_text()
         # With no other upstream, the client gets the upstream's own answer.
         with pytest.raises(openai.InternalServerError) as raised:
             openai.OpenAI(
@@ -255,3 +257,24 @@ def test_requests_past_the_shutdown_grace_period_are_answered(tmp_path: Path) ->
     assert code == -signal.SIGTERM
     log = gw.log.read_text()
     assert "Traceback" not in log and "Exception in ASGI application" not in log
+
+
+def test_a_timeout_mid_stream_ends_with_an_error_event(tmp_path: Path) -> None:
+    upstream = fake_upstream(tmp_path, "slow", token_interval=0.05)
+    gw = gateway(
+        tmp_path, [{"url": upstream.url, "models": ["fake"], "max_concurrent": 2}],
+        request_timeout_s=0.5,
+    )  # fmt: skip
+    try:
+        body = {"model": "fake", "prompt": "x", "max_tokens": 60, "stream": True}
+        headers = {"Authorization": f"Bearer {KEYS['light']}"}
+        with httpx.stream(
+            "POST", f"{gw.url}/v1/completions", json=body, headers=headers, timeout=30
+        ) as response:
+            events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        assert json.loads(events[-2])["error"]["code"] == "timeout"
+        assert 2 < len(events) < 40  # some tokens came, then the timeout (60 would be 3 s)
+    finally:
+        gw.stop()
+        upstream.stop()

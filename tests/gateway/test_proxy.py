@@ -218,12 +218,42 @@ def test_tenant_limits(pool: dict[str, Any]) -> None:
 
 def test_rpm_limit_returns_429_with_retry_after(pool: dict[str, Any]) -> None:
     limited = client(pool["gateway"], "limited")
+    for _ in range(2):  # refused as too long: they never count against the rate
+        with pytest.raises(openai.BadRequestError):
+            limited.completions.create(model="fake", prompt="x", max_tokens=9000)
     for _ in range(3):
         limited.completions.create(model="fake", prompt="x", max_tokens=1)
     with pytest.raises(openai.RateLimitError) as raised:
         limited.completions.create(model="fake", prompt="x", max_tokens=1)
-    assert raised.value.response.headers["retry-after"] == "1"
+    # Until the first of the three leaves the 60 s window.
+    assert 55 <= int(raised.value.response.headers["retry-after"]) <= 60
     assert raised.value.body["code"] == "rate_limited"  # type: ignore[index]
+
+
+def test_an_answer_without_usage_is_charged_for_its_text(pool: dict[str, Any]) -> None:
+    gw = pool["gateway"]
+    client(gw, "other").completions.create(model="fake", prompt="x", max_tokens=1)
+    before = state(gw)["counters"]["other"]
+    client(gw, "other").completions.create(
+        model="fake", prompt="abcd", max_tokens=200, extra_body={"fake_no_usage": True}
+    )
+    # The prompt's estimate (1) plus w_out (2) x the text's: "tok " x 200 = 800 chars = 200.
+    assert state(gw)["counters"]["other"] - before == pytest.approx(1 + 2 * 200)
+
+
+def test_a_text_part_that_is_not_a_string_is_passed_on(pool: dict[str, Any]) -> None:
+    body = {
+        "model": "fake",
+        "max_tokens": 2,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": None}]}],
+    }
+    answer = httpx.post(
+        pool["gateway"].url + "/v1/chat/completions",
+        json=body,
+        headers={"Authorization": f"Bearer {KEYS['light']}"},
+        timeout=30,
+    )
+    assert answer.status_code < 500, answer.text  # for the upstream to judge
 
 
 def test_sighup_reloads_the_tenants_file_and_refuses_a_bad_one(pool: dict[str, Any]) -> None:
@@ -257,3 +287,46 @@ def test_sighup_reloads_the_tenants_file_and_refuses_a_bad_one(pool: dict[str, A
     finally:
         path.write_text(original)
         gw.popen.send_signal(signal.SIGHUP)
+
+
+def test_leaving_the_queue_costs_nothing_and_refunds_nothing(pool: dict[str, Any]) -> None:
+    """A request that never reached an upstream was never charged: leaving the queue
+    (a disconnect, here) must not refund its reservation either."""
+    gw = pool["gateway"]
+    client(gw, "other").completions.create(model="fake", prompt="x", max_tokens=1)
+    before = state(gw)["counters"]["other"]
+    service = tenant_service(gw, "other")
+
+    async def scenario() -> None:
+        hog = openai.AsyncOpenAI(base_url=gw.url + "/v1", api_key=KEYS["heavy"], max_retries=0)
+        hogs = [  # all 8 upstream slots, for 2 s at least: far longer than the three waits
+            asyncio.ensure_future(hog.completions.create(model="fake", prompt="p", max_tokens=1000))
+            for _ in range(8)
+        ]
+        await asyncio.sleep(0.2)
+        async with httpx.AsyncClient(base_url=gw.url, timeout=0.15) as c:
+            for _ in range(3):
+                with pytest.raises(httpx.TimeoutException):  # gone while queued
+                    await c.post(
+                        "/v1/completions",
+                        json={"model": "fake", "prompt": "x", "max_tokens": 4000},
+                        headers={"Authorization": f"Bearer {KEYS['other']}"},
+                    )
+        await asyncio.gather(*hogs)
+        await hog.close()
+
+    asyncio.run(scenario())
+    deadline = time.monotonic() + 10
+    while sum(state(gw)["waiting"].values()) or sum(state(gw)["running"].values()):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    # Its counter may only rise (lifted to the waiting tenants' as it came back; each
+    # of the three would otherwise have refunded 2 x 4,000); no service is recorded.
+    assert state(gw)["counters"]["other"] >= before
+    assert tenant_service(gw, "other") == service
+
+
+def tenant_service(gw: Process, tenant: str) -> float:
+    text = httpx.get(gw.url + "/metrics", timeout=5).text
+    prefix = f'tokenfair:tenant_service_total{{tenant="{tenant}"}} '
+    return sum(float(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix))

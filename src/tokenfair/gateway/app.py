@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -97,15 +98,18 @@ class Gateway:
         self._estimate = TokenCounter()
         self._rate: dict[str, RPMPolicy] = {}
 
-    def rate_ok(self, tenant: Tenant) -> bool:
-        """The tenant's `rpm` limit (the core's sliding 60 s window), if it has one."""
+    def rate_limited(self, tenant: Tenant) -> int | None:
+        """The tenant's `rpm` limit (the core's sliding 60 s window), if it has one:
+        None when the request may go (it is counted), else the whole seconds to wait."""
         if tenant.rpm is None:
-            return True
+            return None
         limiter = self._rate.get(tenant.name)
         if limiter is None or limiter.limit != tenant.rpm:
             limiter = self._rate[tenant.name] = RPMPolicy(limit=tenant.rpm)
         now = time.monotonic()
-        return limiter.accept(Request("rate", tenant.name, input_tokens=1, arrival_s=now), now)
+        if limiter.accept(Request("rate", tenant.name, input_tokens=1, arrival_s=now), now):
+            return None
+        return max(1, math.ceil(limiter.retry_after(tenant.name, now)))
 
     def reload_tenants(self) -> None:
         """SIGHUP: re-read the tenants file; a bad one is refused and the old one stays."""

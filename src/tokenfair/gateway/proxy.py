@@ -22,7 +22,7 @@ from tokenfair.gateway.admission import AdmissionRefused, Ticket
 from tokenfair.gateway.meter import Meter
 from tokenfair.gateway.requests import CompletionCall, parse_call
 from tokenfair.gateway.response import ClientResponse
-from tokenfair.gateway.sse import SSEReader, usage_of
+from tokenfair.gateway.sse import SSEReader, text_of_answer, usage_of
 from tokenfair.gateway.upstream_client import UpstreamError, UpstreamResponse
 from tokenfair.server.errors import APIError, shutting_down
 
@@ -46,6 +46,9 @@ _UPSTREAM_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completio
 # What the upstream client raises when an upstream cannot be reached or breaks off (its
 # connect timeout is a TimeoutError).
 _UPSTREAM_ERRORS = (UpstreamError, OSError, TimeoutError)
+# A non-streaming answer is read whole before it is relayed (its usage settles the
+# charge): past this size it is a 502, not the gateway's memory spent on it.
+MAX_ANSWER_BYTES = 64 << 20
 
 Scope = dict[str, Any]
 Receive = Any
@@ -133,18 +136,6 @@ class CompletionProxy:
         gw = self.gw
         prompt = max(1, self._prompt_tokens(call))
         max_tokens = call.max_tokens or gw.config.default_max_tokens
-        if not gw.rate_ok(tenant):
-            gw.metrics.rejected.labels(tenant.name, "rate_limited").inc()
-            limit = f"{tenant.rpm} requests per minute"
-            await response.error(
-                APIError(
-                    429,
-                    f"tenant {tenant.name!r} is over its limit of {limit}",
-                    code="rate_limited",
-                    headers={"retry-after": "1"},
-                )
-            )
-            return
         if prompt + max_tokens > tenant.max_tokens_per_request:
             gw.metrics.rejected.labels(tenant.name, "too_long").inc()
             await response.error(
@@ -153,6 +144,19 @@ class CompletionProxy:
                     f"prompt ({prompt} tokens) + max_tokens ({max_tokens}) is over this tenant's limit of {tenant.max_tokens_per_request} tokens",
                     param="max_tokens",
                     code="context_length_exceeded",
+                )
+            )
+            return
+        wait_s = gw.rate_limited(tenant)  # only for requests that could run
+        if wait_s is not None:
+            gw.metrics.rejected.labels(tenant.name, "rate_limited").inc()
+            limit = f"{tenant.rpm} requests per minute"
+            await response.error(
+                APIError(
+                    429,
+                    f"tenant {tenant.name!r} is over its limit of {limit}",
+                    code="rate_limited",
+                    headers={"retry-after": str(wait_s)},
                 )
             )
             return
@@ -187,20 +191,25 @@ class CompletionProxy:
                 await response.error(
                     APIError(408, "the request timed out", type="timeout_error", code="timeout")
                 )
-            else:
+            else:  # mid-stream: an event the client can tell from a whole answer
                 with contextlib.suppress(Exception):
-                    await response.body(b"", more=False)
+                    await response.cut_short(
+                        APIError(408, "the request timed out", type="timeout_error", code="timeout")
+                    )
         finally:
             gw.admission.release(ticket)
-            if outcome in ("abort", "timeout"):
+            # Charged at dispatch: a request that left the queue before it was paid for
+            # nothing, and must get nothing back (its reservation is not a charge).
+            dispatched = ticket.upstream is not None
+            if outcome in ("abort", "timeout") and dispatched:
                 meter.on_unfinished(failed=False)
             if outcome != "rejected":
                 gw.metrics.finished(
                     tenant.name,
                     outcome,
-                    meter.prompt,
-                    meter.output,
-                    meter.service(),
+                    meter.prompt if dispatched else 0,
+                    meter.output if dispatched else 0,
+                    meter.service() if dispatched else 0.0,
                     time.perf_counter() - arrival,
                 )
 
@@ -231,6 +240,8 @@ class CompletionProxy:
             if response is not None and response.status < 500:
                 gw.pool.mark_success(upstream)
                 return response, None
+            if response is not None:  # a failed request counts against its health
+                gw.pool.mark_failure(upstream, f"answered {response.status}")
             if attempt == 1 or not gw.pool.any_eligible(
                 call.model, ticket.exclude | {upstream.name}
             ):
@@ -278,7 +289,7 @@ class CompletionProxy:
                     call, upstream, upstream_response, headers, meter, response, arrival, tenant
                 )
             return await self._relay_body(
-                upstream, upstream_response, headers, meter, response, arrival, tenant
+                call, upstream, upstream_response, headers, meter, response, arrival, tenant
             )
         finally:
             # A response read to its end goes back to the keep-alive pool; one abandoned
@@ -287,6 +298,7 @@ class CompletionProxy:
 
     async def _relay_body(
         self,
+        call: CompletionCall,
         upstream: Upstream,
         up: UpstreamResponse,
         headers: list[tuple[bytes, bytes]],
@@ -296,14 +308,14 @@ class CompletionProxy:
         tenant: str,
     ) -> str:
         try:
-            body = await up.read()
+            body = await up.read(MAX_ANSWER_BYTES)
         except _UPSTREAM_ERRORS as error:
             self.gw.pool.mark_failure(upstream, f"response broke off ({type(error).__name__})")
             meter.on_unfinished(failed=True)
             await response.error(
                 APIError(
                     502,
-                    f"upstream {upstream.name} broke off its response",
+                    f"upstream {upstream.name} broke off its response ({error})",
                     type="upstream_error",
                     code="upstream_unavailable",
                 )
@@ -311,10 +323,14 @@ class CompletionProxy:
             return "upstream_error"
         if up.status == 200:
             with contextlib.suppress(orjson.JSONDecodeError):
-                usage = usage_of(orjson.loads(body))
+                answer = orjson.loads(body)
+                usage = usage_of(answer)
                 if usage is not None:
                     meter.on_usage(*usage)
                     meter.streamed = usage[1]
+                else:  # no usage: the text the client got is what it pays for
+                    counted = self.gw.token_counter(call.model).text(text_of_answer(answer))
+                    meter.streamed = min(meter.output, counted)
         if up.status != 200 or not meter.usage_seen:
             meter.on_unfinished(failed=up.status != 200)
         else:

@@ -37,6 +37,8 @@ class ClientResponse:
         elif self.event_stream and not self.complete:
             event = b"data: " + orjson.dumps(error.body()) + b"\n\n"
             await self.body(event + b"data: [DONE]\n\n", more=False)
+        elif not self.complete:  # a body that cannot take an event: end it short
+            await self.body(b"", more=False)
 
     async def error(self, error: APIError) -> None:
         body = orjson.dumps(error.body())

@@ -44,6 +44,21 @@ def usage_of(data: Any) -> tuple[int, int] | None:
     return None
 
 
+def text_of_answer(data: Any) -> str:
+    """The generated text of a non-streaming answer: every choice's `text` (completions)
+    or `message.content` (chat)."""
+    choices = data.get("choices") if isinstance(data, dict) else None
+    parts: list[str] = []
+    for choice in choices if isinstance(choices, list) else ():
+        if not isinstance(choice, dict):
+            continue
+        message = choice.get("message")
+        text = message.get("content") if isinstance(message, dict) else choice.get("text")
+        if isinstance(text, str):
+            parts.append(text)
+    return "".join(parts)
+
+
 class SSEReader:
     """Splits bytes into events; `feed` returns the bytes to forward now."""
 

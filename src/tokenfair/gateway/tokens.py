@@ -27,7 +27,10 @@ def _text_of(content: Any) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):  # content parts: only text parts count here
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+        # The upstream validates the parts; a part whose text is not a string counts
+        # as nothing here, rather than failing the request.
+        texts = (p.get("text") for p in content if isinstance(p, dict))
+        return "".join(text for text in texts if isinstance(text, str))
     return ""
 
 

@@ -170,9 +170,15 @@ class UpstreamResponse:
                 return value
         return None
 
-    async def read(self) -> bytes:
-        """The whole body."""
-        return b"".join([chunk async for chunk in self])
+    async def read(self, limit: int | None = None) -> bytes:
+        """The whole body; UpstreamError once it grows past `limit` bytes."""
+        chunks, size = [], 0
+        async for chunk in self:
+            size += len(chunk)
+            if limit is not None and size > limit:
+                raise UpstreamError(f"the answer is larger than {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     def __aiter__(self) -> UpstreamResponse:
         return self

@@ -31,3 +31,10 @@ class RPMPolicy(FCFSPolicy):
             return False
         times.append(now)
         return True
+
+    def retry_after(self, client: str, now: float) -> float:
+        """Seconds until `client` may be accepted again (0 when it may now)."""
+        times = self._accepted.get(client)
+        if not times or len(times) < self.limit:
+            return 0.0
+        return max(0.0, times[0] + self.window_s - now)
