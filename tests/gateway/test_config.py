@@ -79,6 +79,18 @@ def test_a_good_config_loads() -> None:
             "upstreams:\n  - {url: 'http://x', models: [m], max_concurrent: 1, name: a}\n  - {url: 'http://y', models: [m], max_concurrent: 1, name: a}\n",
             "<config>:2: upstreams: the name 'a' of upstream 1 is used twice",
         ),
+        (
+            "upstreams:\n  - url: http://x:notaport/v1\n    models: [m]\n    max_concurrent: 1\n",
+            "<config>:2: upstreams.0.url: 'http://x:notaport/v1' has no valid port",
+        ),
+        (
+            "redis: {url: 'redis://h:99999/0'}\nupstreams:\n  - {url: 'http://x', models: [m], max_concurrent: 1}\n",
+            "<config>:1: redis.url: 'redis://h:99999/0' has no valid port",
+        ),
+        (
+            "upstreams:\n  - {url: 'http://:80', models: [m], max_concurrent: 1}\n",
+            "upstreams.0.url: 'http://:80' names no host",
+        ),
         ("[1, 2]", "<config>: expected a mapping"),
         ("upstreams: [", "<config>:1: not valid YAML"),
     ],

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -51,7 +52,22 @@ class RedisConfig(_Strict):
     def _redis_url(cls, url: str) -> str:
         if not url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("must start with redis://, rediss:// or unix://")
+        if not url.startswith("unix://"):
+            _host_and_port(url)
         return url
+
+
+def _host_and_port(url: str) -> None:
+    """A URL's host and port must read as such (a bad port otherwise fails at start)."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port  # raises on a port that is not a number from 0 to 65535
+    except ValueError:
+        raise ValueError(f"{url!r} has no valid port: a number from 1 to 65535") from None
+    if not parts.hostname:
+        raise ValueError(f"{url!r} names no host")
+    if port == 0:
+        raise ValueError(f"{url!r} has no valid port: a number from 1 to 65535")
 
 
 class UpstreamConfig(_Strict):
@@ -71,6 +87,7 @@ class UpstreamConfig(_Strict):
     def _http_url(cls, url: str) -> str:
         if not url.startswith(("http://", "https://")):
             raise ValueError("must be an http:// or https:// URL")
+        _host_and_port(url)
         url = url.rstrip("/")
         return url[: -len("/v1")] if url.endswith("/v1") else url
 
