@@ -174,3 +174,52 @@ def test_a_dead_gateway_stops_counting_as_waiting(redis_server: RedisServer) -> 
             await alive.close()
 
     asyncio.run(run())
+
+
+def test_a_call_that_succeeds_after_another_failed_is_counted_once(
+    redis_server: RedisServer,
+) -> None:
+    """An outage seen by one call while another is in flight: the one that still
+    succeeds must reach the local counters too, or its tenant stays waiting for good."""
+    import redis.asyncio as aioredis
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    async def run() -> None:
+        store = RedisCounterStore(
+            redis_server.url, namespace="race", gateway_id="g1", probe_interval_s=0.05
+        )
+        await store.start()
+        try:
+            await store.arrive("a")
+            await store.arrive("a")
+            real_leave, real_flush = store._scripts["LEAVE"], store._scripts["FLUSH"]
+            go = asyncio.Event()
+
+            async def held_leave(**kwargs):  # type: ignore[no-untyped-def]
+                await go.wait()
+                return await real_leave(**kwargs)
+
+            async def failing_flush(**kwargs):  # type: ignore[no-untyped-def]
+                raise RedisConnectionError("gone")
+
+            store._scripts["LEAVE"] = held_leave
+            store._scripts["FLUSH"] = failing_flush
+            leaving = asyncio.ensure_future(store.leave("a"))  # in flight
+            await asyncio.sleep(0)
+            store.charge("a", 1.0)
+            await store._flush()  # fails: the store degrades while the leave is out
+            assert store.degraded
+            store._scripts["FLUSH"] = real_flush
+            go.set()
+            await leaving  # it succeeds in Redis
+            while store.degraded:  # the probe reconciles
+                await asyncio.sleep(0.02)
+            await store.leave("a")  # the second of a's two requests leaves too
+            await store.heartbeat_now()
+            client = aioredis.Redis.from_url(redis_server.url)
+            assert await client.hgetall("race:waiting:g1") == {}
+            await client.aclose()
+        finally:
+            await store.close()
+
+    asyncio.run(run())

@@ -161,7 +161,8 @@ class RedisCounterStore:
             for tenant, amount in self._outage.items():
                 self._pending[tenant] = self._pending.get(tenant, 0.0) + amount
             self._outage = {}
-            self._waiting = dict(local.waiting)
+            # self._waiting stays: it saw every arrival and departure, including those
+            # whose Redis call succeeded after another had failed.
             self._local = None
             log.warning("Redis at %s answers again: counters reconciled", self.url)
             await self._heartbeat()
@@ -225,6 +226,7 @@ class RedisCounterStore:
                     self._degrade(error, pending)
             else:
                 self._waiting[tenant] = self._waiting.get(tenant, 0) + 1
+                self._also_locally(tenant, +1)
                 self._snapshot[tenant] = value
                 return value
         assert self._local is not None
@@ -232,11 +234,14 @@ class RedisCounterStore:
         return self._local.arrive(tenant)
 
     def _one_less(self, tenant: str) -> None:
-        left = self._waiting.get(tenant, 0) - 1
-        if left > 0:
-            self._waiting[tenant] = left
-        else:
-            self._waiting.pop(tenant, None)
+        _add(self._waiting, tenant, -1)
+
+    def _also_locally(self, tenant: str, delta: int) -> None:
+        """A Redis call that succeeded after another had failed (the store degraded
+        while it was in flight): the local counters, in charge now, must see it too,
+        or the tenant stays 'waiting' there, and in Redis after the reconcile."""
+        if self._local is not None:
+            _add(self._local.waiting, tenant, delta)
 
     async def leave(self, tenant: str) -> None:
         if self._local is None:
@@ -248,6 +253,7 @@ class RedisCounterStore:
                     self._degrade(error, pending)
             else:
                 self._one_less(tenant)
+                self._also_locally(tenant, -1)
                 return
         assert self._local is not None
         self._one_less(tenant)
@@ -268,6 +274,7 @@ class RedisCounterStore:
                 name = best.decode() if isinstance(best, bytes) else str(best)
                 self._snapshot[name] = float(value.decode() if isinstance(value, bytes) else value)
                 self._one_less(name)
+                self._also_locally(name, -1)
                 return name
         assert self._local is not None
         name, charge = self._local.pick(candidates)
@@ -308,3 +315,11 @@ class RedisCounterStore:
         if self._local is not None:
             return dict(self._local.counter)
         return dict(self._snapshot)
+
+
+def _add(counts: dict[str, int], tenant: str, delta: int) -> None:
+    left = counts.get(tenant, 0) + delta
+    if left > 0:
+        counts[tenant] = left
+    else:
+        counts.pop(tenant, None)
