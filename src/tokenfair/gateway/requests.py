@@ -9,6 +9,8 @@ and hides that final usage chunk again from a client that did not ask for it.
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,11 +47,26 @@ def _int_field(data: dict[str, Any], name: str, minimum: int | None) -> int | No
     return value
 
 
-def parse_call(raw: bytes, kind: str) -> CompletionCall:
+# An integer longer than this may not fit in 64 bits, which orjson reads as a float.
+_LONG_NUMBER = re.compile(rb"\d{20}")
+
+
+def _loads(raw: bytes) -> tuple[Any, bool]:
+    """The body, and whether a rewrite must go through the standard library's json to
+    keep it as sent: integers beyond 64 bits (orjson makes floats of them), NaN or
+    lone surrogates (orjson refuses them; Python-based engines take them)."""
     try:
-        data = orjson.loads(raw)
+        return orjson.loads(raw), bool(_LONG_NUMBER.search(raw))
     except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(raw), True
+    except (ValueError, RecursionError):
         raise _bad("the request body is not valid JSON", None) from None
+
+
+def parse_call(raw: bytes, kind: str) -> CompletionCall:
+    data, exact = _loads(raw)
     if not isinstance(data, dict):
         raise _bad("the request body must be a JSON object", None)
     model = data.get("model")
@@ -80,7 +97,12 @@ def parse_call(raw: bytes, kind: str) -> CompletionCall:
     body = raw
     if stream and not wants_usage:
         data["stream_options"] = {**(options or {}), "include_usage": True}
-        body = orjson.dumps(data)
+        if exact:
+            data = json.loads(raw)  # again, with integers exact
+            data["stream_options"] = {**(options or {}), "include_usage": True}
+            body = json.dumps(data).encode()  # ASCII: lone surrogates stay escapes
+        else:
+            body = orjson.dumps(data)
     return CompletionCall(
         kind, model, stream, wants_usage, max_tokens, priority, user, payload, body
     )

@@ -1,0 +1,40 @@
+"""What the gateway reads of a request body, and that what it forwards is what was sent."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tokenfair.gateway.requests import parse_call
+from tokenfair.server.errors import APIError
+
+
+def test_a_body_that_needs_no_change_is_forwarded_byte_for_byte() -> None:
+    raw = b'{"model": "m",  "prompt": "x", "seed": 123456789012345678901234567890, "n": 2}'
+    assert parse_call(raw, "completions").body == raw
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        b'"seed": 123456789012345678901234567890',  # beyond 64 bits: orjson would make a float
+        b'"temperature": NaN',  # refused by orjson, taken by Python-based engines
+        b'"prompt_suffix": "\\ud800"',  # a lone surrogate, as an escape
+    ],
+)
+def test_a_rewritten_stream_body_keeps_every_value_as_sent(extra: bytes) -> None:
+    raw = b'{"model": "m", "prompt": "x", "stream": true, ' + extra + b"}"
+    call = parse_call(raw, "completions")
+    assert call.stream and not call.client_wants_usage
+    sent, forwarded = json.loads(raw), json.loads(call.body)
+    assert forwarded.pop("stream_options") == {"include_usage": True}
+    assert repr(forwarded) == repr(sent)  # repr: NaN != NaN, and ints stay ints
+    assert extra.split(b": ")[1] in call.body
+
+
+def test_a_body_that_is_not_json_is_a_400() -> None:
+    for raw in (b"{not json", b"[" * 100_000):
+        with pytest.raises(APIError) as raised:
+            parse_call(raw, "completions")
+        assert raised.value.status_code == 400
