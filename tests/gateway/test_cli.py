@@ -57,4 +57,17 @@ def test_inline_tenants_are_checked_too(tmp_path: Path) -> None:
     )
     result = CliRunner().invoke(app, ["gateway", "--config", str(path), "--check"])
     assert result.exit_code == 2
-    assert "tenants: tenants.0.rpm" in result.output
+    assert "gateway.yaml: tenants: tenants.0.rpm" in result.output  # the file is named
+
+
+def test_check_loads_the_tokenizers_as_the_start_does(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "models: {m: {tokenizer: /nonexistent/tokenizer}}\n"
+        "upstreams:\n  - {url: 'http://127.0.0.1:1', models: [m], max_concurrent: 2}\n",
+    )
+    result = CliRunner().invoke(app, ["gateway", "--config", str(path), "--check"])
+    assert result.exit_code == 2
+    assert "gateway.yaml: models.m.tokenizer: cannot load '/nonexistent/tokenizer'" in " ".join(
+        result.output.split()
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -37,10 +38,11 @@ def gateway(
             settings.listen.host = host
         if port is not None:
             settings.listen.port = port
-        from tokenfair.gateway.app import build_directory, create_app
+        from tokenfair.gateway.app import build_directory, create_app, token_counters
 
         directory = build_directory(settings)
         if check:
+            token_counters(settings)  # a tokenizer that cannot load fails the start too
             where = f"Redis {settings.redis.url}" if settings.redis else "in-memory counters"
             console.print(
                 f"{config}: ok — policy {settings.policy}, {len(settings.upstreams)} upstream(s), "
@@ -51,7 +53,9 @@ def gateway(
             return
         app = create_app(settings)
     except GatewayConfigError as error:
-        console.print(f"[red]error:[/red] {error}", soft_wrap=True, highlight=False)
+        names_a_file = re.match(r"[^\s:]+\.(ya?ml|json):", str(error))
+        where = "" if names_a_file else f"{config}: "  # every message names its file
+        console.print(f"[red]error:[/red] {where}{error}", soft_wrap=True, highlight=False)
         raise typer.Exit(code=2) from None
     import uvicorn
 

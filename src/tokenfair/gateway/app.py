@@ -41,6 +41,23 @@ from tokenfair.server.tenants import (
 log = logging.getLogger("tokenfair.gateway")
 
 
+def token_counters(config: GatewayConfig) -> dict[str, TokenCounter]:
+    """Each model's exact prompt counter, from the tokenizer its config names (loaded
+    here, so that `--check` finds one that cannot load as the start would)."""
+    counters: dict[str, TokenCounter] = {}
+    for model, settings in config.models.items():
+        if settings.tokenizer is not None:
+            path = config.base_dir / settings.tokenizer
+            name = str(path) if path.exists() else settings.tokenizer
+            try:
+                counters[model] = TokenCounter(load_tokenizer(name))
+            except Exception as error:  # transformers raises many kinds
+                raise GatewayConfigError(
+                    f"models.{model}.tokenizer: cannot load {settings.tokenizer!r}: {error}"
+                ) from None
+    return counters
+
+
 def build_directory(config: GatewayConfig) -> TenantDirectory:
     """The tenants the config names (a file in the server's format, or inline)."""
     if config.tenants is None:
@@ -84,17 +101,7 @@ class Gateway:
         self.store = build_store(config)
         self.admission = Admission(self.pool, config.policy, self.store, config.max_waiting)
         self.metrics = GatewayMetrics(self.admission, self.pool, lambda: self.store)
-        self._counters: dict[str, TokenCounter] = {}
-        for model, settings in config.models.items():
-            if settings.tokenizer is not None:
-                path = config.base_dir / settings.tokenizer
-                name = str(path) if path.exists() else settings.tokenizer
-                try:
-                    self._counters[model] = TokenCounter(load_tokenizer(name))
-                except Exception as error:  # transformers raises many kinds
-                    raise GatewayConfigError(
-                        f"models.{model}.tokenizer: cannot load {settings.tokenizer!r}: {error}"
-                    ) from None
+        self._counters = token_counters(config)
         self._estimate = TokenCounter()
         self._rate: dict[str, RPMPolicy] = {}
 
