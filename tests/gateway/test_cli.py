@@ -47,7 +47,7 @@ def test_check_reports_a_bad_tenants_file_by_its_key(tmp_path: Path) -> None:
     )
     result = CliRunner().invoke(app, ["gateway", "--config", str(path), "--check"])
     assert result.exit_code == 2
-    assert "tenants.yaml: tenants.0.weight" in result.output
+    assert "tenants.yaml:3: tenants.0.weight" in result.output  # file, line and key
 
 
 def test_inline_tenants_are_checked_too(tmp_path: Path) -> None:

@@ -94,6 +94,12 @@ def test_bad_files_name_the_key(tmp_path, text, names):
     assert names in str(caught.value)
 
 
+def test_bad_files_name_the_line(tmp_path):
+    path = write(tmp_path, "tenants:\n  - name: a\n  - name: t\n    colour: red\n")
+    with pytest.raises(TenantsFileError, match=r"tenants.yaml:4: tenants.1.colour: unknown key"):
+        load_tenants(path)
+
+
 def test_a_key_belongs_to_one_tenant():
     data = tenants_yaml()
     data["tenants"][1]["key_sha256"] = [hash_key(KEY_A)]  # type: ignore[index]

@@ -13,6 +13,8 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tokenfair.yaml_lines import line_of
+
 # Policies whose counters can be shared between gateway replicas (the store's VTC).
 SHARED_COUNTER_POLICIES = {
     "vtc": "paper",
@@ -187,24 +189,6 @@ class GatewayConfig(_Strict):
         return models
 
 
-def _line_of(root: yaml.Node | None, path: tuple[int | str, ...]) -> int | None:
-    """The 1-based line of the node at `path`, as far down as the YAML goes."""
-    node, line = root, None
-    for part in path:
-        if node is None:
-            break
-        line = node.start_mark.line + 1
-        if isinstance(node, yaml.MappingNode):
-            node = next((v for k, v in node.value if k.value == part), None)
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
-            node = node.value[part] if part < len(node.value) else None
-        else:
-            node = None
-    if node is not None:
-        line = node.start_mark.line + 1
-    return line
-
-
 def parse_config(
     text: str, source: str = "<config>", base_dir: Path | None = None
 ) -> GatewayConfig:
@@ -227,7 +211,7 @@ def parse_config(
             p for p in first["loc"] if not (isinstance(p, str) and p.startswith("function-"))
         )
         key = ".".join(str(p) for p in loc) or "(top level)"
-        line = _line_of(root, loc)
+        line = line_of(root, loc)
         where = f"{source}:{line}" if line else source
         message = first["msg"].removeprefix("Value error, ")
         raise GatewayConfigError(f"{where}: {key}: {message}") from None

@@ -36,6 +36,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tokenfair.server.errors import APIError
+from tokenfair.yaml_lines import line_of
 
 OPEN_TENANT = "default"
 OPEN_MAX_WAITING = 1 << 30
@@ -139,8 +140,11 @@ def _describe(error: ValidationError) -> str:
     return f"{loc}: {message}" if loc else message
 
 
-def parse_tenants(data: Any, source: str = "tenants file") -> TenantsFile:
-    """Validate already-parsed YAML/JSON data; errors name `source` and the key."""
+def parse_tenants(
+    data: Any, source: str = "tenants file", root: yaml.Node | None = None
+) -> TenantsFile:
+    """Validate already-parsed YAML/JSON data; errors name `source`, the key and, given
+    the YAML's node tree (`root`), the line."""
     if data is None:
         raise TenantsFileError(f"{source}: the file is empty: it needs a 'tenants' list")
     if not isinstance(data, dict):
@@ -148,7 +152,9 @@ def parse_tenants(data: Any, source: str = "tenants file") -> TenantsFile:
     try:
         return TenantsFile.model_validate(data)
     except ValidationError as error:
-        raise TenantsFileError(f"{source}: {_describe(error)}") from None
+        line = line_of(root, tuple(error.errors()[0]["loc"]))
+        where = f"{source}:{line}" if line else source
+        raise TenantsFileError(f"{where}: {_describe(error)}") from None
 
 
 def load_tenants(path: str | Path) -> TenantsFile:
@@ -160,11 +166,12 @@ def load_tenants(path: str | Path) -> TenantsFile:
         raise TenantsFileError(f"{path}: cannot read: {error}") from None
     try:
         data = yaml.safe_load(text)
+        root = yaml.compose(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
         raise TenantsFileError(f"{path}:{where} not valid YAML") from None
-    return parse_tenants(data, str(path))
+    return parse_tenants(data, str(path), root)
 
 
 def bearer_key(authorization: str | None) -> str | None:
