@@ -90,6 +90,17 @@ def test_rpm_rejects_beyond_limit_in_sliding_window():
     assert policy.accept(make_request(client="a"), 60.5)  # the first one left the window
 
 
+def test_rpm_tells_when_a_place_frees_and_takes_back_a_refused_request():
+    policy = make_policy("rpm:2")
+    assert policy.accept(make_request(client="a"), 0.0)
+    assert policy.retry_after("a", 5.0) == 0.0  # a place is free
+    assert policy.accept(make_request(client="a"), 10.0)
+    assert policy.retry_after("a", 15.0) == 45.0  # the one at 0 leaves the window at 60
+    policy.unaccept("a")  # the one at 10 was refused later on: it used no place
+    assert policy.accept(make_request(client="a"), 20.0)
+    assert not policy.accept(make_request(client="a"), 21.0)
+
+
 def test_vtc_admits_smallest_counter_and_charges_input_then_output():
     policy = make_policy("vtc")
     a1 = make_request(client="a", input_tokens=100)

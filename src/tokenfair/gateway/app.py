@@ -118,6 +118,12 @@ class Gateway:
             return None
         return max(1, math.ceil(limiter.retry_after(tenant.name, now)))
 
+    def rate_refund(self, tenant: Tenant) -> None:
+        """A request that `rate_limited` let through was refused after all."""
+        limiter = self._rate.get(tenant.name)
+        if limiter is not None:
+            limiter.unaccept(tenant.name)
+
     def reload_tenants(self) -> None:
         """SIGHUP: re-read the tenants file; a bad one is refused and the old one stays."""
         if not isinstance(self.config.tenants, str):

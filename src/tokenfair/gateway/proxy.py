@@ -147,7 +147,7 @@ class CompletionProxy:
                 )
             )
             return
-        wait_s = gw.rate_limited(tenant)  # only for requests that could run
+        wait_s = gw.rate_limited(tenant)  # only for requests that could run (see below)
         if wait_s is not None:
             gw.metrics.rejected.labels(tenant.name, "rate_limited").inc()
             limit = f"{tenant.rpm} requests per minute"
@@ -176,6 +176,7 @@ class CompletionProxy:
                 try:
                     await gw.admission.wait(ticket, tenant.max_waiting)
                 except AdmissionRefused as refused:
+                    gw.rate_refund(tenant)  # refused: it used no place in the rpm window
                     gw.metrics.rejected.labels(tenant.name, refused.code).inc()
                     retry = {"retry-after": "1"} if refused.status in (429, 503) else {}
                     await response.error(

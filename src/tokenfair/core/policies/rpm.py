@@ -38,3 +38,10 @@ class RPMPolicy(FCFSPolicy):
         if not times or len(times) < self.limit:
             return 0.0
         return max(0.0, times[0] + self.window_s - now)
+
+    def unaccept(self, client: str) -> None:
+        """Take back the latest acceptance of `client`: its request was refused later
+        on (a full queue), so it used no place in the window."""
+        times = self._accepted.get(client)
+        if times:
+            times.pop()
