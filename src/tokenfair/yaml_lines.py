@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import yaml
+
+
+def load_with_nodes(text: str) -> tuple[Any, yaml.Node | None]:
+    """The document (as `yaml.safe_load` gives it) and its node tree, from one parse;
+    yaml.YAMLError as safe_load raises it."""
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        return (loader.construct_document(root) if root is not None else None), root
+    finally:
+        loader.dispose()
 
 
 def line_of(root: yaml.Node | None, path: tuple[int | str, ...]) -> int | None:

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from tokenfair.yaml_lines import line_of
+from tokenfair.yaml_lines import line_of, load_with_nodes
 
 # Policies whose counters can be shared between gateway replicas (the store's VTC).
 SHARED_COUNTER_POLICIES = {
@@ -193,8 +193,7 @@ def parse_config(
     text: str, source: str = "<config>", base_dir: Path | None = None
 ) -> GatewayConfig:
     try:
-        data = yaml.safe_load(text)
-        root = yaml.compose(text)
+        data, root = load_with_nodes(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark is not None else source

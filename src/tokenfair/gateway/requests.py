@@ -52,13 +52,15 @@ _LONG_NUMBER = re.compile(rb"\d{20}")
 
 
 def _loads(raw: bytes) -> tuple[Any, bool]:
-    """The body, and whether a rewrite must go through the standard library's json to
-    keep it as sent: integers beyond 64 bits (orjson makes floats of them), NaN or
-    lone surrogates (orjson refuses them; Python-based engines take them)."""
-    try:
-        return orjson.loads(raw), bool(_LONG_NUMBER.search(raw))
-    except orjson.JSONDecodeError:
-        pass
+    """The body, and whether it was read by the standard library's json, which a rewrite
+    must then use too to keep it as sent: integers beyond 64 bits (orjson makes floats
+    of them), NaN or lone surrogates (orjson refuses them; Python-based engines take
+    them). orjson otherwise: it is several times faster."""
+    if not _LONG_NUMBER.search(raw):
+        try:
+            return orjson.loads(raw), False
+        except orjson.JSONDecodeError:
+            pass
     try:
         return json.loads(raw), True
     except (ValueError, RecursionError):
@@ -97,12 +99,8 @@ def parse_call(raw: bytes, kind: str) -> CompletionCall:
     body = raw
     if stream and not wants_usage:
         data["stream_options"] = {**(options or {}), "include_usage": True}
-        if exact:
-            data = json.loads(raw)  # again, with integers exact
-            data["stream_options"] = {**(options or {}), "include_usage": True}
-            body = json.dumps(data).encode()  # ASCII: lone surrogates stay escapes
-        else:
-            body = orjson.dumps(data)
+        # ASCII json: lone surrogates stay escapes.
+        body = json.dumps(data).encode() if exact else orjson.dumps(data)
     return CompletionCall(
         kind, model, stream, wants_usage, max_tokens, priority, user, payload, body
     )

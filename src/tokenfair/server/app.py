@@ -87,7 +87,7 @@ def create_app(
         state.tenants.authenticate(request.headers.get("authorization"), request.headers)
         return routes.json_response({"object": "list", "data": [entry]})
 
-    # `:path`: model ids such as `org/model` or `sim:a10g-llama-7b` hold slashes.
+    # `:path`: a model id may hold slashes (`org/model`, a directory's path).
     @app.get("/v1/models/{model_id:path}", summary="One model, by id")
     async def model_by_id(model_id: str, request: Request) -> Response:
         state.tenants.authenticate(request.headers.get("authorization"), request.headers)

@@ -78,7 +78,9 @@ def field_path(loc: Sequence[object]) -> str:
     parts = [str(p) for p in loc]
     if parts and parts[0] in ("body", "query", "path", "header"):
         parts = parts[1:]
-    return ".".join(p for p in parts if not ("[" in p or "-" in p or p.lower() in _UNION_TAGS))
+    # A union's member tag is never first: the name before it (even `x-request-id`) stays.
+    members = (p for p in parts[1:] if not ("[" in p or "-" in p or p.lower() in _UNION_TAGS))
+    return ".".join([*parts[:1], *members])
 
 
 def validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | None]:
@@ -88,20 +90,22 @@ def validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | 
     first = errors[0]
     if first.get("type", "") == "json_invalid":
         return "the request body is not valid JSON", None
+    paths = [field_path(e.get("loc", ())).split(".") for e in errors]
+    field = paths[0][0]
     # A value that no member of a union accepts gives an error per member, in the
     # members' order; the one that got deepest into the value says most.
-    field = field_path(first.get("loc", ())).split(".")[0]
-    same_field = [e for e in errors if field_path(e.get("loc", ())).split(".")[0] == field]
-    first = max(same_field, key=lambda e: len(field_path(e.get("loc", ())).split(".")))
+    deepest = max(
+        (i for i, path in enumerate(paths) if path[0] == field), key=lambda i: len(paths[i])
+    )
+    first, param = errors[deepest], ".".join(paths[deepest])
     kind = first.get("type", "")
-    param = field_path(first.get("loc", ()))
     if kind == "missing":
         message = f"missing required field {param!r}" if param else "missing request body"
     else:
         reason = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
         where = f"field {param!r}" if param else "request body"
         message = f"invalid {where}: {reason}"
-    others = {field_path(e.get("loc", ())).split(".")[0] for e in errors} - {field}
+    others = {path[0] for path in paths} - {field}
     if others:
         message += f" (and {len(others)} more field{'s' if len(others) > 1 else ''})"
     return message, param or None

@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from tokenfair.core.kv_cache import blocks_for
 from tokenfair.core.policies.base import Policy
 from tokenfair.core.policies.registry import make_policy
 from tokenfair.core.scheduler import Scheduler, SchedulerConfig
@@ -64,10 +63,6 @@ class ServedModel:
     @property
     def kv_tokens(self) -> int:
         return self.kv_num_blocks * self.kv_block_size
-
-    def kv_blocks_for(self, num_tokens: int) -> int:
-        """KV blocks `num_tokens` tokens take (the pool's rounding rule)."""
-        return blocks_for(num_tokens, self.kv_block_size)
 
     def card(self) -> ServedModel:
         """The same model without its engine (what another process needs to serve it)."""

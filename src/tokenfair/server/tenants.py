@@ -36,7 +36,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from tokenfair.server.errors import APIError
-from tokenfair.yaml_lines import line_of
+from tokenfair.yaml_lines import line_of, load_with_nodes
 
 OPEN_TENANT = "default"
 OPEN_MAX_WAITING = 1 << 30
@@ -165,8 +165,7 @@ def load_tenants(path: str | Path) -> TenantsFile:
     except (OSError, UnicodeDecodeError) as error:
         raise TenantsFileError(f"{path}: cannot read: {error}") from None
     try:
-        data = yaml.safe_load(text)
-        root = yaml.compose(text)
+        data, root = load_with_nodes(text)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark is not None else ""
