@@ -1,6 +1,6 @@
 # Two commands: `make demo` and `make test`. Each creates .venv when missing and installs
 # what it needs, so both work on a fresh clone: the demo only the package itself (the
-# simulator, metrics and report need no extra), the tests every extra.
+# simulator, metrics and report need no extra), the tests every extra and redis-server.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -9,7 +9,7 @@ DEMO_STAMP := $(VENV)/.installed-demo-$(CHECKSUM)
 STAMP := $(VENV)/.installed-all-$(CHECKSUM)
 SHARED ?= ../shared
 
-.PHONY: demo test lint format bench clean install vllm-env
+.PHONY: demo test lint format bench clean install vllm-env redis
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -46,10 +46,22 @@ $(VLLM_STAMP):
 
 vllm-env: $(VLLM_STAMP)
 
+# The gateway's tests start a real redis-server. When none is on the PATH, the Debian
+# package is installed (as root, or through sudo without a password), so that `make test`
+# needs no manual step on a fresh machine.
+redis:
+	@if command -v redis-server >/dev/null || [ -x /usr/bin/redis-server ]; then exit 0; fi; \
+	sudo=""; [ "$$(id -u)" = 0 ] || sudo="sudo -n"; \
+	echo "redis-server not found: installing the Debian package redis-server"; \
+	$$sudo apt-get update -qq && \
+	DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq redis-server >/dev/null || { \
+	  echo "could not install redis-server: install it (apt-get install redis-server) and rerun"; \
+	  exit 1; }
+
 demo: $(DEMO_STAMP)
 	$(BIN)/tokenfair demo --shared $(SHARED)
 
-test: $(STAMP) $(VLLM_STAMP)
+test: $(STAMP) $(VLLM_STAMP) redis
 	$(BIN)/ruff check .
 	$(BIN)/mypy src
 	$(BIN)/python -m pytest -q

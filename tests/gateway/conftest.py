@@ -13,7 +13,8 @@ from tests.gateway.redis_server import REDIS_SERVER, RedisServer
 def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
     if not os.path.exists(REDIS_SERVER):
         pytest.fail(
-            f"redis-server not found at {REDIS_SERVER}: apt-get install redis-server (.ci/run does)"
+            f"redis-server not found at {REDIS_SERVER}: `make test` installs it (the Debian "
+            "package redis-server), or set TOKENFAIR_REDIS_SERVER"
         )
     server = RedisServer(tmp_path)
     server.start()
