@@ -8,11 +8,13 @@ from collections.abc import Callable
 from tokenfair.core.cost import CostFunction
 from tokenfair.core.policies.base import Policy
 from tokenfair.core.policies.fcfs import FCFSPolicy
+from tokenfair.core.policies.hvtc import HierarchicalVTCPolicy
 from tokenfair.core.policies.predictor import OraclePredictor, OutputLengthPredictor
 from tokenfair.core.policies.priority import PriorityPolicy
 from tokenfair.core.policies.rpm import RPMPolicy
 from tokenfair.core.policies.sjf import SJFPolicy
-from tokenfair.core.policies.vtc import VTCPolicy
+from tokenfair.core.policies.vtc import LiftRule, VTCPolicy
+from tokenfair.core.share_tree import ShareTree
 
 # Tuned on the arena trace (docs/fairness.md): lower thresholds preempt more and cost
 # throughput in recomputation; higher ones rarely preempt at all.
@@ -79,10 +81,16 @@ def make_policy(
     *,
     weights: dict[str, float] | None = None,
     cost: CostFunction | None = None,
+    tree: ShareTree | None = None,
 ) -> Policy:
-    """Build a policy from its name, e.g. `vtc`, `rpm:20`, `vtc-preempt:1000`."""
+    """Build a policy from its name, e.g. `vtc`, `rpm:20`, `vtc-preempt:1000`.
+
+    With a `tree` of groups, the counter policies share by groups (hierarchical VTC);
+    `weights` then names groups (`@org-a`) as well as clients."""
     name, _, arg = spec.strip().partition(":")
     name = name.lower()
+    if tree is not None and not tree.flat:
+        return _hierarchical(spec, name, arg, tree, weights, cost)
     builders: dict[str, Callable[[], Policy]] = {
         "fcfs": FCFSPolicy,
         "priority": PriorityPolicy,
@@ -123,6 +131,32 @@ def make_policy(
     except ValueError as error:
         if isinstance(error, PolicyError):
             raise
+        raise PolicyError(f"policy {spec!r}: {error}") from None
+
+
+# The counter policies that share by groups, and their lift rules.
+HIERARCHICAL_LIFTS: dict[str, LiftRule] = {"vtc": "paper", "wvtc": "paper", "lcf": "none"}
+
+
+def _hierarchical(
+    spec: str,
+    name: str,
+    arg: str,
+    tree: ShareTree,
+    weights: dict[str, float] | None,
+    cost: CostFunction | None,
+) -> Policy:
+    lift = HIERARCHICAL_LIFTS.get(name)
+    if lift is None:
+        raise PolicyError(
+            f"policy {spec!r} does not share by groups; with groups use one of "
+            f"{', '.join(HIERARCHICAL_LIFTS)}"
+        )
+    if arg:
+        raise PolicyError(f"policy {name!r} takes no argument (got {spec!r})")
+    try:
+        return HierarchicalVTCPolicy(tree, name=name, weights=weights, cost=cost, lift=lift)
+    except ValueError as error:
         raise PolicyError(f"policy {spec!r}: {error}") from None
 
 
