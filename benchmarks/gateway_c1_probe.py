@@ -81,7 +81,7 @@ def main() -> None:
     import yaml
     from tests.gateway.redis_server import free_port
 
-    from tokenfair.server.tenants import hash_key
+    from tokenfair.edge.tenants import hash_key
 
     tmp = Path(tempfile.mkdtemp(prefix="gateway-probe-"))
     procs: list[subprocess.Popen[bytes]] = []

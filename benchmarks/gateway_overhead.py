@@ -238,7 +238,7 @@ def main() -> None:
     import yaml
     from tests.gateway.redis_server import REDIS_SERVER, RedisServer, free_port
 
-    from tokenfair.server.tenants import hash_key
+    from tokenfair.edge.tenants import hash_key
 
     tmp = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}

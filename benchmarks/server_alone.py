@@ -39,7 +39,7 @@ import yaml
 
 from server_tools.common import OUT, emit, run_load, tokenfair_server
 from server_tools.loadgen import pct as loadgen_pct
-from tokenfair.server.tenants import hash_key
+from tokenfair.edge.tenants import hash_key
 
 STEP_S = 0.01
 TOKENS = (8, 24)  # each stream asks for a uniform number of tokens in this range

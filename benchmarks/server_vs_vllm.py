@@ -207,7 +207,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     model_dir = build_model_dir(OUT / "model")
     tenants = OUT / "flood-tenants.yaml"
-    from tokenfair.server.tenants import hash_key
+    from tokenfair.edge.tenants import hash_key
 
     tenants.write_text(
         yaml.safe_dump(

@@ -4,6 +4,10 @@ core <- engine <- experiments <- report, with the fairness metrics (pure functio
 per-request results) beside the engine: core/ and engine/ import nothing from the
 measurement side; only report/ draws with matplotlib; no import cycle; no module over
 400 lines.
+
+The serving side: core <- edge <- (server, gateway), core <- engine <- server, and
+core <- integrations/vllm. The server and the gateway share their tenant edge (tenants
+file, limits, errors, body reading, metric families) and never import each other.
 """
 
 from __future__ import annotations
@@ -130,3 +134,32 @@ def test_no_module_over_400_lines() -> None:
         name: n for name, n in lengths.items() if n > LONG_MODULES_BEING_SPLIT.get(name, MAX_LINES)
     }
     assert not long
+
+
+SERVING_ARROWS = {
+    # package: what it may import from tokenfair besides itself
+    "tokenfair.edge": ("tokenfair.core", "tokenfair.yaml_lines"),
+    "tokenfair.gateway": ("tokenfair.core", "tokenfair.edge", "tokenfair.yaml_lines"),
+    "tokenfair.server": ("tokenfair.core", "tokenfair.edge", "tokenfair.engine"),
+    "tokenfair.integrations": ("tokenfair.core",),
+}
+
+
+@pytest.mark.parametrize("package", sorted(SERVING_ARROWS))
+def test_serving_packages_import_only_below_them(package: str) -> None:
+    allowed = (package, *SERVING_ARROWS[package])
+    offenders = {
+        (name, imported)
+        for name, path in MODULES.items()
+        if under(name, package)
+        for imported in imports(path)
+        if imported.startswith("tokenfair.") and not any(under(imported, a) for a in allowed)
+    }
+    assert not offenders
+
+
+def test_the_server_and_the_gateway_never_import_each_other() -> None:
+    for name, path in MODULES.items():
+        for mine, theirs in (("server", "gateway"), ("gateway", "server")):
+            if under(name, f"tokenfair.{mine}"):
+                assert not any(under(i, f"tokenfair.{theirs}") for i in imports(path)), name

@@ -4,6 +4,7 @@ import pytest
 
 from tokenfair.core.policies import PolicyError, make_policy
 from tokenfair.core.policies.vtc import VTCPolicy
+from tokenfair.core.rate_window import RateWindow
 from tokenfair.core.request import FinishReason
 
 from .helpers import make_request
@@ -91,14 +92,18 @@ def test_rpm_rejects_beyond_limit_in_sliding_window():
 
 
 def test_rpm_tells_when_a_place_frees_and_takes_back_a_refused_request():
-    policy = make_policy("rpm:2")
+    window = RateWindow(2)
+    assert window.accept("a", 0.0)
+    assert window.retry_after("a", 5.0) == 0.0  # a place is free
+    assert window.accept("a", 10.0)
+    assert window.retry_after("a", 15.0) == 45.0  # the one at 0 leaves the window at 60
+    window.unaccept("a")  # the one at 10 was refused later on: it used no place
+    assert window.accept("a", 20.0)
+    assert not window.accept("a", 21.0)
+    policy = make_policy("rpm:2")  # the policy counts with the same window
     assert policy.accept(make_request(client="a"), 0.0)
-    assert policy.retry_after("a", 5.0) == 0.0  # a place is free
-    assert policy.accept(make_request(client="a"), 10.0)
-    assert policy.retry_after("a", 15.0) == 45.0  # the one at 0 leaves the window at 60
-    policy.unaccept("a")  # the one at 10 was refused later on: it used no place
-    assert policy.accept(make_request(client="a"), 20.0)
-    assert not policy.accept(make_request(client="a"), 21.0)
+    assert policy.accept(make_request(client="a"), 1.0)
+    assert policy.retry_after("a", 1.0) == 59.0
 
 
 def test_vtc_admits_smallest_counter_and_charges_input_then_output():

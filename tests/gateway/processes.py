@@ -93,7 +93,7 @@ def fake_upstream(
 
 
 def tenants_file(tmp: Path, weights: dict[str, float] | None = None) -> Path:
-    from tokenfair.server.tenants import hash_key
+    from tokenfair.edge.tenants import hash_key
 
     weights = weights or {}
     tenants = [

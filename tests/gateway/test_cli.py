@@ -7,7 +7,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from tokenfair.cli import app
-from tokenfair.server.tenants import hash_key
+from tokenfair.edge.tenants import hash_key
 
 
 def _write(tmp_path: Path, text: str) -> Path:

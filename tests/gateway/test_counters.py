@@ -12,10 +12,15 @@ from hypothesis import strategies as st
 from tests.gateway.redis_server import RedisServer
 from tokenfair.core.policies import make_policy
 from tokenfair.core.request import Request
+from tokenfair.core.share_tree import ShareTree
 from tokenfair.gateway.counters import LocalCounters
 from tokenfair.gateway.redis_store import RedisCounterStore
 
 TENANTS = ["a", "b", "c", "d"]
+# A tree: a and b in team o1/t1 of org o1 (weight 2), c in o1 directly, d at the top.
+GROUPS = {"o1": None, "o1/t1": "o1"}
+MEMBERS = {"a": "o1/t1", "b": "o1/t1", "c": "o1"}
+TREE_WEIGHTS = {"@o1": 2.0, "@o1/t1": 1.0, "a": 1.0, "b": 3.0, "c": 1.0, "d": 1.0}
 # An operation: ("arrive", tenant, _), ("pick", _, prompt), ("leave", tenant, _),
 # ("out", tenant, tokens), ("take", tenant, prompt): arrives and goes at once (nothing waits)
 ops = st.lists(
@@ -28,35 +33,53 @@ ops = st.lists(
 )
 
 
+class Shares:
+    """Each tenant's path and the charge of a service along it, flat or grouped."""
+
+    def __init__(self, grouped: bool) -> None:
+        self.tree = ShareTree.build(GROUPS, MEMBERS) if grouped else ShareTree()
+        self.weights = TREE_WEIGHTS if grouped else {}
+
+    def path(self, tenant: str) -> tuple[str, ...]:
+        return self.tree.path(tenant)
+
+    def charge(self, tenant: str, service: float) -> tuple[tuple[str, float], ...]:
+        return tuple((n, service / self.weights.get(n, 1.0)) for n in self.path(tenant))
+
+
 def _ordered(candidates: list[str], first: str) -> list[str]:
     return [first, *(c for c in candidates if c != first)]
 
 
+@pytest.mark.parametrize("grouped", [False, True], ids=["flat", "grouped"])
 @pytest.mark.parametrize(
     "spec,lift", [("vtc", "paper"), ("vtc-artifact", "artifact"), ("lcf", "none")]
 )
 @given(sequence=ops)
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 def test_local_counters_follow_the_core_vtc(
-    spec: str, lift: str, sequence: list[tuple[str, str, int]]
+    spec: str, lift: str, grouped: bool, sequence: list[tuple[str, str, int]]
 ) -> None:
-    core = make_policy(spec)
+    if grouped and spec == "vtc-artifact":
+        return  # the artifact's queue has no groups
+    shares = Shares(grouped)
+    core = make_policy(spec, weights=shares.weights or None, tree=shares.tree)
     local = LocalCounters(lift)
     ids = itertools.count()
     running: dict[str, list[Request]] = {t: [] for t in TENANTS}
     for op, tenant, n in sequence:
         if op == "arrive":
             core.add(Request(str(next(ids)), tenant, input_tokens=n, arrival_s=0.0), 0.0)
-            local.arrive(tenant)
+            local.arrive(tenant, shares.path(tenant))
         elif op == "pick" and len(core):
             head = core.pop()
             core.on_admit(head, True, 0.0)
             waiting = [t for t, k in local.waiting.items() if k > 0]
-            # The core's choice must have the smallest counter here too; among equal
+            # The core's choice must come first down the tree here too; among equal
             # counters the gateway takes the first candidate, so list the core's first.
             chosen, _ = local.pick(
                 [
-                    (t, 1.0 * head.input_tokens if t == head.client else 0.0)
+                    (t, shares.charge(t, 1.0 * head.input_tokens if t == head.client else 0.0))
                     for t in _ordered(waiting, head.client)
                 ]
             )
@@ -68,7 +91,7 @@ def test_local_counters_follow_the_core_vtc(
             core.add(Request(str(next(ids)), tenant, input_tokens=n, arrival_s=0.0), 0.0)
             head = core.pop()
             core.on_admit(head, True, 0.0)
-            local.arrive_and_take(tenant, 1.0 * n)
+            local.arrive_and_take(tenant, shares.charge(tenant, 1.0 * n))
             running[tenant].append(head)
         elif op == "leave" and local.waiting.get(tenant):
             victim = next(r for r in core.waiting_requests() if r.client == tenant)
@@ -78,44 +101,54 @@ def test_local_counters_follow_the_core_vtc(
             request = running[tenant][0]
             request.output_token_ids.extend([0] * n)
             core.on_output(request)
-            local.charge(tenant, 2.0 * n)
-        for t in TENANTS:
-            assert local.counter.get(t, 0.0) == pytest.approx(core.counters().get(t, 0.0))
+            local.charge(shares.charge(tenant, 2.0 * n))
+        expected = core.node_counters() if grouped else core.counters()
+        for node in {*expected, *local.counter}:
+            assert local.counter.get(node, 0.0) == pytest.approx(expected.get(node, 0.0))
 
 
 async def _replay_in_redis(
-    url: str, namespace: str, lift: str, sequence: list[tuple[str, str, int]]
+    url: str, namespace: str, lift: str, grouped: bool, sequence: list[tuple[str, str, int]]
 ) -> None:
+    shares = Shares(grouped)
     store = RedisCounterStore(url, namespace=namespace, lift=lift, gateway_id="g1")
     await store.start()
     local = LocalCounters(lift)
     try:
         for op, tenant, n in sequence:
+            path = shares.path(tenant)
             if op == "arrive":
-                assert await store.arrive(tenant) == pytest.approx(local.arrive(tenant))
+                expected = local.arrive(tenant, path)
+                assert await store.arrive(tenant, path) == pytest.approx(expected)
             elif op == "pick" and local.waiting:
-                candidates = [(t, float(n + i)) for i, t in enumerate(sorted(local.waiting))]
+                candidates = [
+                    (t, shares.charge(t, float(n + i))) for i, t in enumerate(sorted(local.waiting))
+                ]
                 assert await store.pick(candidates) == local.pick(candidates)[0]
             elif op == "leave" and local.waiting.get(tenant):
                 await store.leave(tenant)
                 local.leave(tenant)
             elif op == "take":
-                expected = local.arrive_and_take(tenant, float(n))
-                assert await store.arrive_and_take(tenant, float(n)) == pytest.approx(expected)
+                expected = local.arrive_and_take(tenant, shares.charge(tenant, float(n)))
+                taken = await store.arrive_and_take(tenant, shares.charge(tenant, float(n)))
+                assert taken == pytest.approx(expected)
             elif op == "out":
-                store.charge(tenant, 2.0 * n)
-                local.charge(tenant, 2.0 * n)
+                store.charge(shares.charge(tenant, 2.0 * n))
+                local.charge(shares.charge(tenant, 2.0 * n))
         await store.heartbeat_now()
         shared = store.counters()
-        for t in TENANTS:
-            assert shared.get(t, 0.0) == pytest.approx(local.counter.get(t, 0.0))
+        for node in {*shared, *local.counter}:
+            assert shared.get(node, 0.0) == pytest.approx(local.counter.get(node, 0.0))
         assert not store.degraded
     finally:
         await store.close()
 
 
+@pytest.mark.parametrize("grouped", [False, True], ids=["flat", "grouped"])
 @pytest.mark.parametrize("lift", ["paper", "artifact", "none"])
-def test_lua_scripts_follow_the_python_rules(redis_server: RedisServer, lift: str) -> None:
+def test_lua_scripts_follow_the_python_rules(
+    redis_server: RedisServer, lift: str, grouped: bool
+) -> None:
     namespaces = itertools.count()
 
     @given(sequence=ops)
@@ -123,7 +156,9 @@ def test_lua_scripts_follow_the_python_rules(redis_server: RedisServer, lift: st
         max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
     )
     def check(sequence: list[tuple[str, str, int]]) -> None:
-        asyncio.run(_replay_in_redis(redis_server.url, f"t{next(namespaces)}", lift, sequence))
+        asyncio.run(
+            _replay_in_redis(redis_server.url, f"t{next(namespaces)}", lift, grouped, sequence)
+        )
 
     check()
 
@@ -135,17 +170,17 @@ def test_two_gateways_share_the_lift_and_the_order(redis_server: RedisServer) ->
         await one.start()
         await two.start()
         try:
-            await one.arrive("a")
-            assert await one.pick([("a", 1000.0)]) == "a"
-            await one.arrive("a")  # a waits at g1 with counter 1000
+            await one.arrive("a", ("a",))
+            assert await one.pick([("a", (("a", 1000.0),))]) == "a"
+            await one.arrive("a", ("a",))  # a waits at g1 with counter 1000
             # b arrives at g2: it is lifted to the smallest counter waiting anywhere.
-            assert await two.arrive("b") == pytest.approx(1000.0)
-            one.charge("a", 5.0)
-            await one.arrive("c")
+            assert await two.arrive("b", ("b",)) == pytest.approx(1000.0)
+            one.charge((("a", 5.0),))
+            await one.arrive("c", ("c",))
             # g2 picks between b (1000) and a's 1005 only if it had a; it has b alone.
-            assert await two.pick([("b", 10.0)]) == "b"
-            await two.arrive("b")
-            assert await two.pick([("b", 1.0)]) == "b"
+            assert await two.pick([("b", (("b", 10.0),))]) == "b"
+            await two.arrive("b", ("b",))
+            assert await two.pick([("b", (("b", 1.0),))]) == "b"
         finally:
             await one.close()
             await two.close()
@@ -159,8 +194,8 @@ def test_a_dead_gateway_stops_counting_as_waiting(redis_server: RedisServer) -> 
             redis_server.url, namespace="ttl", gateway_id="dead", gateway_ttl_s=0.3
         )
         await dead.start()
-        dead.charge("a", 500.0)
-        await dead.arrive("a")  # a waits at a gateway that then vanishes
+        dead.charge((("a", 500.0),))
+        await dead.arrive("a", ("a",))  # a waits at a gateway that then vanishes
         await dead.close()
         alive = RedisCounterStore(
             redis_server.url, namespace="ttl", gateway_id="alive", gateway_ttl_s=0.3
@@ -169,7 +204,7 @@ def test_a_dead_gateway_stops_counting_as_waiting(redis_server: RedisServer) -> 
         try:
             await asyncio.sleep(0.4)
             # Nobody waits any more: b is lifted to the last admitted tenant (none yet) only.
-            assert await alive.arrive("b") == 0.0
+            assert await alive.arrive("b", ("b",)) == 0.0
         finally:
             await alive.close()
 
@@ -190,8 +225,8 @@ def test_a_call_that_succeeds_after_another_failed_is_counted_once(
         )
         await store.start()
         try:
-            await store.arrive("a")
-            await store.arrive("a")
+            await store.arrive("a", ("a",))
+            await store.arrive("a", ("a",))
             real_leave, real_flush = store._scripts["LEAVE"], store._scripts["FLUSH"]
             go = asyncio.Event()
 
@@ -206,7 +241,7 @@ def test_a_call_that_succeeds_after_another_failed_is_counted_once(
             store._scripts["FLUSH"] = failing_flush
             leaving = asyncio.ensure_future(store.leave("a"))  # in flight
             await asyncio.sleep(0)
-            store.charge("a", 1.0)
+            store.charge((("a", 1.0),))
             await store._flush()  # fails: the store degrades while the leave is out
             assert store.degraded
             store._scripts["FLUSH"] = real_flush

@@ -227,7 +227,7 @@ def test_rpm_limit_returns_429_with_retry_after(pool: dict[str, Any]) -> None:
         limited.completions.create(model="fake", prompt="x", max_tokens=1)
     # Until the first of the three leaves the 60 s window.
     assert 55 <= int(raised.value.response.headers["retry-after"]) <= 60
-    assert raised.value.body["code"] == "rate_limited"  # type: ignore[index]
+    assert raised.value.body["code"] == "rate_limit_exceeded"  # type: ignore[index]
 
 
 def test_an_answer_without_usage_is_charged_for_its_text(pool: dict[str, Any]) -> None:
@@ -261,7 +261,7 @@ def test_sighup_reloads_the_tenants_file_and_refuses_a_bad_one(pool: dict[str, A
 
     import yaml
 
-    from tokenfair.server.tenants import hash_key
+    from tokenfair.edge.tenants import hash_key
 
     gw, path = pool["gateway"], pool["tmp"] / "tenants.yaml"
     original = path.read_text()

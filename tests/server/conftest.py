@@ -17,7 +17,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tokenfair.server.tenants import hash_key
+from tokenfair.edge.tenants import hash_key
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 KEYS = {"team-a": "key-a", "team-b": "key-b", "team-c": "key-c", "slow": "key-slow"}

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from tests.server.conftest import ADMIN_KEY, Server, launch
-from tokenfair.server.tenants import hash_key
+from tokenfair.edge.tenants import hash_key
 
 pytestmark = pytest.mark.slow
 

@@ -36,12 +36,12 @@ def served() -> Iterator[tuple[str, CountingIntake]]:
     """The app under uvicorn with tokenfair's protocol, as `tokenfair serve` runs it."""
     import uvicorn
 
+    from tokenfair.edge.directory import TenantDirectory
     from tokenfair.server.app import create_app
     from tokenfair.server.chunk_write import chunk_write_protocol
     from tokenfair.server.model import build_served_model
     from tokenfair.server.routes import FastPath
     from tokenfair.server.state import ServerConfig
-    from tokenfair.server.tenants import TenantDirectory
 
     app = create_app(
         build_served_model("sim:fixed:0.001", policy="vtc", weights={}),

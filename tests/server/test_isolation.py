@@ -20,7 +20,7 @@ from tests.server.conftest import (
 )
 from tokenfair.core.kv_cache import KVCacheManager
 from tokenfair.core.request import Request
-from tokenfair.server.tenants import hash_key
+from tokenfair.edge.tenants import hash_key
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 

@@ -119,11 +119,11 @@ def plain_uvicorn() -> Iterator[str]:
     """The app under stock uvicorn (h11): no chunk writer, every token through `send`."""
     import uvicorn
 
+    from tokenfair.edge.directory import TenantDirectory
     from tokenfair.server.app import create_app
     from tokenfair.server.model import build_served_model
     from tokenfair.server.routes import FastPath
     from tokenfair.server.state import ServerConfig
-    from tokenfair.server.tenants import TenantDirectory
 
     served = build_served_model("sim:fixed:0.001", policy="vtc", weights={})
     app = create_app(served, TenantDirectory.open(False), ServerConfig())

@@ -11,17 +11,16 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from tokenfair.cli import app
-from tokenfair.server.errors import APIError, validation_message
-from tokenfair.server.protocol import ChatCompletionRequest, CompletionRequest
-from tokenfair.server.tenants import (
+from tokenfair.edge.directory import TenantDirectory, bearer_key
+from tokenfair.edge.errors import APIError, validation_message
+from tokenfair.edge.tenants import (
     OPEN_TENANT,
-    TenantDirectory,
     TenantsFileError,
-    bearer_key,
     hash_key,
     load_tenants,
     parse_tenants,
 )
+from tokenfair.server.protocol import ChatCompletionRequest, CompletionRequest
 
 KEY_A, KEY_B, ADMIN = "key-a", "key-b", "admin-secret"
 
@@ -173,7 +172,7 @@ def test_tenant_from_user():
 
 
 def test_tenant_from_user_is_bounded(monkeypatch):
-    import tokenfair.server.tenants as tenants
+    import tokenfair.edge.directory as tenants
 
     monkeypatch.setattr(tenants, "MAX_USER_TENANTS", 3)
     open_dir = TenantDirectory.open(tenant_from_user=True)

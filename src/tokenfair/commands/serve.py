@@ -129,13 +129,14 @@ def serve(
     import uvicorn
 
     from tokenfair.core.scheduler import ConfigError
+    from tokenfair.edge.directory import TenantDirectory
+    from tokenfair.edge.tenants import TenantsFileError, load_tenants
     from tokenfair.engine.engine_client import EngineClient
     from tokenfair.engine.engine_process import EngineProcess
     from tokenfair.server.app import create_app
     from tokenfair.server.model import build_engine_and_card, build_served_model
     from tokenfair.server.routes import FastPath
     from tokenfair.server.state import ServerConfig
-    from tokenfair.server.tenants import TenantDirectory, TenantsFileError, load_tenants
 
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:

@@ -36,7 +36,7 @@ def hash_key_command(
 
     Example: tokenfair tenants hash-key   or   echo -n "$KEY" | tokenfair tenants hash-key -
     """
-    from tokenfair.server.tenants import hash_key
+    from tokenfair.edge.tenants import hash_key
 
     made = key is None
     if key is None:
@@ -58,7 +58,7 @@ def check_command(path: Annotated[Path, typer.Argument(help="The tenants file (Y
 
     Example: tokenfair tenants check tenants.yaml
     """
-    from tokenfair.server.tenants import TenantsFileError, load_tenants
+    from tokenfair.edge.tenants import TenantsFileError, load_tenants
 
     try:
         loaded = load_tenants(path)

@@ -1,18 +1,16 @@
-"""The admission queue: requests wait here until an upstream serving their model has room.
+"""The admission loop: requests wait here until an upstream serving their model has room.
 
 One dispatcher task decides, one request at a time, whenever a request arrives or
-capacity frees up. Under the shared-counter policies (vtc, wvtc, vtc-artifact, lcf)
-each tenant has a FIFO per model; the candidates are every tenant's oldest request for
-a model with room, and the counter store picks the one whose tenant has the smallest
-counter and charges it in the same atomic step. Under the core's other policies (fcfs,
-priority, sjf, rpm:N) a core policy object per model keeps the order, local to this
-replica. The chosen request goes to the least-loaded eligible upstream.
+capacity frees up, by asking the three seams of `gateway/flow/` in turn: the highest
+band with a request that may go (`bands.py`), each of its tenants' first such request
+(`order.py`), and which of those goes (`fairness.py`: VTC's counters, shared through
+Redis, or the core's ordering policies). The chosen request goes to an upstream that
+the pool chooses (`UpstreamPool.choose`: the seam where routing decides).
 
 A request that finds nothing waiting in this gateway and room upstream goes at once,
-without a turn of the dispatcher: under the shared-counter policies its lift and charge
-are one step of the store (`arrive_and_take`, one round trip to Redis), under the others
-the policy admits it on the spot. It is the decision the dispatcher would take, minus
-its latency; whenever requests wait, everything goes through the dispatcher.
+without a turn of the dispatcher: its fairness step is one round trip (lift and
+charge in one Redis script). It is the decision the dispatcher would take, minus its
+latency; whenever requests wait, everything goes through the dispatcher.
 
 A request retried after its upstream failed before the first byte goes ahead of every
 waiting request and is not charged again.
@@ -25,65 +23,24 @@ import contextlib
 import itertools
 import time
 from collections import deque
-from collections.abc import Coroutine
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine
 from typing import Any
 
-from tokenfair.core.policies import make_policy
-from tokenfair.core.policies.base import Policy
-from tokenfair.core.request import Request, SamplingParams
-from tokenfair.gateway.counters import CounterStore
+from tokenfair.edge.errors import APIError, ErrorCode
+from tokenfair.gateway.flow.bands import BandedQueues
+from tokenfair.gateway.flow.fairness import Fairness
+from tokenfair.gateway.flow.ticket import Ticket
 from tokenfair.gateway.pool import Upstream, UpstreamPool
 
 RECENT_DISPATCHES = 1000
 
 
-class AdmissionRefused(Exception):
-    """The request cannot wait: 429 for a tenant's limit or rate, 503 for the gateway's."""
-
-    def __init__(self, status: int, message: str, code: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
-
-
-@dataclass(eq=False, slots=True)
-class Ticket:
-    tenant: str
-    model: str
-    tokens: int  # in-flight tokens it holds: prompt + max_tokens
-    charge: float  # charged to the tenant's counter at dispatch (already weighted)
-    priority: int = 0
-    max_tokens: int = 256
-    seq: int = 0
-    arrival: float = 0.0
-    dispatches_at_arrival: int = 0  # the gateway's dispatch count when this one arrived
-    exclude: frozenset[str] = frozenset()
-    future: asyncio.Future[Upstream] | None = None
-    upstream: Upstream | None = None
-    core: Request | None = None
-    state: str = "new"  # new -> waiting -> picking -> dispatched -> released
-    released: bool = field(default=False)
-    recorded: bool = False  # its queueing is in `Admission.recent` (a retry waits no turn)
-
-
 class Admission:
-    def __init__(
-        self,
-        pool: UpstreamPool,
-        policy: str,
-        store: CounterStore | None,
-        max_waiting: int,
-    ) -> None:
+    def __init__(self, pool: UpstreamPool, fairness: Callable[[int], Fairness]) -> None:
         self.pool = pool
-        self.store = store  # None: the core policy's order (local to this replica)
-        self.policy_spec = policy
-        self.max_waiting = max_waiting
+        self.fairness = fairness  # band -> its fairness seam
         self._seq = itertools.count()
-        self._queues: dict[str, dict[str, deque[Ticket]]] = {}  # tenant -> model -> FIFO
-        self._policies: dict[str, Policy] = {}  # model -> core policy (local mode)
-        self._by_id: dict[str, Ticket] = {}
+        self._queues = BandedQueues()
         self._retries: deque[Ticket] = deque()
         self.waiting: dict[str, int] = {}  # tenant -> waiting requests
         self.running: dict[str, int] = {}  # tenant -> dispatched requests
@@ -111,64 +68,32 @@ class Admission:
         self._wake.set()
 
     # --- the request side ---
-    async def wait(self, ticket: Ticket, tenant_max_waiting: int) -> Upstream:
-        """Queue `ticket` and return the upstream it was dispatched to."""
-        if not self.pool.any_eligible(ticket.model):
-            raise AdmissionRefused(
-                503,
-                f"no upstream serving {ticket.model!r} is in rotation; retry later",
-                "no_upstream",
-            )
-        if self.num_waiting >= self.max_waiting:
-            raise AdmissionRefused(
-                503, "the gateway's waiting queue is full; retry later", "overloaded"
-            )
-        if self.waiting.get(ticket.tenant, 0) >= tenant_max_waiting:
-            raise AdmissionRefused(
-                429,
-                f"tenant {ticket.tenant!r} already has {tenant_max_waiting} requests waiting",
-                "too_many_waiting",
-            )
+    async def wait(self, ticket: Ticket) -> Upstream:
+        """Queue `ticket` and return the upstream it was dispatched to; APIError 429 when
+        the policy refuses it at arrival (`rpm:N`)."""
+        fairness = self.fairness(ticket.band)
         ticket.seq = next(self._seq)
         ticket.arrival = time.monotonic()
+        ticket.key = fairness.order_key(ticket)
         ticket.dispatches_at_arrival = self.dispatches
-        ticket.future = asyncio.get_running_loop().create_future()
-        if self.store is None:
-            policy = self._policies.get(ticket.model)
-            if policy is None:
-                policy = self._policies[ticket.model] = make_policy(self.policy_spec)
-            core = Request(
-                request_id=str(ticket.seq),
-                client=ticket.tenant,
-                input_tokens=max(1, ticket.tokens - ticket.max_tokens),
-                arrival_s=ticket.arrival,
-                sampling=SamplingParams(max_tokens=max(1, ticket.max_tokens)),
-                priority=ticket.priority,
+        if not fairness.accept(ticket):
+            raise APIError(
+                429,
+                f"tenant {ticket.tenant!r} is over the request rate of the gateway's policy",
+                code=ErrorCode.RATE_LIMIT,
+                headers={"Retry-After": "1"},
             )
-            if not policy.accept(core, ticket.arrival):
-                raise AdmissionRefused(
-                    429, f"tenant {ticket.tenant!r} is over its request rate", "rate_limited"
-                )
-            ticket.core = core
-            self._enqueue(ticket)
-            policy.add(core, ticket.arrival)
-            if self.num_waiting == 1 and not self._retries:
-                self._step_local()  # alone: admitted now if an upstream has room
-            if ticket.state == "dispatched":
-                return ticket.upstream  # type: ignore[return-value]
-        else:
-            upstream = self._room_now(ticket)
-            if upstream is not None:
-                return await self._take_now(ticket, upstream)
-            self._enqueue(ticket)
+        ticket.future = asyncio.get_running_loop().create_future()
+        upstream = self._room_now(ticket)
+        if upstream is not None:
+            return await self._take_now(ticket, upstream, fairness)
+        self._enqueue(ticket)
         try:
-            if self.store is not None:
-                # The lift happens before the request is visible to the dispatcher.
-                await self.store.arrive(ticket.tenant)
-                self._queues.setdefault(ticket.tenant, {}).setdefault(ticket.model, deque()).append(
-                    ticket
-                )
-            self.wake()
+            # The lift happens before the request is visible to the dispatcher.
+            await fairness.arrive(ticket)
+            if ticket.state == "waiting":
+                self._queues.add(ticket)
+                self.wake()
             return await ticket.future
         except asyncio.CancelledError:
             self._abandon(ticket)
@@ -180,16 +105,15 @@ class Admission:
             return None
         return self.pool.choose(ticket.model, ticket.tokens)
 
-    async def _take_now(self, ticket: Ticket, upstream: Upstream) -> Upstream:
-        """Dispatch at once: the slot is held before the store's step, which then runs
+    async def _take_now(self, ticket: Ticket, upstream: Upstream, fairness: Fairness) -> Upstream:
+        """Dispatch at once: the slot is held before the fairness step, which then runs
         to its end even if the client leaves meanwhile (the charge is then part of the
         dispatch, as for any request that leaves after being dispatched)."""
-        assert self.store is not None
         self._dispatch(ticket, upstream)
-        if not self.store.remote:  # in this process: runs to its end without suspending
-            await self.store.arrive_and_take(ticket.tenant, ticket.charge)
+        if not fairness.remote:  # in this process: runs to its end without suspending
+            await fairness.take_now(ticket)
             return upstream
-        step = asyncio.ensure_future(self.store.arrive_and_take(ticket.tenant, ticket.charge))
+        step = asyncio.ensure_future(fairness.take_now(ticket))
         try:
             await asyncio.shield(step)
         except asyncio.CancelledError:
@@ -199,12 +123,10 @@ class Admission:
 
     def _enqueue(self, ticket: Ticket) -> None:
         ticket.state = "waiting"
-        self._by_id[str(ticket.seq)] = ticket
         self.waiting[ticket.tenant] = self.waiting.get(ticket.tenant, 0) + 1
         self.num_waiting += 1
 
     def _unwait(self, ticket: Ticket) -> None:
-        self._by_id.pop(str(ticket.seq), None)
         left = self.waiting.get(ticket.tenant, 0) - 1
         if left > 0:
             self.waiting[ticket.tenant] = left
@@ -217,15 +139,8 @@ class Admission:
         if ticket.state == "waiting":
             ticket.state = "released"
             self._unwait(ticket)
-            if self.store is None:
-                assert ticket.core is not None
-                self._policies[ticket.model].remove(ticket.core)
-            else:
-                queue = self._queues.get(ticket.tenant, {}).get(ticket.model)
-                if queue is not None and ticket in queue:
-                    queue.remove(ticket)
-                    self._prune(ticket.tenant, ticket.model)
-                self._spawn(self.store.leave(ticket.tenant))
+            self._queues.remove(ticket)
+            self._spawn(self.fairness(ticket.band).leave(ticket))
         elif ticket.state == "picking":
             ticket.state = "abandoned"  # the dispatcher refunds it when the pick returns
         elif ticket.state == "dispatched":
@@ -281,6 +196,7 @@ class Admission:
                 {
                     "tenant": ticket.tenant,
                     "model": ticket.model,
+                    "band": ticket.band,
                     "upstream": upstream.name,
                     "queue_s": round(time.monotonic() - ticket.arrival, 6),
                     "dispatched_ahead": self.dispatches - ticket.dispatches_at_arrival,
@@ -309,74 +225,36 @@ class Admission:
                 self._retries.remove(ticket)
                 self._dispatch(ticket, upstream)
                 return True
-        if self.store is None:
-            return self._step_local()
-        return await self._step_shared()
-
-    def _step_local(self) -> bool:
-        heads: list[tuple[float, Policy, Ticket, Upstream]] = []
-        for model, policy in self._policies.items():
-            head = policy.peek()
-            if head is None:
-                continue
-            ticket = self._by_id[head.request_id]
-            upstream = self.pool.choose(model, ticket.tokens, ticket.exclude)
-            if upstream is not None:
-                heads.append((head.arrival_s, policy, ticket, upstream))
-        if not heads:
-            return False
-        _, policy, ticket, upstream = min(heads, key=lambda h: h[0])
-        policy.pop()
-        assert ticket.core is not None
-        policy.on_admit(ticket.core, True, time.monotonic())
-        self._unwait(ticket)
-        self._dispatch(ticket, upstream)
-        return True
-
-    def _prune(self, tenant: str, model: str) -> None:
-        models = self._queues.get(tenant)
-        if models is not None and not models.get(model, True):
-            del models[model]
-            if not models:
-                del self._queues[tenant]
-
-    async def _step_shared(self) -> bool:
-        assert self.store is not None
-        heads: list[Ticket] = []
         room: dict[tuple[str, int], bool] = {}
-        for models in self._queues.values():
-            best: Ticket | None = None
-            for model, queue in models.items():
-                head = queue[0]
-                key = (model, head.tokens)
-                if key not in room:
-                    room[key] = self.pool.choose(model, head.tokens) is not None
-                if room[key] and (best is None or head.seq < best.seq):
-                    best = head
-            if best is not None:
-                heads.append(best)
-        if not heads:
+
+        def has_room(model: str, tokens: int) -> bool:
+            known = room.get((model, tokens))
+            if known is None:
+                known = room[model, tokens] = self.pool.choose(model, tokens) is not None
+            return known
+
+        found = self._queues.candidates(has_room)
+        if found is None:
             return False
-        heads.sort(key=lambda t: t.seq)  # ties on the counter go to the oldest head
+        band, heads = found
+        fairness = self.fairness(band)
         for ticket in heads:
             ticket.state = "picking"
-        tenant = await self.store.pick([(t.tenant, t.charge) for t in heads])
-        chosen: Ticket | None = None
+        chosen = await fairness.pick(heads)
         for ticket in heads:
-            if ticket.tenant == tenant and chosen is None:
-                chosen = ticket
-            elif ticket.state == "picking":
+            if ticket is chosen:
+                continue
+            if ticket.state == "picking":
                 ticket.state = "waiting"
             elif ticket.state == "abandoned":  # left during the pick, never picked
-                self._drop_abandoned(ticket, leave=True)
-        assert chosen is not None
+                self._drop_abandoned(ticket)
+                self._spawn(fairness.leave(ticket))
         if chosen.state == "abandoned":
             # Left while being picked: the pick already counted it out of waiting.
-            self.store.charge(chosen.tenant, -chosen.charge)
-            self._drop_abandoned(chosen, leave=False)
+            await fairness.refund(chosen)
+            self._drop_abandoned(chosen)
             return True
-        self._queues[chosen.tenant][chosen.model].popleft()
-        self._prune(chosen.tenant, chosen.model)
+        self._queues.remove(chosen)
         self._unwait(chosen)
         upstream = self.pool.choose(chosen.model, chosen.tokens)
         if upstream is None:  # capacity vanished during the pick (health change)
@@ -386,12 +264,7 @@ class Admission:
         self._dispatch(chosen, upstream)
         return True
 
-    def _drop_abandoned(self, ticket: Ticket, leave: bool) -> None:
+    def _drop_abandoned(self, ticket: Ticket) -> None:
         ticket.state = "released"
-        queue = self._queues.get(ticket.tenant, {}).get(ticket.model)
-        if queue is not None and ticket in queue:
-            queue.remove(ticket)
-            self._prune(ticket.tenant, ticket.model)
+        self._queues.remove(ticket)
         self._unwait(ticket)
-        if leave and self.store is not None:
-            self._spawn(self.store.leave(ticket.tenant))

@@ -10,9 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import signal
-import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -20,23 +18,21 @@ from fastapi import FastAPI, Header, Query
 from fastapi.responses import JSONResponse, Response
 
 from tokenfair.core.cost import LinearCost
-from tokenfair.core.policies.rpm import RPMPolicy
-from tokenfair.core.request import Request
+from tokenfair.core.share_tree import is_group
+from tokenfair.edge.directory import TenantDirectory
+from tokenfair.edge.endpoints import COMPLETION_PATHS
+from tokenfair.edge.errors import APIError, install_error_handlers
+from tokenfair.edge.limits import Limits
+from tokenfair.edge.tenants import TenantsFileError, load_tenants, parse_tenants
 from tokenfair.gateway.admission import RECENT_DISPATCHES, Admission
 from tokenfair.gateway.config import GatewayConfig, GatewayConfigError
 from tokenfair.gateway.counters import CounterStore, MemoryCounterStore
+from tokenfair.gateway.flow.fairness import CounterFairness, Fairness, PolicyFairness
+from tokenfair.gateway.flow.order import ORDERS
 from tokenfair.gateway.metrics import GatewayMetrics
 from tokenfair.gateway.pool import UpstreamPool
-from tokenfair.gateway.proxy import HOT_PATHS, CompletionProxy
+from tokenfair.gateway.proxy import CompletionProxy
 from tokenfair.gateway.tokens import TokenCounter, load_tokenizer
-from tokenfair.server.errors import APIError, install_error_handlers
-from tokenfair.server.tenants import (
-    Tenant,
-    TenantDirectory,
-    TenantsFileError,
-    load_tenants,
-    parse_tenants,
-)
 
 log = logging.getLogger("tokenfair.gateway")
 
@@ -70,7 +66,9 @@ def build_directory(config: GatewayConfig) -> TenantDirectory:
         raise GatewayConfigError(str(error)) from None
 
 
-def build_store(config: GatewayConfig) -> CounterStore | None:
+def build_store(config: GatewayConfig, band: int = 0) -> CounterStore | None:
+    """The counters of one band (each band is a VTC of its own), or None for the core's
+    ordering policies."""
     if not config.shared_counters:
         return None
     if config.redis is None:
@@ -80,7 +78,7 @@ def build_store(config: GatewayConfig) -> CounterStore | None:
     r = config.redis
     return RedisCounterStore(
         r.url,
-        namespace=r.namespace,
+        namespace=r.namespace if band == 0 else f"{r.namespace}:band{band}",
         gateway_id=config.gateway_id,
         lift=config.lift_rule,
         timeout_s=r.timeout_s,
@@ -98,31 +96,42 @@ class Gateway:
         self.directory = build_directory(config)
         self.cost = LinearCost(config.cost.w_in, config.cost.w_out)
         self.pool = UpstreamPool(config.upstreams, config.health)
-        self.store = build_store(config)
-        self.admission = Admission(self.pool, config.policy, self.store, config.max_waiting)
-        self.metrics = GatewayMetrics(self.admission, self.pool, lambda: self.store)
+        self.limits = Limits(config.max_waiting, who="the gateway")
+        self.stores: dict[int, CounterStore] = {}  # band -> its counters
+        self._fairness: dict[int, Fairness] = {}
+        self._started = False
+        self._background: set[asyncio.Task[None]] = set()
+        self.fairness(0)
+        self.admission = Admission(self.pool, self.fairness)
+        self.metrics = GatewayMetrics(self.admission, self.pool, self.stores)
         self._counters = token_counters(config)
         self._estimate = TokenCounter()
-        self._rate: dict[str, RPMPolicy] = {}
 
-    def rate_limited(self, tenant: Tenant) -> int | None:
-        """The tenant's `rpm` limit (the core's sliding 60 s window), if it has one:
-        None when the request may go (it is counted), else the whole seconds to wait."""
-        if tenant.rpm is None:
-            return None
-        limiter = self._rate.get(tenant.name)
-        if limiter is None or limiter.limit != tenant.rpm:
-            limiter = self._rate[tenant.name] = RPMPolicy(limit=tenant.rpm)
-        now = time.monotonic()
-        if limiter.accept(Request("rate", tenant.name, input_tokens=1, arrival_s=now), now):
-            return None
-        return max(1, math.ceil(limiter.retry_after(tenant.name, now)))
+    @property
+    def store(self) -> CounterStore | None:
+        """The counters of band 0 (every tenant's, without bands)."""
+        return self.stores.get(0)
 
-    def rate_refund(self, tenant: Tenant) -> None:
-        """A request that `rate_limited` let through was refused after all."""
-        limiter = self._rate.get(tenant.name)
-        if limiter is not None:
-            limiter.unaccept(tenant.name)
+    def store_for(self, band: int) -> CounterStore | None:
+        self.fairness(band)
+        return self.stores.get(band)
+
+    def fairness(self, band: int) -> Fairness:
+        """The fairness seam of a band, made when the band is first used."""
+        fairness = self._fairness.get(band)
+        if fairness is None:
+            store = build_store(self.config, band)
+            if store is None:
+                fairness = PolicyFairness(self.config.policy)
+            else:
+                self.stores[band] = store
+                fairness = CounterFairness(store, ORDERS[self.config.order_within_tenant])
+                if self._started:  # a band new since the start (a reload)
+                    task = asyncio.ensure_future(store.start())
+                    self._background.add(task)
+                    task.add_done_callback(self._background.discard)
+            self._fairness[band] = fairness
+        return fairness
 
     def reload_tenants(self) -> None:
         """SIGHUP: re-read the tenants file; a bad one is refused and the old one stays."""
@@ -143,16 +152,19 @@ class Gateway:
             NotImplementedError, RuntimeError
         ):  # no signals off the main thread
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.reload_tenants)
-        if self.store is not None:
-            await self.store.start()
+        for band in sorted({t.band for t in self.directory.tenants}):
+            self.fairness(band)
+        for store in list(self.stores.values()):
+            await store.start()
+        self._started = True
         self.pool.start()
         self.admission.start()
 
     async def close(self) -> None:
         await self.admission.close()
         await self.pool.close()
-        if self.store is not None:
-            await self.store.close()
+        for store in list(self.stores.values()):
+            await store.close()
 
 
 def _side_app(gateway: Gateway) -> FastAPI:
@@ -206,11 +218,15 @@ def _side_app(gateway: Gateway) -> FastAPI:
     async def state(authorization: str | None = Header(default=None)) -> dict[str, Any]:
         """Counters, queues and upstreams (behind the admin key when one is set)."""
         check_admin(authorization)
-        store = gateway.store
+        stores = list(gateway.stores.values())
+        counters: dict[str, float] = {}
+        for store in stores:
+            counters.update(store.counters())
         return {
             "policy": gateway.config.policy,
-            "counters": store.counters() if store is not None else {},
-            "degraded": bool(store is not None and store.degraded),
+            "counters": {n: c for n, c in counters.items() if not is_group(n)},
+            "group_counters": {n[1:]: c for n, c in counters.items() if is_group(n)},
+            "degraded": any(store.degraded for store in stores),
             "waiting": dict(gateway.admission.waiting),
             "running": dict(gateway.admission.running),
             "upstreams": {
@@ -233,7 +249,11 @@ def create_app(config: GatewayConfig) -> Any:
     proxy = CompletionProxy(gateway)
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"] in HOT_PATHS and scope["method"] == "POST":
+        if (
+            scope["type"] == "http"
+            and scope["path"] in COMPLETION_PATHS
+            and scope["method"] == "POST"
+        ):
             await proxy(scope, receive, send)
         else:
             await side(scope, receive, send)

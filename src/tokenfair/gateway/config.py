@@ -133,6 +133,9 @@ class GatewayConfig(_Strict):
     models: dict[str, ModelConfig] = {}
     cost: CostConfig = Field(default_factory=CostConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
+    # The order of one tenant's own requests under the counter policies: `priority`
+    # (lower first, ties by arrival, as the server does) or `arrival`.
+    order_within_tenant: Literal["priority", "arrival"] = "priority"
     max_waiting: int = Field(default=4096, ge=1)
     # What a request without max_tokens reserves (non-streaming charge, in-flight tokens).
     default_max_tokens: int = Field(default=256, ge=1)

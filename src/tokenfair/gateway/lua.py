@@ -2,14 +2,17 @@
 
 Keys, all under one namespace `ns`:
 
-- `ns:counters`      hash tenant -> virtual counter (float)
-- `ns:last`          the tenant whose request most recently left a waiting queue
+- `ns:counters`      hash node -> virtual counter (float): tenants, and groups as `@path`
+- `ns:last`          the top-level node (tenant or group) whose request most recently
+                     left a waiting queue
+- `ns:lastchild`     hash group -> its child that most recently did (with groups)
+- `ns:paths`         hash tenant -> its path, `@org|@org/team|tenant` (grouped tenants)
 - `ns:gateways`      sorted set gateway id -> last heartbeat (ms, Redis clock)
 - `ns:waiting:<gw>`  hash tenant -> requests waiting in that gateway
 
 A gateway whose heartbeat is older than the TTL is dropped with its waiting hash, so a
 crashed replica cannot leave tenants "waiting" for ever. Every script first applies the
-caller's buffered charges (pairs tenant, amount in ARGV), so one round trip both flushes
+caller's buffered charges (pairs node, amount in ARGV), so one round trip both flushes
 output charges and decides. Times come from Redis (TIME), never from the gateways'
 clocks. Keys are built inside the scripts: single Redis or a replicated primary, not
 Redis Cluster.
@@ -32,8 +35,22 @@ local function apply_deltas(from, n)
   end
   return from + 2 * n
 end
-local function counter(tenant)
-  return tonumber(redis.call('HGET', counters, tenant) or '0')
+local function counter(node)
+  return tonumber(redis.call('HGET', counters, node) or '0')
+end
+-- Charge a chosen request: ARGV[from..] holds n (node, amount) pairs, top down; each
+-- parent records the node as the child it admitted last.
+local function take(from, n)
+  local parent = ''
+  for j = from, from + 2 * n - 1, 2 do
+    redis.call('HINCRBYFLOAT', counters, ARGV[j], ARGV[j + 1])
+    if parent == '' then
+      redis.call('SET', ns .. ':last', ARGV[j])
+    else
+      redis.call('HSET', ns .. ':lastchild', parent, ARGV[j])
+    end
+    parent = ARGV[j]
+  end
 end
 -- tenant -> waiting count summed over the live gateways; drops dead gateways.
 local function waiting_everywhere(ttl_ms)
@@ -57,45 +74,81 @@ local function waiting_everywhere(ttl_ms)
 end
 """
 
-# ARGV: ns, gw, ttl_ms, n_deltas, deltas..., tenant, lift rule (paper|artifact|none)
-# A tenant with no waiting request anywhere is lifted (SPEC 3): to the smallest counter
-# among tenants waiting anywhere, or with nobody waiting to the counter of the tenant
-# admitted last (paper rule). Returns the tenant's counter after the lift.
-# The lift (SPEC 3), shared by ARRIVE and ARRIVE_TAKE: a tenant with no waiting request
-# anywhere is lifted to the smallest counter among tenants waiting anywhere, or with
-# nobody waiting to the counter of the tenant admitted last (paper rule).
+# The lift (SPEC 3) at every level of the group tree, shared by ARRIVE and ARRIVE_TAKE.
+# A tenant's path is its nodes from the top-level group down to itself (just itself
+# without groups). Each node on the arriving tenant's path that has no waiting request
+# below it anywhere is lifted to the smallest counter among its parent's children that
+# have one, or, with none, to the counter of the child its parent admitted last (the
+# paper's rule). The top level's last child is `ns:last`; a group's, `ns:lastchild`.
 _LIFT = r"""
-local function lift(tenant, rule, ttl_ms)
-  local c = counter(tenant)
-  local waiting = waiting_everywhere(ttl_ms)
-  if rule ~= 'none' and not waiting[tenant] then
-    local floor = nil
-    for t, _ in pairs(waiting) do
-      local ct = counter(t)
-      if floor == nil or ct < floor then floor = ct end
-    end
-    if floor == nil and rule == 'paper' then
-      local last = redis.call('GET', ns .. ':last')
-      if last then floor = counter(last) end
-    end
-    if floor ~= nil and floor > c then
-      c = floor
-      redis.call('HSET', counters, tenant, tostring(c))
+local function path_of(tenant, grouped)
+  if grouped then
+    local joined = redis.call('HGET', ns .. ':paths', tenant)
+    if joined then
+      local out = {}
+      for node in string.gmatch(joined, '[^|]+') do out[#out + 1] = node end
+      return out
     end
   end
-  return c
+  return {tenant}
 end
--- ARGV from 3 on: ttl_ms, n_deltas, deltas..., tenant, lift rule: this gateway is
--- alive, the buffered charges are applied, the tenant is lifted. Returns the index of
--- the tenant in ARGV and its counter after the lift.
+local function last_child(parent)
+  if parent == '' then return redis.call('GET', ns .. ':last') end
+  return redis.call('HGET', ns .. ':lastchild', parent)
+end
+local function lift(tenant, rule, ttl_ms, path)
+  local grouped = #path > 1 or redis.call('EXISTS', ns .. ':paths') == 1
+  if #path > 1 then redis.call('HSET', ns .. ':paths', tenant, table.concat(path, '|')) end
+  local waiting = waiting_everywhere(ttl_ms)
+  if rule ~= 'none' and not waiting[tenant] then
+    local below = {}  -- parent -> set of its children with a request waiting below
+    for t, _ in pairs(waiting) do
+      local parent = ''
+      for _, node in ipairs(path_of(t, grouped)) do
+        below[parent] = below[parent] or {}
+        below[parent][node] = true
+        parent = node
+      end
+    end
+    local parent = ''
+    for _, node in ipairs(path) do
+      local siblings = below[parent]
+      if not (siblings and siblings[node]) then
+        local c = counter(node)
+        local floor = nil
+        if siblings then
+          for s, _ in pairs(siblings) do
+            local cs = counter(s)
+            if floor == nil or cs < floor then floor = cs end
+          end
+        end
+        if floor == nil and rule == 'paper' then
+          local last = last_child(parent)
+          if last then floor = counter(last) end
+        end
+        if floor ~= nil and floor > c then
+          redis.call('HSET', counters, node, tostring(floor))
+        end
+      end
+      parent = node
+    end
+  end
+  return counter(tenant)
+end
+-- ARGV from 3 on: ttl_ms, n_deltas, deltas..., tenant, lift rule, n_path, path...:
+-- this gateway is alive, the buffered charges are applied, the tenant is lifted.
+-- Returns the index of the tenant in ARGV and its counter after the lift.
 local function arrival()
   redis.call('ZADD', ns .. ':gateways', now_ms(), gw)
   local i = apply_deltas(5, tonumber(ARGV[4]))
-  return i, lift(ARGV[i], ARGV[i + 1], tonumber(ARGV[3]))
+  local n = tonumber(ARGV[i + 2])
+  local path = {}
+  for j = i + 3, i + 2 + n do path[#path + 1] = ARGV[j] end
+  return i, lift(ARGV[i], ARGV[i + 1], tonumber(ARGV[3]), path)
 end
 """
 
-# ARGV: ns, gw, ttl_ms, n_deltas, deltas..., tenant, lift rule (paper|artifact|none)
+# ARGV: ns, gw, ttl_ms, n_deltas, deltas..., tenant, lift rule, n_path, path...
 # The tenant's request starts waiting here. Returns its counter after the lift.
 ARRIVE = (
     _PRELUDE
@@ -107,40 +160,65 @@ return tostring(c)
 """
 )
 
-# ARGV: ns, gw, ttl_ms, n_deltas, deltas..., tenant, lift rule, charge
+# ARGV: ns, gw, ttl_ms, n_deltas, deltas..., tenant, lift rule, n, (node, amount)...
 # ARRIVE then PICK of that request alone, in one step: it found nothing waiting in this
 # gateway and room upstream. Lifted, charged, recorded as the last admitted; it never
-# counts as waiting. Returns the tenant's counter after the charge.
+# counts as waiting. Returns the tenant's counter after the charge. (The path is the
+# charge's nodes: n_path and the path are the n and the pairs' first halves.)
 ARRIVE_TAKE = (
     _PRELUDE
     + _LIFT
     + r"""
-local i = arrival()
-local c = redis.call('HINCRBYFLOAT', counters, ARGV[i], ARGV[i + 2])
-redis.call('SET', ns .. ':last', ARGV[i])
-return c
+redis.call('ZADD', ns .. ':gateways', now_ms(), gw)
+local i = apply_deltas(5, tonumber(ARGV[4]))
+local n = tonumber(ARGV[i + 2])
+local path = {}
+for j = i + 3, i + 2 + 2 * n - 1, 2 do path[#path + 1] = ARGV[j] end
+lift(ARGV[i], ARGV[i + 1], tonumber(ARGV[3]), path)
+take(i + 3, n)
+return tostring(counter(ARGV[i]))
 """
 )
 
-# ARGV: ns, gw, n_deltas, deltas..., n_candidates, (tenant, charge)...
-# Picks the candidate with the smallest counter (ties: the first given, i.e. the
-# oldest head), charges it, counts one of its requests out of this gateway's waiting
-# hash and records it as the last admitted. Returns {tenant, counter}.
+# ARGV: ns, gw, n_deltas, deltas..., n_candidates, (tenant, n, (node, amount) x n)...
+# Descends the tree: among the candidates, the top-level node with the smallest counter
+# (ties: the first given, i.e. the oldest head), then its child with the smallest
+# counter, down to a tenant; charges each node of its path, counts one of its requests
+# out of this gateway's waiting hash, records the last admitted children.
+# Returns {tenant, counter}.
 PICK = (
     _PRELUDE
     + r"""
 local i = apply_deltas(4, tonumber(ARGV[3]))
 local n = tonumber(ARGV[i])
-local best, best_c, charge = nil, nil, 0
-for j = i + 1, i + 2 * n - 1, 2 do
-  local c = counter(ARGV[j])
-  if best == nil or c < best_c then best, best_c, charge = ARGV[j], c, ARGV[j + 1] end
+local remaining = {}  -- {tenant, n_nodes, index of its first node in ARGV}
+local j = i + 1
+for _ = 1, n do
+  local k = tonumber(ARGV[j + 1])
+  remaining[#remaining + 1] = {ARGV[j], k, j + 2}
+  j = j + 2 + 2 * k
 end
-local c = redis.call('HINCRBYFLOAT', counters, best, charge)
+local depth = 0
+while true do
+  local best, best_c = nil, nil
+  for _, cand in ipairs(remaining) do
+    local node = ARGV[cand[3] + 2 * depth]
+    local c = counter(node)
+    if best == nil or c < best_c then best, best_c = node, c end
+  end
+  local kept = {}
+  for _, cand in ipairs(remaining) do
+    if ARGV[cand[3] + 2 * depth] == best then kept[#kept + 1] = cand end
+  end
+  remaining = kept
+  if remaining[1][2] == depth + 1 then break end
+  depth = depth + 1
+end
+local chosen = remaining[1]
+take(chosen[3], chosen[2])
 local key = ns .. ':waiting:' .. gw
-if redis.call('HINCRBY', key, best, -1) <= 0 then redis.call('HDEL', key, best) end
-redis.call('SET', ns .. ':last', best)
-return {best, c}
+if redis.call('HINCRBY', key, chosen[1], -1) <= 0 then redis.call('HDEL', key, chosen[1]) end
+return {chosen[1], redis.call('HGET', counters, chosen[1])}
 """
 )
 

@@ -10,7 +10,7 @@ ends without usage (failure, client gone) gets its unused output reservation bac
 from __future__ import annotations
 
 from tokenfair.core.cost import LinearCost
-from tokenfair.gateway.counters import CounterStore
+from tokenfair.gateway.counters import Charge, CounterStore
 
 
 class Meter:
@@ -21,24 +21,22 @@ class Meter:
         "store",
         "stream",
         "streamed",
-        "tenant",
         "usage_seen",
-        "weight",
+        "weights",
     )
 
     def __init__(
         self,
         store: CounterStore | None,
-        tenant: str,
-        weight: float,
+        weights: tuple[tuple[str, float], ...],
         cost: LinearCost,
         prompt_tokens: int,
         max_tokens: int,
         stream: bool,
     ) -> None:
         self.store = store
-        self.tenant = tenant
-        self.weight = weight
+        # (node, weight) from the tenant's top-level group down to the tenant itself.
+        self.weights = weights
         self.cost = cost
         self.stream = stream
         self.prompt = prompt_tokens  # input tokens charged so far
@@ -49,13 +47,17 @@ class Meter:
     def _service(self, prompt: float, output: float) -> float:
         return self.cost.w_in * prompt + self.cost.w_out * output
 
-    def dispatch_charge(self) -> float:
-        """Charged (weighted) in the same atomic step that picks the request."""
-        return self._service(self.prompt, self.output) / self.weight
+    def _weighted(self, service: float) -> Charge:
+        """`service` as each node on the tenant's path pays it: divided by its weight."""
+        return tuple((node, service / weight) for node, weight in self.weights)
+
+    def dispatch_charge(self) -> Charge:
+        """Charged in the same atomic step that picks the request."""
+        return self._weighted(self._service(self.prompt, self.output))
 
     def _charge(self, service: float) -> None:
         if self.store is not None and service:
-            self.store.charge(self.tenant, service / self.weight)
+            self.store.charge(self._weighted(service))
 
     def on_chunk(self, tokens: int) -> None:
         self.streamed += tokens

@@ -7,12 +7,13 @@ the hot path never touches them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from tokenfair.core.share_tree import is_group
 from tokenfair.gateway.admission import Admission
 from tokenfair.gateway.counters import CounterStore
 from tokenfair.gateway.pool import UpstreamPool
@@ -46,11 +47,11 @@ class TenantSeries:
 
 class _Live(Collector):
     def __init__(
-        self, admission: Admission, pool: UpstreamPool, store: Callable[[], CounterStore | None]
+        self, admission: Admission, pool: UpstreamPool, stores: Mapping[int, CounterStore]
     ) -> None:
         self.admission = admission
         self.pool = pool
-        self.store = store
+        self.stores = stores  # band -> its counters (none under the ordering policies)
 
     def collect(self) -> Iterator[Metric]:
         waiting = GaugeMetricFamily(
@@ -67,20 +68,30 @@ class _Live(Collector):
             running.add_metric([tenant], n)
         yield waiting
         yield running
-        store = self.store()
-        if store is not None:
+        stores = list(self.stores.values())
+        if stores:
             counter = GaugeMetricFamily(
                 "tokenfair:vtc_counter",
                 "VTC counter per tenant (shared when in Redis)",
                 labels=["tenant"],
             )
-            for tenant, value in store.counters().items():
-                counter.add_metric([tenant], value)
+            groups = GaugeMetricFamily(
+                "tokenfair:group_vtc_counter",
+                "VTC counter per group of tenants, by its path (shared when in Redis)",
+                labels=["group"],
+            )
+            for store in stores:
+                for node, value in store.counters().items():
+                    if is_group(node):
+                        groups.add_metric([node[1:]], value)
+                    else:
+                        counter.add_metric([node], value)
             yield counter
+            yield groups
             yield GaugeMetricFamily(
                 "tokenfair:gateway_counters_degraded",
                 "1 while Redis is unreachable and counters are local",
-                value=float(store.degraded),
+                value=float(any(store.degraded for store in stores)),
             )
         healthy = GaugeMetricFamily(
             "tokenfair:gateway_upstream_healthy",
@@ -108,7 +119,7 @@ class _Live(Collector):
 
 class GatewayMetrics:
     def __init__(
-        self, admission: Admission, pool: UpstreamPool, store: Callable[[], CounterStore | None]
+        self, admission: Admission, pool: UpstreamPool, stores: Mapping[int, CounterStore]
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -160,7 +171,7 @@ class GatewayMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
-        r.register(_Live(admission, pool, store))
+        r.register(_Live(admission, pool, stores))
         self._tenants: dict[str, TenantSeries] = {}
 
     def of(self, tenant: str) -> TenantSeries:

@@ -18,13 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from tokenfair.gateway.admission import AdmissionRefused, Ticket
+from tokenfair.edge.body import read_body
+from tokenfair.edge.endpoints import COMPLETION_PATHS
+from tokenfair.edge.errors import APIError, ClientGone, ErrorCode, shutting_down
+from tokenfair.gateway.flow.ticket import Ticket
 from tokenfair.gateway.meter import Meter
 from tokenfair.gateway.requests import CompletionCall, parse_call
 from tokenfair.gateway.response import ClientResponse
 from tokenfair.gateway.sse import SSEReader, text_of_answer, usage_of
 from tokenfair.gateway.upstream_client import UpstreamError, UpstreamResponse
-from tokenfair.server.errors import APIError, shutting_down
 
 if TYPE_CHECKING:
     from tokenfair.gateway.app import Gateway
@@ -32,7 +34,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tokenfair.gateway")
 
-HOT_PATHS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 _HOP_BY_HOP = {
     b"connection",
     b"keep-alive",
@@ -55,22 +56,6 @@ Receive = Any
 Send = Any
 
 
-async def _read_body(receive: Receive, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise asyncio.CancelledError
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise APIError(413, f"request body over {limit} bytes", code="body_too_large")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
 class CompletionProxy:
     def __init__(self, gateway: Gateway) -> None:
         self.gw = gateway
@@ -83,7 +68,7 @@ class CompletionProxy:
         except APIError as error:
             await response.error(error)
             return
-        except asyncio.CancelledError:  # the client left while sending its body
+        except ClientGone:  # the client left while sending its body
             return
         work = asyncio.ensure_future(self._serve(call, tenant, response, arrival))
         watcher = asyncio.ensure_future(self._watch(receive))
@@ -111,16 +96,15 @@ class CompletionProxy:
         gw = self.gw
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         tenant = gw.directory.authenticate(headers.get("authorization"), headers)
-        call = parse_call(
-            await _read_body(receive, gw.config.max_body_bytes), HOT_PATHS[scope["path"]]
-        )
+        body = await read_body(receive, gw.config.max_body_bytes, headers.get("content-length"))
+        call = parse_call(body, COMPLETION_PATHS[scope["path"]])
         tenant = gw.directory.for_user(tenant, call.user)
         if not gw.pool.serves(call.model):
             raise APIError(
                 404,
                 f"the model {call.model!r} does not exist on this gateway",
                 param="model",
-                code="model_not_found",
+                code=ErrorCode.MODEL_NOT_FOUND,
             )
         return call, tenant
 
@@ -136,32 +120,35 @@ class CompletionProxy:
         gw = self.gw
         prompt = max(1, self._prompt_tokens(call))
         max_tokens = call.max_tokens or gw.config.default_max_tokens
-        if prompt + max_tokens > tenant.max_tokens_per_request:
-            gw.metrics.rejected.labels(tenant.name, "too_long").inc()
-            await response.error(
-                APIError(
+        try:
+            if prompt + max_tokens > tenant.max_tokens_per_request:
+                raise APIError(
                     400,
-                    f"prompt ({prompt} tokens) + max_tokens ({max_tokens}) is over this tenant's limit of {tenant.max_tokens_per_request} tokens",
+                    f"prompt ({prompt} tokens) + max_tokens ({max_tokens}) is over this "
+                    f"tenant's limit of {tenant.max_tokens_per_request} tokens",
                     param="max_tokens",
-                    code="context_length_exceeded",
+                    code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,
                 )
-            )
-            return
-        wait_s = gw.rate_limited(tenant)  # only for requests that could run (see below)
-        if wait_s is not None:
-            gw.metrics.rejected.labels(tenant.name, "rate_limited").inc()
-            limit = f"{tenant.rpm} requests per minute"
-            await response.error(
-                APIError(
-                    429,
-                    f"tenant {tenant.name!r} is over its limit of {limit}",
-                    code="rate_limited",
-                    headers={"retry-after": str(wait_s)},
+            if not gw.pool.any_eligible(call.model):
+                raise APIError(
+                    503,
+                    f"no upstream serving {call.model!r} is in rotation; retry later",
+                    code=ErrorCode.NO_UPSTREAM,
+                    headers={"Retry-After": "1"},
                 )
-            )
+            slot = gw.limits.admit(tenant, time.monotonic())
+        except APIError as refused:
+            gw.metrics.rejected.labels(tenant.name, refused.code).inc()
+            await response.error(refused)
             return
-        store = gw.store
-        meter = Meter(store, tenant.name, tenant.weight, gw.cost, prompt, max_tokens, call.stream)
+        meter = Meter(
+            gw.store_for(tenant.band),
+            gw.directory.path_weights(tenant),
+            gw.cost,
+            prompt,
+            max_tokens,
+            call.stream,
+        )
         ticket = Ticket(
             tenant=tenant.name,
             model=call.model,
@@ -169,33 +156,39 @@ class CompletionProxy:
             charge=meter.dispatch_charge(),
             priority=call.priority if call.priority is not None else tenant.priority,
             max_tokens=max_tokens,
+            band=tenant.band,
         )
         outcome = "abort"
         try:
             async with asyncio.timeout(tenant.timeout_s or gw.config.request_timeout_s):
                 try:
-                    await gw.admission.wait(ticket, tenant.max_waiting)
-                except AdmissionRefused as refused:
-                    gw.rate_refund(tenant)  # refused: it used no place in the rpm window
+                    await gw.admission.wait(ticket)
+                except APIError as refused:  # the policy's own rate (rpm:N)
                     gw.metrics.rejected.labels(tenant.name, refused.code).inc()
-                    retry = {"retry-after": "1"} if refused.status in (429, 503) else {}
-                    await response.error(
-                        APIError(refused.status, refused.message, code=refused.code, headers=retry)
-                    )
+                    await response.error(refused)
                     outcome = "rejected"
                     return
+                finally:
+                    slot.release()  # dispatched, refused or gone: no longer waiting
                 gw.metrics.of(tenant.name).queue.observe(time.perf_counter() - arrival)
                 outcome = await self._forward(call, ticket, meter, response, arrival, tenant.name)
         except TimeoutError:
             outcome = "timeout"
             if not response.started:
                 await response.error(
-                    APIError(408, "the request timed out", type="timeout_error", code="timeout")
+                    APIError(
+                        408, "the request timed out", type="timeout_error", code=ErrorCode.TIMEOUT
+                    )
                 )
             else:  # mid-stream: an event the client can tell from a whole answer
                 with contextlib.suppress(Exception):
                     await response.cut_short(
-                        APIError(408, "the request timed out", type="timeout_error", code="timeout")
+                        APIError(
+                            408,
+                            "the request timed out",
+                            type="timeout_error",
+                            code=ErrorCode.TIMEOUT,
+                        )
                     )
         finally:
             gw.admission.release(ticket)
@@ -274,7 +267,7 @@ class CompletionProxy:
                     502,
                     f"upstream {upstream.name} failed: {name}",
                     type="upstream_error",
-                    code="upstream_unavailable",
+                    code=ErrorCode.UPSTREAM_UNAVAILABLE,
                 )
             )
             return "upstream_error"
@@ -318,7 +311,7 @@ class CompletionProxy:
                     502,
                     f"upstream {upstream.name} broke off its response ({error})",
                     type="upstream_error",
-                    code="upstream_unavailable",
+                    code=ErrorCode.UPSTREAM_UNAVAILABLE,
                 )
             )
             return "upstream_error"
@@ -378,7 +371,7 @@ class CompletionProxy:
                 502,
                 f"upstream {upstream.name} failed mid-stream ({type(error).__name__})",
                 type="upstream_error",
-                code="upstream_unavailable",
+                code=ErrorCode.UPSTREAM_UNAVAILABLE,
             )
             await response.body(b"data: " + orjson.dumps(event.body()) + b"\n\n", more=False)
             return "upstream_error"

@@ -25,7 +25,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from tokenfair.gateway import lua
-from tokenfair.gateway.counters import LocalCounters
+from tokenfair.gateway.counters import Candidate, Charge, LocalCounters, path_of
 
 log = logging.getLogger("tokenfair.gateway")
 
@@ -87,6 +87,7 @@ class RedisCounterStore:
         }
         self._pending: dict[str, float] = {}  # charges not yet sent
         self._waiting: dict[str, int] = {}  # this gateway's waiting requests per tenant
+        self._paths: dict[str, tuple[str, ...]] = {}  # grouped tenants' paths, for a fallback
         self._snapshot: dict[str, float] = {}  # the last counters Redis returned
         self._local: LocalCounters | None = None  # set while degraded
         self._outage: dict[str, float] = {}  # charged locally while degraded
@@ -127,11 +128,12 @@ class RedisCounterStore:
         local = LocalCounters(self.lift)
         local.counter = dict(self._snapshot)
         local.waiting = dict(self._waiting)
+        local.paths = dict(self._paths)
         # Charges whose script failed may or may not have reached Redis; counting them
         # again at reconciliation errs towards charging.
-        for tenant, amount in {**self._pending, **unsent}.items():
-            local.charge(tenant, amount)
-            self._outage[tenant] = self._outage.get(tenant, 0.0) + amount
+        for node, amount in {**self._pending, **unsent}.items():
+            local.charge(((node, amount),))
+            self._outage[node] = self._outage.get(node, 0.0) + amount
         self._pending.clear()
         self._local = local
         self.outages += 1
@@ -214,13 +216,14 @@ class RedisCounterStore:
         self._snapshot = _as_counters(flat)
 
     # --- the store interface ---
-    async def arrive(self, tenant: str) -> float:
+    async def arrive(self, tenant: str, path: tuple[str, ...]) -> float:
+        if len(path) > 1:
+            self._paths[tenant] = path
         if self._local is None:
             pending = self._take_pending()
+            tail = [tenant, self.lift, len(path), *path]
             try:
-                value = float(
-                    await self._call("ARRIVE", [self.ttl_ms], pending, [tenant, self.lift])
-                )
+                value = float(await self._call("ARRIVE", [self.ttl_ms], pending, tail))
             except _FAILURES as error:
                 if self._local is None:
                     self._degrade(error, pending)
@@ -231,7 +234,7 @@ class RedisCounterStore:
                 return value
         assert self._local is not None
         self._waiting[tenant] = self._waiting.get(tenant, 0) + 1
-        return self._local.arrive(tenant)
+        return self._local.arrive(tenant, path)
 
     def _one_less(self, tenant: str) -> None:
         _add(self._waiting, tenant, -1)
@@ -259,12 +262,14 @@ class RedisCounterStore:
         self._one_less(tenant)
         self._local.leave(tenant)
 
-    async def pick(self, candidates: Sequence[tuple[str, float]]) -> str:
+    async def pick(self, candidates: Sequence[Candidate]) -> str:
         if self._local is None:
             pending = self._take_pending()
             tail: list[Any] = [len(candidates)]
-            for tenant, amount in candidates:
-                tail.extend((tenant, repr(amount)))
+            for tenant, charge in candidates:
+                tail.extend((tenant, len(charge)))
+                for node, amount in charge:
+                    tail.extend((node, repr(amount)))
             try:
                 best, value = await self._call("PICK", [], pending, tail)
             except _FAILURES as error:
@@ -273,43 +278,62 @@ class RedisCounterStore:
             else:
                 name = best.decode() if isinstance(best, bytes) else str(best)
                 self._snapshot[name] = float(value.decode() if isinstance(value, bytes) else value)
+                for tenant, charge in candidates:
+                    if tenant == name:  # the groups above it were charged too
+                        self._note(charge, skip_last=True)
+                        break
                 self._one_less(name)
                 self._also_locally(name, -1)
                 return name
         assert self._local is not None
         name, charge = self._local.pick(candidates)
-        self._outage[name] = self._outage.get(name, 0.0) + charge
+        self._record_outage(charge)
         self._one_less(name)
         return name
 
-    async def arrive_and_take(self, tenant: str, charge: float) -> float:
+    def _note(self, charge: Charge, skip_last: bool = False) -> None:
+        """What Redis now holds for the charged nodes, as far as this gateway knows."""
+        nodes = charge[:-1] if skip_last else charge
+        for node, amount in nodes:
+            self._snapshot[node] = self._snapshot.get(node, 0.0) + amount
+
+    def _record_outage(self, charge: Charge) -> None:
+        for node, amount in charge:
+            self._outage[node] = self._outage.get(node, 0.0) + amount
+
+    async def arrive_and_take(self, tenant: str, charge: Charge) -> float:
+        if len(charge) > 1:
+            self._paths[tenant] = path_of(charge)
         if self._local is None:
             pending = self._take_pending()
+            tail: list[Any] = [tenant, self.lift, len(charge)]
+            for node, amount in charge:
+                tail.extend((node, repr(amount)))
             try:
-                value = await self._call(
-                    "ARRIVE_TAKE", [self.ttl_ms], pending, [tenant, self.lift, repr(charge)]
-                )
+                value = await self._call("ARRIVE_TAKE", [self.ttl_ms], pending, tail)
             except _FAILURES as error:
                 if self._local is None:
                     self._degrade(error, pending)
             else:
                 counter = float(value.decode() if isinstance(value, bytes) else value)
+                self._note(charge, skip_last=True)
                 self._snapshot[tenant] = counter
                 return counter
         assert self._local is not None
         counter = self._local.arrive_and_take(tenant, charge)
-        self._outage[tenant] = self._outage.get(tenant, 0.0) + charge
+        self._record_outage(charge)
         return counter
 
-    def charge(self, tenant: str, amount: float) -> None:
-        if amount == 0:
-            return
+    def charge(self, charge: Charge) -> None:
         if self._local is not None:
-            self._local.charge(tenant, amount)
-            self._outage[tenant] = self._outage.get(tenant, 0.0) + amount
+            self._local.charge(charge)
+            self._record_outage(charge)
             return
-        self._pending[tenant] = self._pending.get(tenant, 0.0) + amount
-        self._snapshot[tenant] = self._snapshot.get(tenant, 0.0) + amount
+        pending, snapshot = self._pending, self._snapshot
+        for node, amount in charge:
+            if amount:
+                pending[node] = pending.get(node, 0.0) + amount
+                snapshot[node] = snapshot.get(node, 0.0) + amount
 
     def counters(self) -> dict[str, float]:
         if self._local is not None:

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from tokenfair.server.errors import APIError
+from tokenfair.edge.errors import APIError
 
 
 @dataclass(slots=True)

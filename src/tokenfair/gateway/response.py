@@ -6,7 +6,7 @@ from typing import Any
 
 import orjson
 
-from tokenfair.server.errors import APIError
+from tokenfair.edge.errors import APIError
 
 Send = Any
 

@@ -18,7 +18,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from tokenfair.server.errors import APIError
+from tokenfair.edge.errors import APIError
 from tokenfair.server.metrics import RECENT_REQUESTS
 from tokenfair.server.routes import json_response
 from tokenfair.server.state import ServerState

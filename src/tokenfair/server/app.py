@@ -17,16 +17,16 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from tokenfair.edge.directory import TenantDirectory
+from tokenfair.edge.errors import APIError, install_error_handlers
+from tokenfair.edge.limits import Limits
 from tokenfair.engine.async_engine import AsyncEngine
 from tokenfair.engine.engine_client import EngineClient
 from tokenfair.server import admin, routes
-from tokenfair.server.admission import AdmissionControl
-from tokenfair.server.errors import APIError, install_error_handlers
 from tokenfair.server.metrics import ServerMetrics
 from tokenfair.server.model import ServedModel
 from tokenfair.server.protocol import ChatCompletionRequest, CompletionRequest
 from tokenfair.server.state import ServerConfig, ServerState
-from tokenfair.server.tenants import TenantDirectory
 
 
 def create_app(
@@ -50,7 +50,7 @@ def create_app(
         tenants=tenants,
         config=config,
         metrics=metrics,
-        admission=AdmissionControl(config.max_waiting_total),
+        limits=Limits(config.max_waiting_total),
     )
 
     @asynccontextmanager

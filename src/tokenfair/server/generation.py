@@ -19,15 +19,15 @@ from typing import Any
 from starlette.types import Receive, Scope
 
 from tokenfair.core.request import FinishReason, Request, SamplingParams
+from tokenfair.edge.errors import APIError
+from tokenfair.edge.limits import WaitingSlot
+from tokenfair.edge.tenants import Tenant
 from tokenfair.engine.engine import RequestOutput
 from tokenfair.engine.engine_client import EngineDeadError
-from tokenfair.server.admission import Admission
 from tokenfair.server.chunk_write import writer_of
-from tokenfair.server.errors import APIError
 from tokenfair.server.model import NoChatTemplateError
 from tokenfair.server.protocol import ChatCompletionRequest, CompletionRequest
 from tokenfair.server.state import ServerState
-from tokenfair.server.tenants import Tenant
 
 Body = CompletionRequest | ChatCompletionRequest
 
@@ -161,7 +161,7 @@ class Job:
 
     state: ServerState
     prepared: Prepared
-    admission: Admission
+    slot: WaitingSlot
     timer: asyncio.TimerHandle | None = None
     timed_out: bool = False
     client_gone: bool = False
@@ -183,8 +183,8 @@ class Job:
             self.state.engine.abort(self.request.request_id)
 
     def on_output(self) -> None:
-        if self.admission.waiting:
-            self.admission.release()  # a first token or the end: no longer waiting
+        if self.slot.waiting:
+            self.slot.release()  # a first token or the end: no longer waiting
 
     async def next_batch(self) -> list[RequestOutput]:
         batch = await self.stream.next_batch()
@@ -197,7 +197,7 @@ class Job:
         """Always called last: stop the timer, free the admission, abort if unfinished."""
         if self.timer is not None:
             self.timer.cancel()
-        self.admission.release()
+        self.slot.release()
         if not self.finished and not self.stream.done:
             self.client_gone = True
             self.state.engine.abort(self.request.request_id)
@@ -214,25 +214,25 @@ async def start(state: ServerState, prepared: Prepared) -> Job:
     """Admit and submit; return the running job or raise APIError (429, 503)."""
     tenant = prepared.tenant
     try:
-        admission = state.admission.admit(tenant, time.monotonic())
+        slot = state.limits.admit(tenant, time.monotonic())
     except APIError as error:
         state.metrics.reject(tenant.name, error.code or str(error.status_code))
         raise
-    job = Job(state, prepared, admission)
+    job = Job(state, prepared, slot)
     try:
         job.stream = state.engine.submit(prepared.request)
         state.metrics.arrived(prepared.request.request_id, state.engine.num_steps)
         accepted = await job.stream.accepted
     except EngineDeadError:
-        admission.release()
+        slot.release()
         raise APIError(503, "the engine is not running", code="engine_dead") from None
     except BaseException:
-        admission.release()
+        slot.release()
         if job.stream is not None:
             state.engine.abort(prepared.request.request_id)
         raise
     if not accepted:
-        admission.release()
+        slot.release()
         state.metrics.reject(tenant.name, "policy")
         raise APIError(
             429,

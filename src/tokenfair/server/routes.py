@@ -18,9 +18,11 @@ from pydantic import BaseModel, ValidationError
 from starlette.datastructures import Headers
 from starlette.types import Receive, Scope, Send
 
+from tokenfair.edge.body import read_body
+from tokenfair.edge.endpoints import COMPLETION_PATHS
+from tokenfair.edge.errors import APIError, ClientGone, ErrorCode, shutting_down, validation_message
 from tokenfair.engine.engine import RequestOutput
 from tokenfair.server.chunk_write import ChunkWriter, writer_of
-from tokenfair.server.errors import APIError, shutting_down, validation_message
 from tokenfair.server.generation import (
     Job,
     Prepared,
@@ -48,31 +50,13 @@ def json_response(body: Any, status: int = 200, headers: dict[str, str] | None =
 
 async def read_json(receive: Receive, headers: Headers, limit: int) -> Any:
     """The body as JSON; 413 past `limit` bytes (checked before and while reading)."""
-    declared = headers.get("content-length")
-    too_big = APIError(
-        413,
-        f"the request body is larger than {limit} bytes (--max-body-bytes)",
-        code="body_too_large",
-    )
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_big
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            raise APIError(400, "the client closed the connection before sending the body")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise too_big
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
+    body = await read_body(receive, limit, headers.get("content-length"))
     try:
-        return orjson.loads(chunks[0] if len(chunks) == 1 else b"".join(chunks))
+        return orjson.loads(body)
     except orjson.JSONDecodeError:
-        raise APIError(400, "the request body is not valid JSON", code="invalid_json") from None
+        raise APIError(
+            400, "the request body is not valid JSON", code=ErrorCode.INVALID_JSON
+        ) from None
 
 
 def parse(model: type[M], data: Any) -> M:
@@ -165,10 +149,11 @@ async def _collect(scope: Scope, receive: Receive, job: Job, prepared: Prepared)
     return json_response(completion_body(job, "".join(parts), logprobs), headers=headers)
 
 
-HOT_PATHS: dict[str, tuple[type[Body], str]] = {
-    "/v1/completions": (CompletionRequest, "cmpl"),
-    "/v1/chat/completions": (ChatCompletionRequest, "chatcmpl"),
+_BODIES: dict[str, tuple[type[Body], str]] = {
+    "completions": (CompletionRequest, "cmpl"),
+    "chat": (ChatCompletionRequest, "chatcmpl"),
 }
+HOT_PATHS = {path: _BODIES[kind] for path, kind in COMPLETION_PATHS.items()}
 
 
 class FastPath:
@@ -192,6 +177,8 @@ class FastPath:
                     response = await generate(self.state, scope, receive, *hot)
                 except APIError as error:
                     response = error.response()
+                except ClientGone:  # nobody to answer
+                    return
                 except asyncio.CancelledError:  # see shutting_down
                     response = shutting_down().response()
                 except Exception:

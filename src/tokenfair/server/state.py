@@ -10,11 +10,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tokenfair.edge.directory import TenantDirectory
+from tokenfair.edge.limits import Limits
+from tokenfair.edge.tenants import TenantsFileError, load_tenants
 from tokenfair.engine.engine_client import EngineClient
-from tokenfair.server.admission import AdmissionControl
 from tokenfair.server.metrics import ServerMetrics, Snapshot
 from tokenfair.server.model import ServedModel
-from tokenfair.server.tenants import TenantDirectory, TenantsFileError, load_tenants
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class ServerState:
     tenants: TenantDirectory
     config: ServerConfig
     metrics: ServerMetrics
-    admission: AdmissionControl
+    limits: Limits
     created: int = field(default_factory=lambda: int(time.time()))
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     _id_prefix: str = field(default_factory=lambda: secrets.token_hex(4))

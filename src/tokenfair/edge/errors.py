@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from enum import StrEnum
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -34,6 +35,33 @@ DEFAULT_TYPES = {
 }
 
 
+class ErrorCode(StrEnum):
+    """The `code` of every error the server and the gateway answer: one set for both."""
+
+    INVALID_API_KEY = "invalid_api_key"
+    ADMIN_ONLY = "admin_only"
+    INVALID_VALUE = "invalid_value"
+    INVALID_JSON = "invalid_json"
+    BODY_TOO_LARGE = "body_too_large"
+    CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+    MODEL_NOT_FOUND = "model_not_found"
+    TENANT_QUEUE_FULL = "tenant_queue_full"
+    OVERLOADED = "server_overloaded"
+    RATE_LIMIT = "rate_limit_exceeded"
+    TOO_MANY_USERS = "too_many_users"
+    TIMEOUT = "timeout"
+    SHUTTING_DOWN = "shutting_down"
+    NO_UPSTREAM = "no_upstream"
+    UPSTREAM_UNAVAILABLE = "upstream_unavailable"
+    ENGINE_DEAD = "engine_dead"
+    NO_CHAT_TEMPLATE = "no_chat_template"
+    INTERNAL = "internal_error"
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its request was read."""
+
+
 class APIError(Exception):
     """An error answered to the client with `status_code` and OpenAI's error shape."""
 
@@ -51,7 +79,7 @@ class APIError(Exception):
         self.message = message
         self.type = type or DEFAULT_TYPES.get(status_code, "invalid_request_error")
         self.param = param
-        self.code = code
+        self.code = str(code) if code is not None else None
         self.headers = dict(headers or {})
 
     def body(self) -> dict[str, Any]:
@@ -121,7 +149,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def on_validation(request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, RequestValidationError)
         message, param = validation_message(error.errors())
-        return APIError(400, message, param=param, code="invalid_value").response()
+        return APIError(400, message, param=param, code=ErrorCode.INVALID_VALUE).response()
 
     async def on_http(request: Request, error: Exception) -> JSONResponse:
         assert isinstance(error, StarletteHTTPException)
@@ -136,9 +164,14 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_unexpected(request: Request, error: Exception) -> JSONResponse:
         log.exception("internal error on %s %s", request.method, request.url.path)
-        return APIError(500, "internal server error", code="internal_error").response()
+        return APIError(500, "internal server error", code=ErrorCode.INTERNAL).response()
+
+    async def on_client_gone(request: Request, error: Exception) -> JSONResponse:
+        # Nobody reads it; answered so that nothing is logged as an internal error.
+        return APIError(400, "the client closed the connection before sending the body").response()
 
     app.add_exception_handler(APIError, on_api_error)
+    app.add_exception_handler(ClientGone, on_client_gone)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(Exception, on_unexpected)
@@ -150,5 +183,5 @@ def shutting_down() -> APIError:
     vanish with a traceback in the log and, for a response not yet started, a 500."""
     return APIError(
         503, "the server is shutting down; retry on another replica or later",
-        code="shutting_down", headers={"Retry-After": "1"},
+        code=ErrorCode.SHUTTING_DOWN, headers={"Retry-After": "1"},
     )  # fmt: skip

@@ -1,0 +1,110 @@
+"""Seam 2: which tenant's request goes next inside a band.
+
+- `CounterFairness`: VTC (vtc, wvtc, vtc-artifact, lcf), with counters per node of the
+  tenants' group tree in a `CounterStore`, shared through Redis by the gateway
+  replicas; one store per band, so each band is a VTC of its own;
+- `PolicyFairness`: the core's ordering policies by name (fcfs, priority, sjf[:aging],
+  rpm:N), local to each replica: the request first by the policy's sort key goes, and
+  `rpm:N` refuses requests at arrival.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+from tokenfair.core.policies import make_policy
+from tokenfair.core.policies.base import KeyedPolicy, Policy
+from tokenfair.core.request import Request, SamplingParams
+from tokenfair.gateway.counters import CounterStore, path_of
+from tokenfair.gateway.flow.order import OrderKey
+from tokenfair.gateway.flow.ticket import Ticket
+
+
+class Fairness(Protocol):
+    remote: bool  # its decisions need a round trip (Redis)
+
+    def order_key(self, ticket: Ticket) -> tuple: ...
+    def accept(self, ticket: Ticket) -> bool: ...
+    async def arrive(self, ticket: Ticket) -> None: ...
+    async def leave(self, ticket: Ticket) -> None: ...
+    async def pick(self, heads: Sequence[Ticket]) -> Ticket: ...
+    async def take_now(self, ticket: Ticket) -> None: ...
+    async def refund(self, ticket: Ticket) -> None: ...
+
+
+class CounterFairness:
+    """The tenant with the smallest counter (down the group tree) goes first."""
+
+    def __init__(self, store: CounterStore, order: OrderKey) -> None:
+        self.store = store
+        self.order_key = order
+        self.remote = store.remote
+
+    def accept(self, ticket: Ticket) -> bool:
+        return True
+
+    async def arrive(self, ticket: Ticket) -> None:
+        await self.store.arrive(ticket.tenant, path_of(ticket.charge))
+
+    async def leave(self, ticket: Ticket) -> None:
+        await self.store.leave(ticket.tenant)
+
+    async def pick(self, heads: Sequence[Ticket]) -> Ticket:
+        tenant = await self.store.pick([(t.tenant, t.charge) for t in heads])
+        return next(t for t in heads if t.tenant == tenant)
+
+    async def take_now(self, ticket: Ticket) -> None:
+        await self.store.arrive_and_take(ticket.tenant, ticket.charge)
+
+    async def refund(self, ticket: Ticket) -> None:
+        """It left while being picked: the pick already counted it out of waiting."""
+        self.store.charge(tuple((node, -amount) for node, amount in ticket.charge))
+
+
+class PolicyFairness:
+    """One of the core's ordering policies, used for its sort key and its `accept`."""
+
+    remote = False
+
+    def __init__(self, spec: str) -> None:
+        policy: Policy = make_policy(spec)
+        if not isinstance(policy, KeyedPolicy):
+            raise ValueError(f"policy {spec!r} does not order by a key")
+        self.policy = policy
+
+    def order_key(self, ticket: Ticket) -> tuple:
+        if ticket.core is None:
+            ticket.core = Request(
+                request_id=str(ticket.seq),
+                client=ticket.tenant,
+                input_tokens=max(1, ticket.tokens - ticket.max_tokens),
+                arrival_s=ticket.arrival,
+                sampling=SamplingParams(max_tokens=max(1, ticket.max_tokens)),
+                priority=ticket.priority,
+            )
+        return (*self.policy.sort_key(ticket.core, 1), ticket.seq)
+
+    def accept(self, ticket: Ticket) -> bool:
+        self.order_key(ticket)
+        assert ticket.core is not None
+        return self.policy.accept(ticket.core, ticket.arrival)
+
+    async def arrive(self, ticket: Ticket) -> None:
+        return None
+
+    async def leave(self, ticket: Ticket) -> None:
+        return None
+
+    async def pick(self, heads: Sequence[Ticket]) -> Ticket:
+        chosen = min(heads, key=lambda t: t.key)
+        assert chosen.core is not None
+        self.policy.on_admit(chosen.core, True, time.monotonic())
+        return chosen
+
+    async def take_now(self, ticket: Ticket) -> None:
+        await self.pick([ticket])
+
+    async def refund(self, ticket: Ticket) -> None:
+        return None

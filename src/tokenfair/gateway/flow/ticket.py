@@ -1,0 +1,35 @@
+"""One request's passage through the gateway's queue, from arrival to release."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from tokenfair.core.request import Request
+from tokenfair.gateway.counters import Charge
+
+if TYPE_CHECKING:
+    from tokenfair.gateway.pool import Upstream
+
+
+@dataclass(eq=False, slots=True)
+class Ticket:
+    tenant: str
+    model: str
+    tokens: int  # in-flight tokens it holds: prompt + max_tokens
+    charge: Charge  # charged at dispatch: (node, weighted amount) down the tenant's path
+    priority: int = 0
+    max_tokens: int = 256
+    band: int = 0
+    seq: int = 0
+    arrival: float = 0.0
+    key: tuple = ()  # its place in its tenant's queue (order.py)
+    dispatches_at_arrival: int = 0  # the gateway's dispatch count when this one arrived
+    exclude: frozenset[str] = frozenset()
+    future: asyncio.Future[Upstream] | None = None
+    upstream: Upstream | None = None
+    core: Request | None = None  # the core's view, for the core's policies
+    state: str = "new"  # new -> waiting -> picking -> dispatched -> released
+    released: bool = field(default=False)
+    recorded: bool = False  # its queueing is in `Admission.recent` (a retry waits no turn)
