@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from tokenfair.engine.sim.profile import StepTimeProfile
     from tokenfair.results import ResultRecord
     from tokenfair.workloads.trace import TraceRecord
+    from tokenfair.workloads.weights import ClientShares
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 USAGE_ERROR = 2
@@ -127,8 +128,18 @@ def read_results_file(path: Path) -> list[ResultRecord]:
     return records
 
 
+def read_shares_file(path: Path | None) -> ClientShares | None:
+    """A weights file, flat or a tree of groups, or None without a file."""
+    from tokenfair.workloads.weights import read_shares
+
+    if path is None:
+        return None
+    with user_errors():
+        return read_shares(path)
+
+
 def read_weights_file(path: Path | None) -> dict[str, float] | None:
-    """A JSON object {client: weight > 0}, or None without a file."""
+    """A weights file's client weights (flat or a tree), or None without a file."""
     from tokenfair.workloads.weights import read_weights
 
     if path is None:

@@ -144,6 +144,13 @@ def serve(
             directory = TenantDirectory(load_tenants(tenants))
         else:
             directory = TenantDirectory.open(tenant_from_user)
+        banded = sorted({t.name for t in directory.tenants if t.band})
+        if banded:
+            logging.getLogger("tokenfair.server").warning(
+                "tenants %s set a band: bands are the gateway's flow control; this server "
+                "shares by weight and groups only",
+                ", ".join(banded[:5]),
+            )
         config = ServerConfig(
             default_max_tokens=default_max_tokens,
             max_body_bytes=max_body_bytes,
@@ -162,7 +169,8 @@ def serve(
         }
         build: dict[str, Any] = {
             "policy": policy,
-            "weights": {t.name: t.weight for t in directory.tenants},
+            "weights": directory.weights(),
+            "tree": directory.tree,
             "served_name": served_model_name,
             "kv_tokens": kv_tokens,
             "device": device,

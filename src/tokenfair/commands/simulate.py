@@ -25,8 +25,8 @@ from tokenfair.commands.common import (
     check_weights,
     fail,
     load_profile_option,
+    read_shares_file,
     read_trace_file,
-    read_weights_file,
     user_errors,
     warn,
 )
@@ -163,7 +163,11 @@ def simulate(
         typer.Option(help="Most tokens per step. paper: max(pool / 6, 3072); engine: 8192.", min=1),
     ] = None,
     weights: Annotated[
-        Path | None, typer.Option(help="JSON {client: weight > 0}, for wvtc and the VTC family.")
+        Path | None,
+        typer.Option(
+            help="JSON {client: weight > 0}, or a tree of groups with weights (docs/fairness.md),"
+            " for wvtc and the VTC family."
+        ),
     ] = None,
     cost: Annotated[
         str, typer.Option(help="Counter cost: linear (w_in=1, w_out=2) or profiled.")
@@ -189,9 +193,15 @@ def simulate(
     )
     records = read_trace_file(trace)
     step_profile = load_profile_option(profile)
-    client_weights = read_weights_file(weights)
+    shares = read_shares_file(weights)
+    client_weights = shares.client_weights() if shares is not None else None
     with user_errors():
-        chosen = make_policy(policy, weights=client_weights, cost=make_cost(cost))
+        chosen = make_policy(
+            policy,
+            weights=shares.weights if shares is not None else None,
+            cost=make_cost(cost),
+            tree=shares.tree if shares is not None else None,
+        )
     check_weights(client_weights, {r.client for r in records}, [policy])
     started = time.perf_counter()
     result = run_simulation(records, chosen, step_profile, config)

@@ -31,14 +31,24 @@ file.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from tokenfair.core.share_tree import ShareTree, group_id
+from tokenfair.core.share_tree import ShareTree
+from tokenfair.share_groups import (
+    GROUP_NAME_RULE,
+    MAX_GROUP_DEPTH,
+    Group,
+    GroupName,
+    Weight,
+    group_paths,
+    group_weights,
+    share_tree,
+    too_deep,
+)
 from tokenfair.yaml_lines import line_of, load_with_nodes
 
 OPEN_TENANT = "default"
@@ -47,12 +57,6 @@ KeyHash = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$")]
 TenantName = Annotated[
     str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]*$")
 ]
-# A group's own name (its path joins the names with '/').
-GroupName = Annotated[
-    str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@+-]*$")
-]
-MAX_GROUP_DEPTH = 8
-Weight = Annotated[float, Field(gt=0, le=1e9, allow_inf_nan=False)]
 
 
 class TenantsFileError(ValueError):
@@ -64,13 +68,6 @@ def hash_key(key: str) -> str:
     if not key:
         raise ValueError("an API key must not be empty")
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
-
-
-class Group(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    weight: Weight = 1.0
-    groups: dict[GroupName, Group] = Field(default_factory=dict)
 
 
 class Tenant(BaseModel):
@@ -124,26 +121,16 @@ class TenantsFile(BaseModel):
     # --- the tree of groups ---
     def group_paths(self) -> dict[str, tuple[str | None, float]]:
         """Every group's path -> (its parent's path or None, its weight)."""
-        found: dict[str, tuple[str | None, float]] = {}
-
-        def walk(groups: dict[str, Group], parent: str | None) -> None:
-            for name, group in groups.items():
-                path = name if parent is None else f"{parent}/{name}"
-                found[path] = (parent, group.weight)
-                walk(group.groups, path)
-
-        walk(self.groups, None)
-        return found
+        return group_paths(self.groups)
 
     def share_tree(self) -> ShareTree:
         """The groups and their tenants as the core's tree (no group: the flat tree)."""
-        groups = {path: parent for path, (parent, _) in self.group_paths().items()}
         members = {t.name: t.group for t in self.tenants if t.group is not None}
-        return ShareTree.build(groups, members)
+        return share_tree(self.groups, members)
 
     def weights(self) -> dict[str, float]:
         """Every node's weight: tenants by name, groups by `@path`."""
-        weights = {group_id(path): w for path, (_, w) in self.group_paths().items()}
+        weights = group_weights(self.groups)
         weights.update({t.name: t.weight for t in self.tenants})
         return weights
 
@@ -156,17 +143,11 @@ class _Invalid(ValueError):
         self.loc = loc
 
 
-def _group_locs(groups: dict[str, Group], at: tuple[int | str, ...]) -> Iterator[tuple]:
-    for name, group in groups.items():
-        yield (*at, name), group
-        yield from _group_locs(group.groups, (*at, name, "groups"))
-
-
 def _check(file: TenantsFile) -> None:
     """What the schema alone cannot say: unique names and keys, groups that exist."""
-    for loc, _ in _group_locs(file.groups, ("groups",)):
-        if len(loc) > 2 * MAX_GROUP_DEPTH:
-            raise _Invalid(loc, f"groups nest at most {MAX_GROUP_DEPTH} deep")
+    deep = too_deep(file.groups, ("groups",))
+    if deep is not None:
+        raise _Invalid(deep, f"groups nest at most {MAX_GROUP_DEPTH} deep")
     paths = file.group_paths()
     seen_names: set[str] = set()
     owner: dict[str, str] = {}
@@ -204,6 +185,9 @@ def _describe(error: ValidationError) -> tuple[tuple[int | str, ...], str]:
         message = "required key missing"
     elif first["type"] == "too_short" and loc == ("tenants",):
         message = "no tenant: name at least one"
+    if loc and loc[-1] == "[key]":  # a mapping's key: a group's name
+        loc = loc[:-1]
+        message = GROUP_NAME_RULE
     return loc, message
 
 

@@ -1,8 +1,10 @@
 """The admin API, behind the admin key (admin_key_sha256); tenant keys are refused (403).
 
-GET  /admin/tenants                     every tenant: weight, VTC counter, waiting,
+GET  /admin/tenants                     every tenant: group, weight, VTC counter, waiting,
                                         running, service received, preemptions
 POST /admin/tenants/{name}/weight       {"weight": 2.0}: the next decision uses it
+GET  /admin/groups                      every group: weight, VTC counter, service
+POST /admin/groups/{path}/weight        {"weight": 2.0}: the next decision uses it
 GET  /admin/requests                    the requests in flight: id, tenant, tokens, age
 POST /admin/requests/{request_id}/abort abort one request (its id is the response's `id`)
 POST /admin/reload                      re-read the tenants file (as SIGHUP does)
@@ -18,6 +20,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from tokenfair.core.share_tree import group_id
 from tokenfair.edge.errors import APIError
 from tokenfair.server.metrics import RECENT_REQUESTS
 from tokenfair.server.routes import json_response
@@ -49,6 +52,7 @@ async def list_tenants(state: AdminState) -> Response:
         rows.append(
             {
                 "name": name,
+                "group": tenant.group if tenant else None,
                 "weight": snap.weights.get(name, tenant.weight if tenant else 1.0),
                 "priority": tenant.priority if tenant else 0,
                 "counter": snap.counters.get(name, 0.0),
@@ -69,6 +73,38 @@ async def set_weight(name: str, change: WeightChange, state: AdminState) -> Resp
         raise APIError(404, f"no tenant named {name!r}", param="name")
     await state.set_weight(name, change.weight)
     return json_response({"name": name, "weight": change.weight})
+
+
+@router.get("/groups", summary="Groups of tenants with their counters and service")
+async def list_groups(state: AdminState) -> Response:
+    snap = await state.snapshot()
+    tree = state.tenants.tree
+    rows: list[dict[str, Any]] = []
+    for path, weight in sorted(state.tenants.groups.items()):
+        node = group_id(path)
+        rows.append(
+            {
+                "path": path,
+                "parent": tree.parent_of(node)[1:] or None,
+                "weight": snap.weights.get(node, weight),
+                "counter": snap.group_counters.get(path, 0.0),
+                "service": sum(
+                    amount
+                    for tenant, amount in state.metrics.service.items()
+                    if node in tree.path(tenant)
+                ),
+            }
+        )
+    return json_response({"object": "list", "data": rows})
+
+
+# `:path`: a group's path holds slashes (`org-a/search`).
+@router.post("/groups/{path:path}/weight", summary="Change a group's weight at run time")
+async def set_group_weight(path: str, change: WeightChange, state: AdminState) -> Response:
+    if path not in state.tenants.groups:
+        raise APIError(404, f"no group {path!r}", param="path")
+    await state.set_group_weight(path, change.weight)
+    return json_response({"path": path, "weight": change.weight})
 
 
 @router.get("/requests", summary="The requests in flight, oldest first")

@@ -39,6 +39,7 @@ def create_app(
     config = config or ServerConfig()
     metrics = ServerMetrics()
     metrics.tenants(t.name for t in tenants.tenants)
+    metrics.tree = tenants.tree
     if engine is None:
         if model.engine is None:
             raise ValueError("a model card without its engine needs the engine it runs in")

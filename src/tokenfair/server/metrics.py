@@ -23,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from tokenfair.core.cost import LinearCost
 from tokenfair.core.request import FinishReason, Request
+from tokenfair.core.share_tree import ShareTree, group_id, is_group
 from tokenfair.engine.engine import Engine, RequestOutput
 from tokenfair.server.histogram import LoopHistogram
 
@@ -46,7 +47,8 @@ class Snapshot:
     swapped: Counter[str] = field(default_factory=Counter)
     preemptions: dict[str, int] = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)
-    weights: dict[str, float] = field(default_factory=dict)
+    group_counters: dict[str, float] = field(default_factory=dict)  # group path -> counter
+    weights: dict[str, float] = field(default_factory=dict)  # tenants, and groups as @path
     kv_used_blocks: int = 0
     kv_blocks: int = 1
     prefix_hit_tokens: int = 0
@@ -59,6 +61,8 @@ class Snapshot:
         scheduler = engine.scheduler
         policy = scheduler.policy
         counters = getattr(policy, "counters", None)
+        nodes = getattr(policy, "node_counters", None)
+        all_nodes: dict[str, float] = nodes() if callable(nodes) else {}
         kv = scheduler.kv
         return cls(
             running=Counter(r.client for r in scheduler.running),
@@ -66,6 +70,7 @@ class Snapshot:
             swapped=Counter(r.client for r in scheduler.swapped),
             preemptions=dict(scheduler.preemptions_by_client),
             counters=counters() if callable(counters) else {},
+            group_counters={n[1:]: c for n, c in all_nodes.items() if is_group(n)},
             weights=dict(getattr(policy, "weights", {}) or {}),
             kv_used_blocks=kv.num_used_blocks,
             kv_blocks=kv.num_blocks,
@@ -126,6 +131,7 @@ class ServerMetrics:
         registry.register(self.e2e)
         self.service: dict[str, float] = {}  # weighted tokens received, per tenant
         self.known_tenants: set[str] = set()
+        self.tree = ShareTree()  # the tenants' groups, for the per-group series
         self.snapshot = Snapshot()
         self._by_tenant: dict[str, tuple[Any, Any, Any, Any, Any]] = {}
         self._finished_by: dict[tuple[str, str], Any] = {}
@@ -312,6 +318,7 @@ class _SnapshotCollector:
             ),
             {t: snap.weights.get(t, 1.0) for t in tenants},
         )
+        yield from _group_series(metrics, snap)
         usage = GaugeMetricFamily("tokenfair:kv_cache_usage_perc", "KV cache usage (1 = full).")
         usage.add_metric([], snap.kv_used_blocks / max(1, snap.kv_blocks))
         yield usage
@@ -331,3 +338,33 @@ class _SnapshotCollector:
         steps = CounterMetricFamily("tokenfair:engine_steps", "Engine steps run.")
         steps.add_metric([], snap.num_steps)
         yield steps
+
+
+def _group_series(metrics: ServerMetrics, snap: Snapshot) -> Iterable[Metric]:
+    """Per group of tenants (by its path): counter, weight, and its tenants' service."""
+    tree = metrics.tree
+    if tree.flat:
+        return
+    groups = sorted(node[1:] for node in tree.groups())
+    service: dict[str, float] = dict.fromkeys(groups, 0.0)
+    for tenant, amount in metrics.service.items():
+        for node in tree.path(tenant)[:-1]:
+            service[node[1:]] += amount
+    families = (
+        ("tokenfair:group_vtc_counter", "The group's virtual token counter.", snap.group_counters),
+        (
+            "tokenfair:group_weight",
+            "The group's fair-share weight among its siblings.",
+            {g: snap.weights.get(group_id(g), 1.0) for g in groups},
+        ),
+        (
+            "tokenfair:group_service",
+            "Weighted service received by the group's tenants (w_in x prompt + w_out x generated).",
+            service,
+        ),
+    )
+    for name, documentation, values in families:
+        family = GaugeMetricFamily(name, documentation, labels=["group"])
+        for group in groups:
+            family.add_metric([group], float(values.get(group, 0.0)))
+        yield family

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from tokenfair.core.policies.base import Policy
 from tokenfair.core.policies.registry import make_policy
 from tokenfair.core.scheduler import Scheduler, SchedulerConfig
+from tokenfair.core.share_tree import ShareTree
 from tokenfair.engine.engine import Engine
 from tokenfair.server.sim_model import (
     SIM_PREFIX,
@@ -77,8 +78,10 @@ class ServedModel:
         return self.tokenizer.chat_prompt(messages)
 
 
-def build_policy(spec: str, weights: dict[str, float]) -> Policy:
-    return make_policy(spec, weights=weights or None)
+def build_policy(spec: str, weights: dict[str, float], tree: ShareTree | None = None) -> Policy:
+    """The policy with the tenants' weights and, with groups, their tree (hierarchical
+    VTC: `weights` then names groups as `@path` too)."""
+    return make_policy(spec, weights=weights or None, tree=tree)
 
 
 def build_served_model(
@@ -86,6 +89,7 @@ def build_served_model(
     *,
     policy: str = "vtc",
     weights: dict[str, float] | None = None,
+    tree: ShareTree | None = None,
     served_name: str | None = None,
     kv_tokens: int | None = None,
     device: str | None = None,
@@ -94,7 +98,7 @@ def build_served_model(
     **scheduler_options: Any,
 ) -> ServedModel:
     """Load `spec` and build its engine; ValueError (one line) for anything wrong."""
-    chosen = build_policy(policy, weights or {})
+    chosen = build_policy(policy, weights or {}, tree)
     name = served_name or spec
     if spec.startswith(SIM_PREFIX):
         profile = sim_profile(spec.removeprefix(SIM_PREFIX))

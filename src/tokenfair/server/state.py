@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tokenfair.core.share_tree import ShareTree, group_id
 from tokenfair.edge.directory import TenantDirectory
 from tokenfair.edge.limits import Limits
 from tokenfair.edge.tenants import TenantsFileError, load_tenants
@@ -69,10 +70,16 @@ class ServerState:
         except TenantsFileError as error:
             log.error("tenants file not reloaded, the previous one stays in force: %s", error)
             return str(error)
-        self.tenants.replace(loaded)
-        weights = {t.name: t.weight for t in loaded.tenants}
-        await self.engine.call(functools.partial(_set_weights, weights=weights))
-        self.metrics.tenants(weights)
+        try:
+            self.tenants.replace(loaded)
+        except TenantsFileError as error:
+            log.error("tenants file not reloaded, the previous one stays in force: %s", error)
+            return str(error)
+        weights = self.tenants.weights()
+        tree = self.tenants.tree
+        await self.engine.call(functools.partial(_set_weights, weights=weights, tree=tree))
+        self.metrics.tenants(t.name for t in loaded.tenants)
+        self.metrics.tree = tree
         log.info("tenants file reloaded: %d tenants", len(loaded.tenants))
         return None
 
@@ -81,9 +88,19 @@ class ServerState:
         self.tenants.set_weight(tenant, weight)
         await self.engine.call(functools.partial(_set_weights, weights={tenant: weight}))
 
+    async def set_group_weight(self, path: str, weight: float) -> None:
+        """Change a group's weight; the scheduler's next decision uses it."""
+        self.tenants.set_group_weight(path, weight)
+        weights = {group_id(path): weight}
+        await self.engine.call(functools.partial(_set_weights, weights=weights))
 
-def _set_weights(engine: object, weights: dict[str, float]) -> None:
+
+def _set_weights(engine: object, weights: dict[str, float], tree: ShareTree | None = None) -> None:
+    """Where the engine steps: new weights (tenants, and groups as `@path`) and, after a
+    reload, the tree with its new tenants and groups (the directory refused any move)."""
     policy = engine.scheduler.policy  # type: ignore[attr-defined]
     current = getattr(policy, "weights", None)
     if isinstance(current, dict):
         current.update(weights)
+    if tree is not None and isinstance(getattr(policy, "tree", None), ShareTree):
+        policy.tree = tree
