@@ -77,9 +77,7 @@ async def drive(url: str, keys: list[str], duration: float, seed: int) -> dict[s
     limits = httpx.Limits(max_connections=200, max_keepalive_connections=200)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
         stop = time.monotonic() + duration
-        loops = [
-            closed_loop(client, KEYS[k], stop, 256) for k in keys for _ in range(OPEN_PER_KEY)
-        ]
+        loops = [closed_loop(client, KEYS[k], stop, 256) for k in keys for _ in range(OPEN_PER_KEY)]
         runner = asyncio.gather(*loops, light_loop(client, stop, seed))
         await asyncio.sleep(10.0)  # everyone backlogged by then
         start = group_service(url)
