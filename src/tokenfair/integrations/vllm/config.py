@@ -3,6 +3,8 @@
 Inline, a file, or a file plus inline overrides:
 
     --additional-config '{"tokenfair": {"policy": "wvtc", "weights": {"team-a": 2}}}'
+    --additional-config '{"tokenfair": {"groups": {"org-a": {"weight": 2}, "org-b": {}},
+                                        "tenant_groups": {"team-a": "org-a"}}}'
     --additional-config '{"tokenfair": "/etc/tokenfair/vllm.yaml"}'
     --additional-config '{"tokenfair": {"file": "/etc/tokenfair/vllm.yaml", "log_interval_s": 0}}'
 
@@ -23,6 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tokenfair.core.cost import make_cost
 from tokenfair.core.policies import Policy, PolicyError, make_policy
+from tokenfair.core.share_tree import ShareTreeError
+from tokenfair.share_groups import Group, GroupName, group_weights, share_tree
 
 CONFIG_KEY = "tokenfair"
 
@@ -50,6 +54,10 @@ class PluginConfig(BaseModel):
 
     policy: str = "vtc"
     weights: dict[str, float] = Field(default_factory=dict)
+    # Hierarchical shares: a tree of groups with weights (the tenants file's `groups:`)
+    # and each tenant's group by path; tenants not named sit at the top level.
+    groups: dict[GroupName, Group] = Field(default_factory=dict)
+    tenant_groups: dict[str, str] = Field(default_factory=dict)
     cost: Literal["linear", "profiled"] = "linear"
     w_in: float = Field(1.0, ge=0)
     w_out: float = Field(2.0, ge=0)
@@ -80,8 +88,13 @@ class PluginConfig(BaseModel):
         if name == "wvtc" and not self.weights:
             raise PluginConfigError(f"{CONFIG_KEY}.weights: policy 'wvtc' needs tenant weights")
         try:
+            tree = share_tree(self.groups, self.tenant_groups)
+        except ShareTreeError as error:
+            raise PluginConfigError(f"{CONFIG_KEY}.tenant_groups: {error}") from None
+        weights = {**group_weights(self.groups), **self.weights}
+        try:
             cost = make_cost(self.cost, self.w_in, self.w_out)
-            return make_policy(self.policy, weights=self.weights or None, cost=cost)
+            return make_policy(self.policy, weights=weights or None, cost=cost, tree=tree)
         except (PolicyError, ValueError) as error:
             raise PluginConfigError(f"{CONFIG_KEY}.policy: {error}") from None
 
