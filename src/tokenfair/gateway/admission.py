@@ -197,6 +197,7 @@ class Admission:
                     "tenant": ticket.tenant,
                     "model": ticket.model,
                     "band": ticket.band,
+                    "priority": ticket.priority,
                     "upstream": upstream.name,
                     "queue_s": round(time.monotonic() - ticket.arrival, 6),
                     "dispatched_ahead": self.dispatches - ticket.dispatches_at_arrival,
