@@ -5,7 +5,8 @@ the wall clock). The backlogged keys each keep 24 requests open (closed loops; f
 than their share of the batch), the light key sends one every 2 s on average (Poisson).
 Service per group comes from the server's /metrics (`tokenfair:group_service`, read at
 the start and the end of the measured window); the light key's TTFT from the server's
-own record (`/admin/requests/recent`, engine time).
+own record (`/admin/requests/recent`, engine time). Both are measured after a warm-up:
+the first wave of requests starts together and none ends for ~10 s.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 KEYS = {"heavy": "k-heavy", "light": "k-light", "ads": "k-ads", "bx": "k-bx", "by": "k-by"}
 ADMIN = "k-admin"
 OPEN_PER_KEY = 24
+# The first requests all start together and run ~10 s (256 steps) before any ends: the
+# measurements start after that.
+WARMUP_S = 15.0
 PROMPT = "x" * 1024  # 256 tokens on sim: (one per 4 bytes)
 
 
@@ -64,6 +68,7 @@ async def closed_loop(client: httpx.AsyncClient, key: str, stop: float, max_toke
 async def light_loop(client: httpx.AsyncClient, stop: float, seed: int) -> None:
     rng = random.Random(seed)
     body = {"model": "sim:a10g-llama-7b", "prompt": "y" * 128, "max_tokens": 32}
+    await asyncio.sleep(WARMUP_S)  # measured once everyone is backlogged
     headers = {"Authorization": f"Bearer {KEYS['light']}"}
     tasks = []
     while time.monotonic() < stop:
@@ -79,9 +84,9 @@ async def drive(url: str, keys: list[str], duration: float, seed: int) -> dict[s
         stop = time.monotonic() + duration
         loops = [closed_loop(client, KEYS[k], stop, 256) for k in keys for _ in range(OPEN_PER_KEY)]
         runner = asyncio.gather(*loops, light_loop(client, stop, seed))
-        await asyncio.sleep(10.0)  # everyone backlogged by then
+        await asyncio.sleep(WARMUP_S)  # everyone backlogged by then
         start = group_service(url)
-        await asyncio.sleep(duration - 10.0)
+        await asyncio.sleep(duration - WARMUP_S)
         end = group_service(url)
         await runner
     return {g: end.get(g, 0.0) - start.get(g, 0.0) for g in end}

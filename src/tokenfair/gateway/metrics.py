@@ -14,6 +14,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from tokenfair.core.share_tree import is_group
+from tokenfair.edge import metric_families as families
 from tokenfair.gateway.admission import Admission
 from tokenfair.gateway.counters import CounterStore
 from tokenfair.gateway.pool import UpstreamPool
@@ -54,32 +55,18 @@ class _Live(Collector):
         self.stores = stores  # band -> its counters (none under the ordering policies)
 
     def collect(self) -> Iterator[Metric]:
-        waiting = GaugeMetricFamily(
-            "tokenfair:num_requests_waiting", "Requests waiting in the gateway", labels=["tenant"]
-        )
+        waiting = families.NUM_REQUESTS_WAITING.gauge()
         for tenant, n in self.admission.waiting.items():
             waiting.add_metric([tenant], n)
-        running = GaugeMetricFamily(
-            "tokenfair:num_requests_running",
-            "Requests dispatched to an upstream",
-            labels=["tenant"],
-        )
+        running = families.NUM_REQUESTS_RUNNING.gauge()
         for tenant, n in self.admission.running.items():
             running.add_metric([tenant], n)
         yield waiting
         yield running
         stores = list(self.stores.values())
         if stores:
-            counter = GaugeMetricFamily(
-                "tokenfair:vtc_counter",
-                "VTC counter per tenant (shared when in Redis)",
-                labels=["tenant"],
-            )
-            groups = GaugeMetricFamily(
-                "tokenfair:group_vtc_counter",
-                "VTC counter per group of tenants, by its path (shared when in Redis)",
-                labels=["group"],
-            )
+            counter = families.VTC_COUNTER.gauge()
+            groups = families.GROUP_VTC_COUNTER.gauge()
             for store in stores:
                 for node, value in store.counters().items():
                     if is_group(node):
@@ -123,50 +110,34 @@ class GatewayMetrics:
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.prompt_tokens = Counter(
-            "tokenfair:prompt_tokens", "Prompt tokens served", ["tenant"], registry=r
-        )
-        self.generation_tokens = Counter(
-            "tokenfair:generation_tokens", "Generated tokens served", ["tenant"], registry=r
-        )
-        self.service = Counter(
-            "tokenfair:tenant_service",
-            "Service received, w_in*in + w_out*out",
-            ["tenant"],
-            registry=r,
-        )
-        self.requests = Counter(
-            "tokenfair:request_success",
-            "Finished requests by outcome",
-            ["tenant", "outcome"],
-            registry=r,
-        )
-        self.rejected = Counter(
-            "tokenfair:requests_rejected",
-            "Requests refused before running (overload, rate limit, bad input).",
-            ["tenant", "reason"],
-            registry=r,
-        )
+        self.prompt_tokens = families.PROMPT_TOKENS.counter(r)
+        self.generation_tokens = families.GENERATION_TOKENS.counter(r)
+        # A counter here, a gauge read from the engine in the server.
+        self.service = families.TENANT_SERVICE.counter(r)
+        # Labelled by the gateway's outcome (ok, abort, timeout, upstream_error, http_NNN)
+        # rather than the engine's finish reason, which the gateway does not see.
+        self.requests = families.REQUEST_SUCCESS.counter(r, ("tenant", "outcome"))
+        self.rejected = families.REQUESTS_REJECTED.counter(r)
         self.retries = Counter(
             "tokenfair:gateway_retries", "Requests retried on another upstream", registry=r
         )
         self.ttft = Histogram(
-            "tokenfair:time_to_first_token_seconds",
-            "From arrival at the gateway to the first token",
+            families.TIME_TO_FIRST_TOKEN.name,
+            families.TIME_TO_FIRST_TOKEN.documentation,
             ["tenant"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.e2e = Histogram(
-            "tokenfair:e2e_request_latency_seconds",
-            "Arrival to last byte",
+            families.E2E_REQUEST_LATENCY.name,
+            families.E2E_REQUEST_LATENCY.documentation,
             ["tenant"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.queue = Histogram(
-            "tokenfair:request_queue_time_seconds",
-            "Time waiting in the gateway",
+            families.REQUEST_QUEUE_TIME.name,
+            families.REQUEST_QUEUE_TIME.documentation,
             ["tenant"],
             buckets=_LATENCY_BUCKETS,
             registry=r,

@@ -24,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from tokenfair.core.cost import LinearCost
 from tokenfair.core.request import FinishReason, Request
 from tokenfair.core.share_tree import ShareTree, group_id, is_group
+from tokenfair.edge import metric_families as families
 from tokenfair.engine.engine import Engine, RequestOutput
 from tokenfair.server.histogram import LoopHistogram
 
@@ -86,24 +87,10 @@ class ServerMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.cost = cost or LinearCost()
         registry = self.registry
-        self.prompt_tokens = PromCounter(
-            "tokenfair:prompt_tokens", "Prompt tokens prefilled.", ["tenant"], registry=registry
-        )
-        self.generation_tokens = PromCounter(
-            "tokenfair:generation_tokens", "Tokens generated.", ["tenant"], registry=registry
-        )
-        self.finished = PromCounter(
-            "tokenfair:request_success",
-            "Requests finished, by reason (stop, length, abort).",
-            ["tenant", "finished_reason"],
-            registry=registry,
-        )
-        self.rejected = PromCounter(
-            "tokenfair:requests_rejected",
-            "Requests refused at admission (waiting limits, rate limits, the policy).",
-            ["tenant", "reason"],
-            registry=registry,
-        )
+        self.prompt_tokens = families.PROMPT_TOKENS.counter(registry)
+        self.generation_tokens = families.GENERATION_TOKENS.counter(registry)
+        self.finished = families.REQUEST_SUCCESS.counter(registry)
+        self.rejected = families.REQUESTS_REJECTED.counter(registry)
         self.backpressure = PromCounter(
             "tokenfair:stream_backpressure",
             "Times a streamed token found its client's socket full (the client reads slower "
@@ -112,8 +99,8 @@ class ServerMetrics:
             registry=registry,
         )
         self.ttft = LoopHistogram(
-            "tokenfair:time_to_first_token_seconds",
-            "Arrival to first token.",
+            families.TIME_TO_FIRST_TOKEN.name,
+            families.TIME_TO_FIRST_TOKEN.documentation,
             "tenant",
             LATENCY_BUCKETS,
         )
@@ -126,7 +113,10 @@ class ServerMetrics:
         )
         registry.register(self.itl)
         self.e2e = LoopHistogram(
-            "tokenfair:e2e_request_latency_seconds", "Arrival to finish.", "tenant", LATENCY_BUCKETS
+            families.E2E_REQUEST_LATENCY.name,
+            families.E2E_REQUEST_LATENCY.documentation,
+            "tenant",
+            LATENCY_BUCKETS,
         )
         registry.register(self.e2e)
         self.service: dict[str, float] = {}  # weighted tokens received, per tenant
@@ -270,20 +260,8 @@ class _SnapshotCollector:
                 family.add_metric([tenant], float(values.get(tenant, 0)))
             return family
 
-        yield per_tenant(
-            GaugeMetricFamily(
-                "tokenfair:num_requests_running", "Requests in the batch.", labels=["tenant"]
-            ),
-            snap.running,
-        )
-        yield per_tenant(
-            GaugeMetricFamily(
-                "tokenfair:num_requests_waiting",
-                "Requests waiting to be admitted.",
-                labels=["tenant"],
-            ),
-            snap.waiting,
-        )
+        yield per_tenant(families.NUM_REQUESTS_RUNNING.gauge(), snap.running)
+        yield per_tenant(families.NUM_REQUESTS_WAITING.gauge(), snap.waiting)
         yield per_tenant(
             GaugeMetricFamily(
                 "tokenfair:num_requests_swapped",
@@ -298,25 +276,10 @@ class _SnapshotCollector:
             ),
             snap.preemptions,
         )
+        yield per_tenant(families.VTC_COUNTER.gauge(), snap.counters)
+        yield per_tenant(families.TENANT_SERVICE.gauge(), metrics.service)
         yield per_tenant(
-            GaugeMetricFamily(
-                "tokenfair:vtc_counter", "The tenant's virtual token counter.", labels=["tenant"]
-            ),
-            snap.counters,
-        )
-        yield per_tenant(
-            GaugeMetricFamily(
-                "tokenfair:tenant_service",
-                "Weighted service received (w_in x prompt + w_out x generated tokens).",
-                labels=["tenant"],
-            ),
-            metrics.service,
-        )
-        yield per_tenant(
-            GaugeMetricFamily(
-                "tokenfair:tenant_weight", "The tenant's fair-share weight.", labels=["tenant"]
-            ),
-            {t: snap.weights.get(t, 1.0) for t in tenants},
+            families.TENANT_WEIGHT.gauge(), {t: snap.weights.get(t, 1.0) for t in tenants}
         )
         yield from _group_series(metrics, snap)
         usage = GaugeMetricFamily("tokenfair:kv_cache_usage_perc", "KV cache usage (1 = full).")
@@ -350,21 +313,13 @@ def _group_series(metrics: ServerMetrics, snap: Snapshot) -> Iterable[Metric]:
     for tenant, amount in metrics.service.items():
         for node in tree.path(tenant)[:-1]:
             service[node[1:]] += amount
-    families = (
-        ("tokenfair:group_vtc_counter", "The group's virtual token counter.", snap.group_counters),
-        (
-            "tokenfair:group_weight",
-            "The group's fair-share weight among its siblings.",
-            {g: snap.weights.get(group_id(g), 1.0) for g in groups},
-        ),
-        (
-            "tokenfair:group_service",
-            "Weighted service received by the group's tenants (w_in x prompt + w_out x generated).",
-            service,
-        ),
+    series = (
+        (families.GROUP_VTC_COUNTER, snap.group_counters),
+        (families.GROUP_WEIGHT, {g: snap.weights.get(group_id(g), 1.0) for g in groups}),
+        (families.GROUP_SERVICE, service),
     )
-    for name, documentation, values in families:
-        family = GaugeMetricFamily(name, documentation, labels=["group"])
+    for definition, values in series:
+        family = definition.gauge()
         for group in groups:
             family.add_metric([group], float(values.get(group, 0.0)))
         yield family
