@@ -291,6 +291,9 @@ def main() -> None:
             gateways["tokenfair+redis"] = {"redis": {"url": redis_server.url, "namespace": "bench"}}
         if args.baseline_src is not None:
             gateways["baseline"] = {}
+            if redis_server is not None:
+                redis = {"url": redis_server.url, "namespace": "bench-baseline"}
+                gateways["baseline+redis"] = {"redis": redis}
         for name, extra in gateways.items():
             port = free_port()
             config = {
@@ -312,7 +315,7 @@ def main() -> None:
                     ],
                     tmp / f"{name}.log",
                     {**env, "PYTHONPATH": f"{args.baseline_src.resolve()}{os.pathsep}{ROOT}"}
-                    if name == "baseline"
+                    if name.startswith("baseline")
                     else env,
                 )
             )

@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 from collections.abc import Awaitable, Callable, Iterable
 
 import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from tokenfair.gateway.config import HealthConfig, UpstreamConfig
 from tokenfair.gateway.upstream_client import UpstreamClient
@@ -28,25 +28,24 @@ log = logging.getLogger("tokenfair.gateway")
 # idle connection before the upstream does, so a request never lands on a closing one.
 KEEPALIVE_S = 4.0
 _METRIC_PREFIX = {"vllm": "vllm:", "tokenfair": "tokenfair:"}
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEnaNinf]+)")
 
 
 def parse_load(text: str, flavour: str) -> tuple[float, float]:
-    """Running and waiting requests summed over every series of the upstream's metrics."""
+    """Running and waiting requests summed over every series of the upstream's metrics
+    (prometheus_client's parser reads the text format)."""
     prefix = _METRIC_PREFIX[flavour]
-    running = waiting = 0.0
-    for line in text.splitlines():
-        if not line.startswith(prefix):
-            continue
-        match = _SAMPLE.match(line)
-        if match is None:
-            continue
-        name, value = match.group(1)[len(prefix) :], float(match.group(3))
-        if name == "num_requests_running":
-            running += value
-        elif name == "num_requests_waiting":
-            waiting += value
-    return running, waiting
+    wanted = {prefix + "num_requests_running": 0, prefix + "num_requests_waiting": 1}
+    totals = [0.0, 0.0]
+    try:
+        for family in text_string_to_metric_families(text):
+            index = wanted.get(family.name)
+            if index is not None:
+                # A counter named like it parses into the same family: its samples
+                # keep their own name (`_total`).
+                totals[index] += sum(s.value for s in family.samples if s.name == family.name)
+    except ValueError:  # not the text format: count nothing, as for an unreadable answer
+        return 0.0, 0.0
+    return totals[0], totals[1]
 
 
 class Upstream:
