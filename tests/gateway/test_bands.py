@@ -60,9 +60,12 @@ async def _load(url: str, seconds: float, streams: dict[str, int]) -> None:
     )
 
 
-def recent(gw: Process) -> list[dict[str, Any]]:
+def recent(gw: Process, headers: dict[str, str] | None = None) -> list[dict[str, Any]]:
     return httpx.get(  # type: ignore[no-any-return]
-        gw.url + "/v1/gateway/requests/recent", params={"limit": 1000}, timeout=10
+        gw.url + "/v1/gateway/requests/recent",
+        params={"limit": 1000},
+        headers=headers,
+        timeout=10,
     ).json()["data"]
 
 
@@ -163,6 +166,7 @@ def test_a_tenant_s_own_requests_go_in_priority_order(tmp_path, upstream, order)
 def test_groups_share_by_weight_through_the_gateway_and_redis(tmp_path, upstream, redis_server):
     """Org a (weight 2: interactive and batch-a) and org b (batch-b), one band."""
     tenants = {
+        "admin_key_sha256": hash_key("admin"),
         "groups": {"org-a": {"weight": 2}, "org-b": {}},
         "tenants": [
             {"name": name, "key_sha256": hash_key(key), "group": group, "max_waiting": 1024}
@@ -179,9 +183,21 @@ def test_groups_share_by_weight_through_the_gateway_and_redis(tmp_path, upstream
     )
     try:
         asyncio.run(_load(gw.url, 4.0, {"interactive": 4, "batch-a": 4, "batch-b": 8}))
-        rows = recent(gw)[20:-20]
-        state = httpx.get(gw.url + "/v1/gateway/state", timeout=5).json()
+        admin = {"Authorization": "Bearer admin"}
+        rows = recent(gw, admin)[20:-20]
+        state = httpx.get(gw.url + "/v1/gateway/state", headers=admin, timeout=5).json()
         metrics = httpx.get(gw.url + "/metrics", timeout=5).text
+        # The admin API changes a group's weight (and refuses an unknown one).
+        changed = httpx.post(
+            gw.url + "/admin/groups/org-b/weight", json={"weight": 3}, headers=admin, timeout=5
+        )
+        unknown = httpx.post(
+            gw.url + "/admin/groups/org-z/weight", json={"weight": 3}, headers=admin, timeout=5
+        )
+        tenant_key = {"Authorization": f"Bearer {KEYS['batch-b']}"}
+        refused = httpx.post(
+            gw.url + "/admin/tenants/batch-b/weight", json={"weight": 3}, headers=tenant_key
+        )
     finally:
         gw.stop()
     org_a = sum(r["tenant"] != "batch-b" for r in rows)
@@ -192,3 +208,5 @@ def test_groups_share_by_weight_through_the_gateway_and_redis(tmp_path, upstream
     assert inside == pytest.approx(0.5, rel=0.15)
     assert set(state["group_counters"]) == {"org-a", "org-b"}
     assert 'tokenfair:group_vtc_counter{group="org-a"}' in metrics
+    assert changed.status_code == 200 and unknown.status_code == 404
+    assert refused.status_code == 403

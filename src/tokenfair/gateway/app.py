@@ -24,6 +24,7 @@ from tokenfair.edge.endpoints import COMPLETION_PATHS
 from tokenfair.edge.errors import APIError, install_error_handlers
 from tokenfair.edge.limits import Limits
 from tokenfair.edge.tenants import TenantsFileError, load_tenants, parse_tenants
+from tokenfair.edge.weight_change import WeightChange
 from tokenfair.gateway.admission import RECENT_DISPATCHES, Admission
 from tokenfair.gateway.config import GatewayConfig, GatewayConfigError
 from tokenfair.gateway.counters import CounterStore, MemoryCounterStore
@@ -213,6 +214,31 @@ def _side_app(gateway: Gateway) -> FastAPI:
         check_admin(authorization)
         rows = [r for r in gateway.admission.recent if tenant is None or r["tenant"] == tenant]
         return {"object": "list", "data": rows[-limit:]}
+
+    # The admin API's weight changes, as the server's: until the next reload; a request
+    # already dispatched keeps the weights it started with. `:path`: names and group
+    # paths may hold slashes.
+    @app.post("/admin/tenants/{name:path}/weight")
+    async def set_tenant_weight(
+        name: str, change: WeightChange, authorization: str | None = Header(default=None)
+    ) -> dict[str, Any]:
+        gateway.directory.check_admin(authorization)
+        try:
+            gateway.directory.set_weight(name, change.weight)
+        except KeyError:
+            raise APIError(404, f"no tenant named {name!r}", param="name") from None
+        return {"name": name, "weight": change.weight}
+
+    @app.post("/admin/groups/{path:path}/weight")
+    async def set_group_weight(
+        path: str, change: WeightChange, authorization: str | None = Header(default=None)
+    ) -> dict[str, Any]:
+        gateway.directory.check_admin(authorization)
+        try:
+            gateway.directory.set_group_weight(path, change.weight)
+        except KeyError:
+            raise APIError(404, f"no group {path!r}", param="path") from None
+        return {"path": path, "weight": change.weight}
 
     @app.get("/v1/gateway/state")
     async def state(authorization: str | None = Header(default=None)) -> dict[str, Any]:

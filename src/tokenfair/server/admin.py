@@ -18,10 +18,10 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field
 
 from tokenfair.core.share_tree import group_id
 from tokenfair.edge.errors import APIError
+from tokenfair.edge.weight_change import WeightChange
 from tokenfair.server.metrics import RECENT_REQUESTS
 from tokenfair.server.routes import json_response
 from tokenfair.server.state import ServerState
@@ -35,11 +35,6 @@ def _state(request: Request) -> ServerState:
 
 router = APIRouter(prefix="/admin", tags=["admin"])
 AdminState = Annotated[ServerState, Depends(_state)]
-
-
-class WeightChange(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    weight: float = Field(gt=0, le=1e9, allow_inf_nan=False)
 
 
 @router.get("/tenants", summary="Tenants with their counters and queues")
