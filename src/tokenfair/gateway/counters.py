@@ -80,6 +80,8 @@ class LocalCounters:
         path = path or (tenant,)
         if len(path) > 1:
             self.paths[tenant] = path
+        elif not self.paths:  # no groups: flat VTC's lift, without the tree walk
+            return self._arrive_flat(tenant)
         counter = self.counter
         if self.lift != "none" and not self.waiting.get(tenant):
             backlogged = self._backlogged()
@@ -100,6 +102,19 @@ class LocalCounters:
         self.waiting[tenant] = self.waiting.get(tenant, 0) + 1
         return counter[tenant]
 
+    def _arrive_flat(self, tenant: str) -> float:
+        c = self.counter.get(tenant, 0.0)
+        if self.lift != "none" and not self.waiting.get(tenant):
+            others = [self.counter.get(t, 0.0) for t, n in self.waiting.items() if n > 0]
+            floor: float | None = min(others) if others else None
+            if floor is None and self.lift == "paper" and ROOT in self.last:
+                floor = self.counter.get(self.last[ROOT], 0.0)
+            if floor is not None and floor > c:
+                c = floor
+        self.counter[tenant] = c
+        self.waiting[tenant] = self.waiting.get(tenant, 0) + 1
+        return c
+
     def _one_less(self, tenant: str) -> None:
         left = self.waiting.get(tenant, 0) - 1
         if left > 0:
@@ -115,6 +130,11 @@ class LocalCounters:
         if not candidates:
             raise ValueError("pick needs at least one candidate")
         counter = self.counter
+        if len(candidates) == 1:
+            chosen = candidates[0]
+            self._take(chosen[0], chosen[1])
+            self._one_less(chosen[0])
+            return chosen
         remaining = list(candidates)
         depth = 0
         while True:

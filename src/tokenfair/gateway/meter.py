@@ -49,7 +49,11 @@ class Meter:
 
     def _weighted(self, service: float) -> Charge:
         """`service` as each node on the tenant's path pays it: divided by its weight."""
-        return tuple((node, service / weight) for node, weight in self.weights)
+        weights = self.weights
+        if len(weights) == 1:  # no groups: the usual case, on every streamed chunk
+            node, weight = weights[0]
+            return ((node, service / weight),)
+        return tuple((node, service / weight) for node, weight in weights)
 
     def dispatch_charge(self) -> Charge:
         """Charged in the same atomic step that picks the request."""
