@@ -25,6 +25,7 @@ from tokenfair.workloads.arrivals import (
     Uniform,
 )
 from tokenfair.workloads.lengths import ClientLengths, LogNormal, fixed
+from tokenfair.workloads.prefixes import ConversationClient, RequestDraw, SystemPromptClient
 from tokenfair.workloads.trace import TraceRecord
 
 ON_OFF_PERIOD_S = 60.0
@@ -38,6 +39,18 @@ class ClientWorkload:
     arrivals: ArrivalProcess
     lengths: ClientLengths
     weight: float = 1.0
+
+    def draw(self, rng: np.random.Generator, duration_s: float) -> list[RequestDraw]:
+        times = self.arrivals.times(rng, 0.0, duration_s)
+        inputs, outputs = self.lengths.sample(rng, len(times))
+        return [
+            RequestDraw(float(t), int(i), int(o))
+            for t, i, o in zip(times, inputs, outputs, strict=True)
+        ]
+
+
+# What a suite's client may be: independent requests, or requests sharing prefixes.
+ClientSpec = ClientWorkload | SystemPromptClient | ConversationClient
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,33 +69,30 @@ class SuiteDef:
 
     description: str
     duration_s: float
-    clients: tuple[ClientWorkload, ...]
+    clients: tuple[ClientSpec, ...]
 
 
 def generate_workload(
-    clients: Sequence[ClientWorkload], duration_s: float, seed: int = 0, name: str = ""
+    clients: Sequence[ClientSpec], duration_s: float, seed: int = 0, name: str = ""
 ) -> Suite:
-    """Draw every client's arrivals in [0, duration_s) and lengths; merge by arrival."""
-    rows: list[tuple[float, int, int, int]] = []
+    """Draw every client's requests in [0, duration_s); merge them by arrival."""
+    rows: list[tuple[float, int, RequestDraw]] = []
     for index, spec in enumerate(clients):
         rng = np.random.default_rng([seed, index])
-        times = spec.arrivals.times(rng, 0.0, duration_s)
-        inputs, outputs = spec.lengths.sample(rng, len(times))
-        rows.extend(
-            # Microsecond resolution keeps trace files readable; ties keep client order.
-            (round(float(t), 6), index, int(i), int(o))
-            for t, i, o in zip(times, inputs, outputs, strict=True)
-        )
+        # Microsecond resolution keeps trace files readable; ties keep client order.
+        rows.extend((round(d.arrival_s, 6), index, d) for d in spec.draw(rng, duration_s))
     rows.sort(key=lambda row: (row[0], row[1]))
     records = [
         TraceRecord(
             arrival_s=t,
             client=clients[index].client,
-            input_tokens=inp,
-            output_tokens=out,
+            input_tokens=d.input_tokens,
+            output_tokens=d.output_tokens,
             request_id=f"r{n}",
+            prefix_group=d.prefix_group,
+            prefix_tokens=d.prefix_tokens,
         )
-        for n, (t, index, inp, out) in enumerate(rows)
+        for n, (t, index, d) in enumerate(rows)
     ]
     weighted = any(c.weight != 1.0 for c in clients)
     weights = {c.client: c.weight for c in clients} if weighted else None

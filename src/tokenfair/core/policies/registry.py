@@ -1,5 +1,6 @@
 """Policies by name: `fcfs`, `priority`, `sjf[:aging]`, `rpm:N`, `lcf`, `vtc`, `wvtc`,
-`vtc-artifact`, `vtc-predict`, `vtc-oracle`, `vtc-preempt[:threshold]`."""
+`vtc-artifact`, `vtc-predict`, `vtc-oracle`, `vtc-preempt[:threshold]`, `vtc-lpm`,
+`dlpm[:quantum]`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Callable
 from tokenfair.core.cost import CostFunction
 from tokenfair.core.policies.base import Policy
 from tokenfair.core.policies.fcfs import FCFSPolicy
+from tokenfair.core.policies.locality import DEFAULT_QUANTUM, DeficitLPMPolicy, LocalityVTCPolicy
 from tokenfair.core.policies.predictor import OraclePredictor, OutputLengthPredictor
 from tokenfair.core.policies.priority import PriorityPolicy
 from tokenfair.core.policies.rpm import RPMPolicy
@@ -38,12 +40,26 @@ POLICY_HELP: dict[str, str] = {
     "vtc-oracle": "VTC charging the true output length up front (experiments only)",
     "vtc-preempt[:threshold]": "VTC that preempts an over-served client's newest request "
     f"when a waiting client is more than `threshold` (default {DEFAULT_PREEMPT_THRESHOLD:g}) behind",
+    "vtc-lpm": "VTC between clients; within the chosen client, the request with the longest "
+    "cached prefix first",
+    "dlpm[:quantum]": "deficit longest prefix match: among clients within `quantum` (default "
+    f"{DEFAULT_QUANTUM:g}) weighted tokens of the least served, the longest cached prefix first",
 }
 
 
 # Policies whose order depends on client weights; the others ignore them.
 WEIGHTED_POLICIES = frozenset(
-    {"lcf", "vtc", "wvtc", "vtc-artifact", "vtc-predict", "vtc-oracle", "vtc-preempt"}
+    {
+        "lcf",
+        "vtc",
+        "wvtc",
+        "vtc-artifact",
+        "vtc-predict",
+        "vtc-oracle",
+        "vtc-preempt",
+        "vtc-lpm",
+        "dlpm",
+    }
 )
 
 
@@ -79,8 +95,17 @@ def make_policy(
     *,
     weights: dict[str, float] | None = None,
     cost: CostFunction | None = None,
+    charge_cached_tokens: float = 1.0,
 ) -> Policy:
-    """Build a policy from its name, e.g. `vtc`, `rpm:20`, `vtc-preempt:1000`."""
+    """Build a policy from its name, e.g. `vtc`, `rpm:20`, `vtc-preempt:1000`.
+
+    `charge_cached_tokens`: what a prompt token served from the prefix cache costs a
+    client, as a share of a computed one (1: the paper's cost; 0: only computed tokens).
+    """
+    if not 0.0 <= charge_cached_tokens <= 1.0:
+        raise PolicyError(
+            f"charge_cached_tokens must be between 0 and 1, got {charge_cached_tokens}"
+        )
     name, _, arg = spec.strip().partition(":")
     name = name.lower()
     builders: dict[str, Callable[[], Policy]] = {
@@ -111,19 +136,25 @@ def make_policy(
             cost=cost,
             preempt_threshold=_number(spec, arg, DEFAULT_PREEMPT_THRESHOLD),
         ),
+        "vtc-lpm": lambda: LocalityVTCPolicy(name="vtc-lpm", weights=weights, cost=cost),
+        "dlpm": lambda: DeficitLPMPolicy(
+            name="dlpm", weights=weights, cost=cost, quantum=_number(spec, arg, DEFAULT_QUANTUM)
+        ),
     }
     builder = builders.get(name)
     if builder is None:
         known = ", ".join(POLICY_HELP)
         raise PolicyError(f"unknown policy {spec!r}; known policies: {known}")
-    if arg and name not in ("sjf", "rpm", "vtc-preempt"):
+    if arg and name not in ("sjf", "rpm", "vtc-preempt", "dlpm"):
         raise PolicyError(f"policy {name!r} takes no argument (got {spec!r})")
     try:
-        return builder()
+        policy = builder()
     except ValueError as error:
         if isinstance(error, PolicyError):
             raise
         raise PolicyError(f"policy {spec!r}: {error}") from None
+    policy.charge_cached_tokens = charge_cached_tokens
+    return policy
 
 
 def _weighted(spec: str, weights: dict[str, float] | None, cost: CostFunction | None) -> Policy:
