@@ -77,8 +77,8 @@ class ServedModel:
         return self.tokenizer.chat_prompt(messages)
 
 
-def build_policy(spec: str, weights: dict[str, float]) -> Policy:
-    return make_policy(spec, weights=weights or None)
+def build_policy(spec: str, weights: dict[str, float], charge_cached_tokens: float = 1.0) -> Policy:
+    return make_policy(spec, weights=weights or None, charge_cached_tokens=charge_cached_tokens)
 
 
 def build_served_model(
@@ -91,10 +91,11 @@ def build_served_model(
     device: str | None = None,
     dtype: str | None = None,
     seed: int = 0,
+    charge_cached_tokens: float = 1.0,
     **scheduler_options: Any,
 ) -> ServedModel:
     """Load `spec` and build its engine; ValueError (one line) for anything wrong."""
-    chosen = build_policy(policy, weights or {})
+    chosen = build_policy(policy, weights or {}, charge_cached_tokens)
     name = served_name or spec
     if spec.startswith(SIM_PREFIX):
         profile = sim_profile(spec.removeprefix(SIM_PREFIX))
