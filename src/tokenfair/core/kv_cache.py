@@ -202,9 +202,6 @@ class KVCacheManager:
         blocks but the last token's, since the forward pass must produce a token."""
         return (request.num_tokens - 1) // self.block_size
 
-    def is_cached(self, key: int) -> bool:
-        return key in self._cached
-
     def cached_run(self, keys: list[int], start: int = 0) -> int:
         """How many of `keys`, from `start` on, are cached one after another, plus start."""
         cached, end = self._cached, len(keys)

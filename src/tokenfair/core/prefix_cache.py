@@ -28,7 +28,6 @@ from tokenfair.core.request import Request
 
 class PrefixCache(Protocol):
     enable_prefix_caching: bool
-    block_size: int
     # Called with the hashes of the blocks that become findable, a run at a time.
     on_cached: list[Callable[[list[int]], None]]
 
@@ -44,8 +43,6 @@ class PrefixCache(Protocol):
     def matchable_blocks(self, request: Request) -> int:
         """How many leading blocks of the request a cache hit may cover."""
         ...
-
-    def is_cached(self, key: int) -> bool: ...
 
     def cached_run(self, keys: list[int], start: int = 0) -> int:
         """`start` plus how many of `keys` from `start` on are cached in a row."""
@@ -90,10 +87,6 @@ class CachedPrefixIndex:
     def wanted_evictions(self) -> int:
         """The cache's count of evicted wanted blocks (0 without a cache)."""
         return self._cache.wanted_evictions if self._cache is not None else 0
-
-    @property
-    def block_size(self) -> int:
-        return self._cache.block_size if self._cache is not None else 1
 
     def track(self, request: Request) -> None:
         if self._cache is None:

@@ -81,18 +81,27 @@ class LongestPrefixQueue:
         if live is not None:
             self._file(request, live[1])
 
-    def head(self) -> Request:
-        heap = self._heap
+    def _top(self) -> tuple[int, int, int, int, Request]:
+        """The entry of the head: live, and its cached prefix checked."""
+        heap, live, index = self._heap, self._live, self._index
         while True:
             entry = heap[0]
             request = entry[4]
-            if not self._is_live(entry):
-                heapq.heappop(heap)
-            elif not self._index.verify(request):
+            filed = live.get(request.request_id)
+            if filed is None or filed[0] != entry[3]:
+                heapq.heappop(heap)  # retired entry
+            elif not index.verify(request):
                 heapq.heappop(heap)  # evictions shortened its prefix: file it again
-                self._file(request, self._live[request.request_id][1])
+                self._file(request, filed[1])
             else:
-                return request
+                return entry
+
+    def head(self) -> Request:
+        return self._top()[4]
+
+    def head_blocks(self) -> int:
+        """The head's cached leading blocks."""
+        return -self._top()[2]
 
     def pop(self) -> Request:
         request = self.head()
@@ -116,6 +125,9 @@ class LongestPrefixQueue:
 
 class LocalityVTCPolicy(VTCPolicy):
     """`vtc-lpm`: VTC between clients, longest cached prefix first within a client."""
+
+    # Every queue is made by `_new_queue` below.
+    _queues: dict[str, LongestPrefixQueue]  # type: ignore[assignment]
 
     def __init__(self, **vtc_settings) -> None:
         super().__init__(**vtc_settings)
@@ -164,7 +176,7 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
             self._filed.pop(client, None)
             return
         if blocks is None:
-            blocks = self._index.blocks(queue.head())
+            blocks = queue.head_blocks()
         seq = next(self._seq)
         self._filed[client] = (seq, blocks)
         heapq.heappush(self._eligible, (-blocks, counter, self._tie_rank(client), seq, client))
@@ -223,7 +235,7 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
     def _longest_prefix_client(self) -> str | None:
         """The client with a positive deficit whose head has the longest cached prefix
         (ties: the smallest counter), or None when no backlogged client has a deficit."""
-        heap, filed, counters, index = self._eligible, self._filed, self._counter, self._index
+        heap, filed, counters = self._eligible, self._filed, self._counter
         while heap:
             negative_blocks, stored, _, seq, client = heap[0]
             entry = filed.get(client)
@@ -235,10 +247,12 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
                 heapq.heappop(heap)  # its deficit is spent: it waits for a refill
                 del filed[client]
                 continue
-            blocks = index.blocks(self._queues[client].head())
+            blocks = self._queues[client].head_blocks()
             if -negative_blocks != blocks or stored != counter:
-                heapq.heappop(heap)  # its head or its counter moved: file it again
-                self._file_eligible(client, blocks)
+                # Its head or its counter moved: file it again where it now belongs.
+                seq = next(self._seq)
+                filed[client] = (seq, blocks)
+                heapq.heapreplace(heap, (-blocks, counter, self._tie_rank(client), seq, client))
                 continue
             return client
         return None
@@ -292,7 +306,7 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
             self._filed.pop(client, None)  # nothing waits: retire its entry
         else:
             # The next head may come first by priority, with a longer prefix.
-            self._head_may_have_grown(client, self._index.blocks(queue.head()))
+            self._head_may_have_grown(client, queue.head_blocks())
 
     def _prefix_grew(self, request: Request) -> None:
         super()._prefix_grew(request)
