@@ -5,6 +5,12 @@ request, pop it and charge its client (VTC: the smallest counter among backlogge
 clients, O(log n)). A new arrival replaces it so the queue stays the same size.
 Every client is backlogged. Prints one JSON line; compare ratios, not absolute times.
 
+The locality-aware policies (vtc-lpm, dlpm) run over a real prefix cache: every client
+has a system prompt, half of them cached at the start (so arrivals and decisions look
+their prefixes up). `*_with_cache_events_us` adds what the cache's changes cost them:
+every tenth decision another client's prompt becomes cached, and its waiting requests'
+prefixes grow.
+
     python benchmarks/scheduling_decision.py [--quick]
 """
 
@@ -16,8 +22,12 @@ import math
 import random
 import time
 
+from tokenfair.core.kv_cache import KVCacheManager
 from tokenfair.core.policies import make_policy
 from tokenfair.core.request import Request, SamplingParams
+
+LOCALITY_POLICIES = ("vtc-lpm", "dlpm")
+SYSTEM_PROMPT = 64  # tokens: four 16-token blocks
 
 
 def make(i: int, client: str) -> Request:
@@ -27,15 +37,43 @@ def make(i: int, client: str) -> Request:
         input_tokens=100,
         arrival_s=float(i),
         sampling=SamplingParams(max_tokens=100),
+        prefix_group=f"{client}/system",
+        prefix_tokens=SYSTEM_PROMPT,
     )
 
 
+def cache_system_prompt(kv: KVCacheManager, client: str) -> None:
+    """Prefill `client`'s system prompt once and free it: its blocks stay cached."""
+    request = Request(
+        f"warm-{client}",
+        client,
+        input_tokens=SYSTEM_PROMPT,
+        arrival_s=0.0,
+        prefix_group=f"{client}/system",
+        prefix_tokens=SYSTEM_PROMPT,
+    )
+    if kv.allocate(request, SYSTEM_PROMPT):
+        request.num_computed_tokens = SYSTEM_PROMPT
+        kv.cache_full_blocks(request)
+        kv.free(request)
+
+
 def decision_us(
-    policy_name: str, clients: int, waiting: int, decisions: int, seed: int = 0
+    policy_name: str,
+    clients: int,
+    waiting: int,
+    decisions: int,
+    seed: int = 0,
+    cache_events: bool = False,
 ) -> float:
     rng = random.Random(seed)
     policy = make_policy(policy_name)
     names = [f"c{i}" for i in range(clients)]
+    kv = KVCacheManager(clients * 8, enable_prefix_caching=True)
+    if policy_name in LOCALITY_POLICIES:
+        policy.attach_prefix_cache(kv)
+        for name in names[::2]:
+            cache_system_prompt(kv, name)
     for i in range(waiting):
         policy.add(make(i, names[i % clients]), float(i))
     fresh = [make(waiting + i, names[rng.randrange(clients)]) for i in range(decisions)]
@@ -53,6 +91,8 @@ def decision_us(
         charged = running[i % 32]
         charged.output_token_ids.append(1)
         policy.on_output(charged)
+        if cache_events and i % 10 == 0:
+            cache_system_prompt(kv, names[rng.randrange(clients)])
     return (time.perf_counter() - started) / decisions * 1e6
 
 
@@ -70,9 +110,14 @@ def main() -> None:
         (10_000, 100_000),
     ]:
         row = {"clients": clients, "waiting": waiting}
-        for name in ("fcfs", "vtc"):
+        for name in ("fcfs", "vtc", *LOCALITY_POLICIES):
             row[f"{name}_us"] = round(
                 min(decision_us(name, clients, waiting, decisions, s) for s in range(3)), 3
+            )
+        for name in LOCALITY_POLICIES:
+            row[f"{name}_with_cache_events_us"] = round(
+                min(decision_us(name, clients, waiting, decisions, s, True) for s in range(3)),
+                3,
             )
         points.append(row)
     vtc_small = points[0]["vtc_us"]
@@ -80,6 +125,11 @@ def main() -> None:
     figures = {
         "benchmark": "scheduling_decision",
         "points": points,
+        "dlpm_us_at_1000_clients_10000_waiting": points[2]["dlpm_us"],
+        "dlpm_with_cache_events_us_at_1000_clients_10000_waiting": points[2][
+            "dlpm_with_cache_events_us"
+        ],
+        "vtc_lpm_us_at_1000_clients_10000_waiting": points[2]["vtc-lpm_us"],
         "vtc_us_at_10000_clients": vtc_large,
         # log n grows 4x from 10 to 10,000 clients: a ratio under that is sub-logarithmic growth.
         "vtc_growth_10_to_10000_clients": round(vtc_large / vtc_small, 2),

@@ -12,6 +12,7 @@ from tokenfair.cli import app
 runner = CliRunner()
 
 RESULT_FIELDS = {
+    "cached_tokens",
     "request_id",
     "client",
     "arrival_s",
@@ -93,6 +94,29 @@ def test_simulate_engine_preset_with_options(tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout.strip().splitlines()[-1])["served"] == 30
+
+
+def test_simulate_caches_shared_prefixes_on_the_engine_preset_only(tmp_path):
+    trace = tmp_path / "shared.jsonl"
+    runner.invoke(app, ["trace", "gen", "system-prompt", "--out", str(trace)])
+    short = tmp_path / "short.jsonl"
+    short.write_text("\n".join(trace.read_text().splitlines()[:200]) + "\n")
+
+    def summary(*options: str) -> dict:
+        result = runner.invoke(app, ["simulate", "--trace", str(short), *options])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+    engine = ["--preset", "engine", "--kv-tokens", "8192"]
+    cached = summary(*engine, "--policy", "dlpm")
+    assert cached["config"]["enable_prefix_caching"] and cached["prefix_hit_rate"] > 0.5
+    uncached = summary(*engine, "--no-prefix-caching")
+    assert uncached["prefix_hit_rate"] is None
+    assert uncached["throughput_tok_s"] < cached["throughput_tok_s"]
+    assert summary()["prefix_hit_rate"] is None  # the paper's system had no prefix cache
+    assert summary("--prefix-caching")["prefix_hit_rate"] > 0.5
+    result = runner.invoke(app, ["simulate", "--trace", str(short), "--charge-cached-tokens", "2"])
+    assert result.exit_code == 2 and "--charge-cached-tokens" in result.output
 
 
 def test_bad_trace_line_is_named_and_nothing_runs(tmp_path):

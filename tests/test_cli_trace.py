@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 from typer.testing import CliRunner
@@ -72,6 +73,51 @@ def test_trace_convert_names_the_bad_row(tmp_path):
     )
     assert result.exit_code == 2
     assert "azure.csv:3" in result.output
+
+
+def test_trace_gen_prefix_suites_fill_the_prefix_fields(tmp_path):
+    for suite in ("system-prompt", "multiturn"):
+        out = tmp_path / f"{suite}.jsonl"
+        result = runner.invoke(app, ["trace", "gen", suite, "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        records = read_trace(out)
+        assert all(r.prefix_group and r.prefix_group.startswith(r.client + "/") for r in records)
+    turns: dict[str, list] = {}
+    for r in read_trace(tmp_path / "multiturn.jsonl"):
+        turns.setdefault(r.prefix_group, []).append(r)
+    conversation = max(turns.values(), key=len)
+    # Each turn's prompt is the previous prompt, its answer and a new message.
+    for before, after in itertools.pairwise(conversation):
+        assert after.input_tokens > before.input_tokens + before.output_tokens
+        assert after.arrival_s > before.arrival_s
+
+
+def test_trace_convert_sharegpt_multiturn(tmp_path):
+    source = tmp_path / "sg.json"
+    conversations = [
+        {
+            "id": f"c{i}",
+            "conversations": [
+                {"from": "human", "value": "hello " * 10},
+                {"from": "gpt", "value": "hi " * 20},
+                {"from": "human", "value": "more " * 4},
+                {"from": "gpt", "value": "sure " * 8},
+            ],
+        }
+        for i in range(3)
+    ]
+    source.write_text(json.dumps(conversations))
+    out = tmp_path / "t.jsonl"
+    result = runner.invoke(
+        app, ["trace", "convert", "sharegpt", str(source), "--out", str(out), "--multiturn"]
+    )
+    assert result.exit_code == 0, result.output
+    records = read_trace(out)
+    assert len(records) == 6 and len({r.prefix_group for r in records}) == 3
+    refused = runner.invoke(
+        app, ["trace", "convert", "azure", str(source), "--out", str(out), "--multiturn"]
+    )
+    assert refused.exit_code == 2 and "--multiturn is for sharegpt" in refused.output
 
 
 def test_trace_help_has_examples():

@@ -14,9 +14,11 @@ trace's `arrival_s`; a time is null when the request never reached that point):
 - `finish_reason`: "stop", "length", "abort", "rejected", or null if it never ended
   (the replay stopped first);
 - `preemptions`: how many times it was pushed out of the batch;
-- `requested_output_tokens`: the output length the trace asked for (its `output_tokens`,
-), null when unknown; compare it with `output_tokens`
-  to see which requests were cut short.
+- `requested_output_tokens`: the output length the trace asked for (its `output_tokens`),
+  null when unknown; compare it with `output_tokens` to see which requests were cut
+  short;
+- `cached_tokens`: prompt tokens found in the prefix cache at its first admission, so
+  not prefilled (0 without prefix caching, or when it never ran).
 
 The engine's replays write these records (`result_from_request`), the fairness metrics
 (tokenfair.fairness) read them. Unknown fields are ignored; bad lines raise
@@ -69,6 +71,7 @@ class ResultRecord:
     finish_reason: str | None = None
     preemptions: int = 0
     requested_output_tokens: int | None = None
+    cached_tokens: int = 0
 
     def __post_init__(self) -> None:
         check_str("request_id", self.request_id)
@@ -80,6 +83,12 @@ class ResultRecord:
         check_finish_reason(self.finish_reason)
         check_int("preemptions", self.preemptions, 0)
         check_optional_int("requested_output_tokens", self.requested_output_tokens, 0)
+        check_int("cached_tokens", self.cached_tokens, 0)
+        if self.cached_tokens > self.input_tokens:
+            raise FieldError(
+                f"cached_tokens ({self.cached_tokens}) is more than input_tokens "
+                f"({self.input_tokens})"
+            )
         check_times(self.arrival_s, self.scheduled_s, self.first_token_s, self.finish_s)
 
     @property
@@ -106,6 +115,7 @@ class ResultRecord:
             "finish_reason": self.finish_reason,
             "preemptions": self.preemptions,
             "requested_output_tokens": self.requested_output_tokens,
+            "cached_tokens": self.cached_tokens,
         }
 
 
@@ -164,6 +174,7 @@ def record_from_json(obj: Mapping[str, Any]) -> ResultRecord:
         requested_output_tokens=check_optional_int(
             "requested_output_tokens", obj.get("requested_output_tokens"), 0
         ),
+        cached_tokens=check_int("cached_tokens", obj.get("cached_tokens", 0), 0),
     )
 
 
@@ -182,6 +193,7 @@ def result_from_request(request: Request, requested_output_tokens: int | None) -
         finish_reason=request.finish_reason.value if request.finish_reason else None,
         preemptions=request.preemptions,
         requested_output_tokens=requested_output_tokens,
+        cached_tokens=request.cached_tokens,
     )
 
 

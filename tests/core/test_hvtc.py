@@ -252,3 +252,14 @@ def test_policies_that_cannot_share_by_groups_are_refused():
         make_policy("vtc-predict", tree=tree)
     assert make_policy("wvtc", tree=tree).name == "wvtc"
     assert isinstance(make_policy("lcf", tree=tree), HierarchicalVTCPolicy)
+
+
+def test_groups_pay_a_cached_prompt_token_at_the_share_the_policy_is_given():
+    tree = ShareTree.build({"a": None}, {"x": "a"})
+    policy = make_policy("vtc", tree=tree, charge_cached_tokens=0.25)
+    request = make_request("x", input_tokens=100, output_tokens=4)
+    request.cached_tokens = 80
+    policy.add(request, 0.0)
+    policy.on_admit(policy.pop(), True, 0.0)
+    # 20 computed tokens at full price, 80 cached at a quarter: 40 for the key and its group.
+    assert policy.node_counters() == {"@a": 40.0, "x": 40.0}

@@ -64,7 +64,9 @@ def tiny_experiment(tmp_path_factory):
 def quick_paper(tmp_path_factory, shared_dir):
     """The quick paper experiment on the arena trace and one suite (no ablation)."""
     out = tmp_path_factory.mktemp("paper")
-    result = run_paper_experiment(out, True, shared_dir, suites=["overload"], ablation=False)
+    result = run_paper_experiment(
+        out, True, shared_dir, suites=["overload"], ablation=False, locality=False
+    )
     publish(result)
     return result
 

@@ -331,3 +331,74 @@ def test_converted_records_write_as_a_trace(tmp_path: Path) -> None:
     out = tmp_path / "trace.jsonl"
     write_trace(records, out)
     assert read_trace(out) == records
+
+
+def test_mooncake_hash_ids_fill_the_prefix_fields(tmp_path: Path) -> None:
+    rows = [
+        # One conversation's two turns share their first two blocks; a third request
+        # shares only the first; a fourth shares nothing; a fifth has no hash ids.
+        {"timestamp": 0, "input_length": 900, "output_length": 5, "hash_ids": [7, 8]},
+        {"timestamp": 10, "input_length": 1500, "output_length": 5, "hash_ids": [7, 8, 9]},
+        {"timestamp": 20, "input_length": 700, "output_length": 5, "hash_ids": [7, 3]},
+        {"timestamp": 30, "input_length": 600, "output_length": 5, "hash_ids": [5, 6]},
+        {"timestamp": 40, "input_length": 600, "output_length": 5},
+    ]
+    path = write(tmp_path, "m.jsonl", "\n".join(json.dumps(r) for r in rows))
+    records = convert_mooncake(path, ClientMap.constant("a"))
+    fields = [(r.prefix_group, r.prefix_tokens) for r in records]
+    assert fields == [
+        ("a/mooncake-7", 900),  # shares both blocks, capped at its prompt
+        ("a/mooncake-7", 1024),
+        ("a/mooncake-7", 512),
+        (None, None),
+        (None, None),
+    ]
+
+
+def test_mooncake_prefixes_are_not_shared_across_clients(tmp_path: Path) -> None:
+    rows = [
+        {"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1], "u": "x"},
+        {"timestamp": 1, "input_length": 600, "output_length": 5, "hash_ids": [1], "u": "y"},
+    ]
+    path = write(tmp_path, "m.jsonl", "\n".join(json.dumps(r) for r in rows))
+    records = convert_mooncake(path, ClientMap.column("u"))
+    assert [r.prefix_group for r in records] == [None, None]
+
+
+def test_mooncake_bad_hash_ids_name_the_line(tmp_path: Path) -> None:
+    line = {"timestamp": 0, "input_length": 6, "output_length": 5, "hash_ids": ["a"]}
+    path = write(tmp_path, "m.jsonl", json.dumps(line))
+    with pytest.raises(ConvertError, match=r"m.jsonl:1: hash_ids must be a list of integers"):
+        convert_mooncake(path, ClientMap.constant("a"))
+
+
+def test_sharegpt_multiturn_makes_one_request_per_exchange(tmp_path: Path) -> None:
+    conversations = [
+        {
+            "id": "c1",
+            "conversations": [
+                {"from": "system", "value": "s" * 40},
+                {"from": "human", "value": "h" * 8},
+                {"from": "gpt", "value": "g" * 20},
+                {"from": "human", "value": "h" * 4},
+                {"from": "gpt", "value": "g" * 12},
+            ],
+        },
+        {
+            "id": "c2",
+            "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}],
+        },
+    ]
+    path = write(tmp_path, "sg.json", json.dumps(conversations))
+    records = convert_sharegpt(
+        path, ClientMap.constant("a"), arrivals=Uniform(0.001), multiturn=True, turn_gap_s=5.0
+    )
+    by_group: dict[str | None, list] = {}
+    for r in records:
+        by_group.setdefault(r.prefix_group, []).append(r)
+    first = by_group["a/conversation-0"]
+    # Turn 1: system + human = 10 + 2 tokens; turn 2: that, the reply (5) and 1 more.
+    assert [(r.input_tokens, r.output_tokens) for r in first] == [(12, 5), (18, 3)]
+    assert all(r.prefix_tokens == r.input_tokens for r in first)
+    assert first[1].arrival_s > first[0].arrival_s
+    assert [(r.input_tokens, r.output_tokens) for r in by_group["a/conversation-1"]] == [(1, 1)]

@@ -95,6 +95,13 @@ def test_sorted_by_arrival_stably() -> None:
         (line(cancel_after_s="x"), "cancel_after_s must be a finite number > 0 or null"),
         (line(max_tokens=19), "max_tokens must be an integer >= 20, got 19"),
         (line(max_tokens="64"), 'max_tokens must be an integer >= 20, got "64"'),
+        (line(prefix_group="sys"), "prefix_group needs prefix_tokens too"),
+        (line(prefix_tokens=4), "prefix_tokens needs prefix_group too"),
+        (line(prefix_group="", prefix_tokens=4), "prefix_group must be a non-empty string"),
+        (line(prefix_group=3, prefix_tokens=4), "prefix_group must be a non-empty string, got 3"),
+        (line(prefix_group="s", prefix_tokens=0), "prefix_tokens must be an integer >= 1, got 0"),
+        (line(prefix_group="s", prefix_tokens=2.0), "prefix_tokens must be an integer >= 1"),
+        (line(prefix_group="s", prefix_tokens=11), "prefix_tokens must be <= input_tokens (10)"),
     ],
 )
 def test_bad_line_names_file_line_and_problem(text: str, fragment: str) -> None:
@@ -154,6 +161,20 @@ def test_round_trip_omits_defaults(tmp_path: Path) -> None:
     assert back[:2] == records[:2]
     assert back[2] == TraceRecord(0.5, "a", 5, 6, "r2")
     assert back[2].length_limit == records[2].length_limit
+
+
+def test_prefix_fields_are_read_and_written_together(tmp_path: Path) -> None:
+    records = parse_trace_lines(
+        [line(prefix_group="a/system", prefix_tokens=10), line(arrival_s=2.0)]
+    )
+    assert (records[0].prefix_group, records[0].prefix_tokens) == ("a/system", 10)
+    assert (records[1].prefix_group, records[1].prefix_tokens) == (None, None)
+    path = tmp_path / "t.jsonl"
+    write_trace(records, path)
+    written = [json.loads(text) for text in path.read_text().splitlines()]
+    assert written[0]["prefix_group"] == "a/system" and written[0]["prefix_tokens"] == 10
+    assert "prefix_group" not in written[1] and "prefix_tokens" not in written[1]
+    assert read_trace(path) == records
 
 
 def test_read_trace_reports_path(tmp_path: Path) -> None:

@@ -28,11 +28,18 @@ from tokenfair.commands.common import (
 )
 from tokenfair.core.policies import PolicyError, make_policy
 from tokenfair.experiments.experiment import ExperimentResult, run_compare, run_paper_experiment
+from tokenfair.experiments.locality import (
+    DEFAULT_SEEDS,
+    LOCALITY_POLICIES,
+    LocalityResult,
+    run_locality_experiment,
+)
 from tokenfair.experiments.paper_table import PAPER_ARENA_TABLE, PAPER_LABEL
 from tokenfair.experiments.runner import DEFAULT_PROFILE, DEFAULT_WORKERS, ProgressFn
 from tokenfair.experiments.summary import ratio
 from tokenfair.experiments.workloads import ARENA
 from tokenfair.report.experiment_report import publish
+from tokenfair.report.locality_report import write_locality_report
 
 experiment_app = typer.Typer(
     help="Reproduce the paper's experiments and compare policies on a trace (simulated).",
@@ -114,7 +121,37 @@ def print_summary(result: ExperimentResult, workload: str) -> None:
                     f"measured {check.measured}",
                     markup=False,
                 )
+    if result.locality is not None:
+        out.print(locality_table(result.locality))
     out.print(f"Report: {result.report_md} (and {result.report_html.name}), {result.wall_s:.0f} s")
+
+
+def locality_table(result: LocalityResult) -> Table:
+    """The locality experiment's headline figures, one row per suite and policy."""
+    table = Table(
+        "suite",
+        "policy",
+        "throughput (tok/s)",
+        "÷ vtc",
+        "prefix hit rate",
+        "Max Diff",
+        "÷ vtc",
+        "fluid ideal's Max Diff",
+        title="Clients sharing prompt prefixes (engine preset, prefix caching on)",
+    )
+    for row in result.rows:
+        vtc = result.row(row.suite, "vtc") if "vtc" in result.settings["policies"] else None
+        table.add_row(
+            row.suite,
+            row.policy,
+            f"{row.throughput_tok_s:,.0f}",
+            _ratio_text(row.throughput_tok_s / vtc.throughput_tok_s if vtc else None),
+            f"{row.prefix_hit_rate:.0%}",
+            f"{row.max_diff:,.1f}",
+            _ratio_text(row.max_diff / vtc.max_diff if vtc and vtc.max_diff else None),
+            f"{row.fluid_max_diff:,.1f}",
+        )
+    return table
 
 
 def _check_policies(policies: list[str]) -> None:
@@ -210,6 +247,38 @@ def compare(
     except (OSError, ValueError) as error:
         fail(str(error))
     print_summary(result, result.workloads[0].name)
+
+
+@experiment_app.command()
+def locality(
+    out: Annotated[Path, typer.Option(help="Folder for the report, figure and metrics.")] = Path(
+        "out/locality"
+    ),
+    seeds: Annotated[
+        int, typer.Option(help="Draws of each suite, averaged (Max Diff varies).", min=1)
+    ] = len(DEFAULT_SEEDS),
+    policies: Annotated[str, typer.Option(help="Comma-separated policies.")] = ",".join(
+        LOCALITY_POLICIES
+    ),
+    workers: Annotated[int, typer.Option(help="Simulations run in parallel.")] = DEFAULT_WORKERS,
+) -> None:
+    """Clients sharing prompt prefixes (the system-prompt and multiturn suites) on a vLLM-like engine with prefix caching and a small KV pool: throughput, prefix hit rate, Max Diff and the fluid fair-share ideal per policy; write OUT/report.md and OUT/report.html with a figure.
+
+    \b
+    Example: tokenfair experiment locality --out out/locality --seeds 3
+    """
+    chosen = [p.strip() for p in policies.split(",") if p.strip()]
+    if not chosen:
+        fail("--policies is empty: name at least one policy, e.g. vtc,dlpm")
+    _check_policies(chosen)
+    check_output_folder(out)
+    with progress_bar("locality experiment") as advance:
+        result = run_locality_experiment(
+            out, seeds=range(seeds), policies=chosen, workers=workers, progress=advance
+        )
+    report = write_locality_report(result, out)
+    Console(width=None if Console().is_terminal else 132).print(locality_table(result))
+    print(f"Report: {report} (and report.html), {result.wall_s:.0f} s")
 
 
 def run_demo(shared_dir: Path, out_dir: Path) -> None:

@@ -91,6 +91,16 @@ def serve(
             help="Reuse cached prompt blocks (isolated per tenant unless the tenants file shares them)."
         ),
     ] = False,
+    charge_cached_tokens: Annotated[
+        float,
+        typer.Option(
+            help="What a prompt token served from the prefix cache costs a tenant, as a "
+            "share of a computed one: 1 the prompt as sent (the paper's cost), 0 only "
+            "what is computed.",
+            min=0.0,
+            max=1.0,
+        ),
+    ] = 1.0,
     device: Annotated[
         str | None, typer.Option(help="cpu or cuda (default: cuda when available).")
     ] = None,
@@ -177,6 +187,7 @@ def serve(
             "dtype": dtype,
             "seed": seed,
             "enable_prefix_caching": enable_prefix_caching,
+            "charge_cached_tokens": charge_cached_tokens,
             **{k: v for k, v in options.items() if v is not None},
         }
         runner: EngineClient | None = None

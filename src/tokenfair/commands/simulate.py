@@ -56,6 +56,7 @@ def build_config(
     swap_tokens: int | None,
     max_num_seqs: int | None,
     max_batched_tokens: int | None,
+    prefix_caching: bool | None = None,
 ) -> SchedulerConfig:
     """The scheduler settings of a preset with the options given on top."""
     if preset not in PRESETS:
@@ -78,6 +79,7 @@ def build_config(
             "swap_tokens": swap_tokens,
             "max_num_seqs": max_num_seqs,
             "max_batched_tokens": max_batched_tokens,
+            "enable_prefix_caching": prefix_caching,
         }.items()
         if value is not None
     }
@@ -86,7 +88,10 @@ def build_config(
     try:
         if preset == "paper":
             return SchedulerConfig.paper(kv_tokens or PAPER_KV_TOKENS, **settings)
-        return SchedulerConfig.from_dict({"kv_tokens": kv_tokens, **settings})
+        # A vLLM-like engine caches prefixes unless told not to, as vLLM does.
+        return SchedulerConfig.from_dict(
+            {"kv_tokens": kv_tokens, "enable_prefix_caching": True, **settings}
+        )
     except (ConfigError, TypeError) as error:
         fail(name_options(str(error)))
 
@@ -126,6 +131,12 @@ def rejection_warning(
     if len(never) < len(rejected):
         parts.append(f"{len(rejected) - len(never):,} refused by the policy (rate limit)")
     return f"{len(rejected):,} of {len(results):,} requests rejected: " + "; ".join(parts)
+
+
+def prefix_hit_rate(served: Sequence[ResultRecord]) -> float:
+    """The share of served requests' prompt tokens found in the prefix cache."""
+    prompts = sum(r.input_tokens for r in served)
+    return round(sum(r.cached_tokens for r in served) / prompts, 4) if prompts else 0.0
 
 
 def simulate(
@@ -172,6 +183,24 @@ def simulate(
     cost: Annotated[
         str, typer.Option(help="Counter cost: linear (w_in=1, w_out=2) or profiled.")
     ] = "linear",
+    prefix_caching: Annotated[
+        bool | None,
+        typer.Option(
+            "--prefix-caching/--no-prefix-caching",
+            help="Reuse cached prompt prefixes (trace prefix_group/prefix_tokens). "
+            "paper: off (its system had none); engine: on (as vLLM).",
+        ),
+    ] = None,
+    charge_cached_tokens: Annotated[
+        float,
+        typer.Option(
+            help="What a prompt token served from the prefix cache costs a client, as a "
+            "share of a computed one: 1 the prompt as sent (the paper's cost), 0 only "
+            "what is computed.",
+            min=0.0,
+            max=1.0,
+        ),
+    ] = 1.0,
     out: Annotated[
         Path | None, typer.Option(help="Write per-request results (JSONL) here.")
     ] = None,
@@ -189,7 +218,14 @@ def simulate(
 
     check_output_file(out)
     config = build_config(
-        preset, kv_tokens, admission, preemption, swap_tokens, max_num_seqs, max_batched_tokens
+        preset,
+        kv_tokens,
+        admission,
+        preemption,
+        swap_tokens,
+        max_num_seqs,
+        max_batched_tokens,
+        prefix_caching,
     )
     records = read_trace_file(trace)
     step_profile = load_profile_option(profile)
@@ -200,6 +236,7 @@ def simulate(
             policy,
             weights=shares.weights if shares is not None else None,
             cost=make_cost(cost),
+            charge_cached_tokens=charge_cached_tokens,
             tree=shares.tree if shares is not None else None,
         )
     check_weights(client_weights, {r.client for r in records}, [policy])
@@ -223,6 +260,7 @@ def simulate(
         "swaps": result.swaps,
         "preemptions_by_client": result.preemptions_by_client,
         "policy_preemptions": result.policy_preemptions,
+        "prefix_hit_rate": prefix_hit_rate(served) if config.enable_prefix_caching else None,
         "wall_s": round(wall, 3),
         "out": str(out) if out else None,
         "preset": preset,

@@ -110,8 +110,21 @@ def convert(
     skip_invalid: Annotated[
         bool, typer.Option(help="Drop rows that cannot be requests (counted) instead of failing.")
     ] = False,
-    rate: Annotated[float, typer.Option(help="sharegpt only: Poisson arrivals per second.")] = 1.0,
+    rate: Annotated[
+        float, typer.Option(help="sharegpt only: conversations starting per second (Poisson).")
+    ] = 1.0,
     seed: Annotated[int, typer.Option(help="sharegpt only: arrival seed, >= 0.", min=0)] = 0,
+    multiturn: Annotated[
+        bool,
+        typer.Option(
+            help="sharegpt only: one request per exchange, each prompt the whole "
+            "conversation so far (prefix fields filled), instead of the first exchange."
+        ),
+    ] = False,
+    turn_gap: Annotated[
+        float,
+        typer.Option(help="sharegpt --multiturn: mean seconds between a conversation's turns."),
+    ] = 30.0,
 ) -> None:
     """Convert a public trace (BurstGPT, Azure, Mooncake, ShareGPT) into tokenfair's JSONL.
 
@@ -138,8 +151,14 @@ def convert(
                 duration_s=duration,
                 limit=limit,
                 skip_invalid=skip_invalid,
+                multiturn=multiturn,
+                turn_gap_s=turn_gap,
             )
         else:
+            if multiturn:
+                fail(
+                    "--multiturn is for sharegpt conversations (mooncake fills the prefix fields by itself)"
+                )
             convert_fn = getattr(converters, f"convert_{fmt.value}")
             records = convert_fn(
                 source,

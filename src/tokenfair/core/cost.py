@@ -74,6 +74,19 @@ class ProfiledCost:
         return self.h(input_tokens, end) - self.h(input_tokens, start)
 
 
+def prompt_cost(
+    cost: CostFunction, input_tokens: int, cached_tokens: int, cached_weight: float
+) -> float:
+    """The prefill charge of a prompt whose first `cached_tokens` came from the prefix
+    cache, each of those weighing `cached_weight` of a computed token (1: the paper's
+    cost, the prompt as sent; 0: only the tokens computed)."""
+    full = cost.prefill(input_tokens)
+    if not cached_tokens or cached_weight == 1.0:
+        return full
+    computed = cost.prefill(input_tokens - cached_tokens)
+    return computed + cached_weight * (full - computed)
+
+
 def request_cost(cost: CostFunction, input_tokens: int, output_tokens: int) -> float:
     """Total service of a request that produced `output_tokens`: what its client is charged."""
     return cost.prefill(input_tokens) + cost.output(input_tokens, 0, output_tokens)

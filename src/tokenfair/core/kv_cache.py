@@ -10,8 +10,21 @@ same (typically a recomputed request re-prefilling its own tokens) takes it back
 instead of recomputing it. Fresh blocks come from untouched free blocks first, then
 from the LRU's oldest end.
 
-Requests without token ids (the simulator's) hash their blocks by request id and
-position, so a recomputed simulated request still hits its own old blocks.
+Blocks that a waiting request will hit can be marked wanted (`want`/`unwant`, counted
+per waiting request): they wait in a second LRU that is evicted only once the first is
+empty, so a backlogged tenant's prefix is not evicted to make room for blocks nobody
+will read again (locality-aware policies mark them; docs/fairness.md).
+
+Requests without token ids (the simulator's) hash their blocks by name: a block on
+the request's prefix group's text by (group, position), any other by (request id,
+position), so requests of one group share their common prefix and a recomputed
+simulated request still hits its own old blocks.
+
+Each request keeps its chain of block hashes (`Request.block_hashes`), computed once:
+a waiting request's cached prefix is looked up at every step by the locality-aware
+policies (`cached_prefix_blocks`), which also follow the cache through `on_cached`
+listeners (a block became findable) and `wanted_evictions` (how many blocks a waiting
+request wanted were evicted).
 
 Token blocks are chained with sha256 (as vLLM does since its prefix-cache collision
 advisory: Python's hash of a token tuple can be made to collide), and the chain starts
@@ -26,6 +39,7 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import OrderedDict
+from collections.abc import Callable
 
 from tokenfair.core.request import Request
 
@@ -56,8 +70,15 @@ class KVCacheManager:
         self._block_hash: list[int | None] = [None] * num_blocks
         self._cached: dict[int, int] = {}
         self._evictable: OrderedDict[int, None] = OrderedDict()  # block ids, oldest first
-        # request id -> (how many leading blocks are hashed, the chain hash after them)
-        self._hashed_blocks: dict[str, tuple[int, int]] = {}
+        # Evictable blocks that some waiting request will hit: evicted last.
+        self._evictable_wanted: OrderedDict[int, None] = OrderedDict()
+        self._wanted: dict[int, int] = {}  # block hash -> waiting requests that want it
+        # request id -> how many of its leading blocks are entered in the cache
+        self._hashed_blocks: dict[str, int] = {}
+        # Told the hashes of the blocks that become findable (locality-aware policies).
+        self.on_cached: list[Callable[[list[int]], None]] = []
+        # Wanted blocks evicted so far: some waiting request's cached prefix shrank.
+        self.wanted_evictions = 0
         # Swap area.
         self._swap_free: list[int] = list(range(num_swap_blocks - 1, -1, -1))
         self.swap_tables: dict[str, list[int]] = {}
@@ -67,7 +88,7 @@ class KVCacheManager:
     # --- capacity ---
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free) + len(self._evictable)
+        return len(self._free) + len(self._evictable) + len(self._evictable_wanted)
 
     @property
     def num_used_blocks(self) -> int:
@@ -111,11 +132,15 @@ class KVCacheManager:
     def _take_free_block(self) -> int:
         if self._free:
             return self._free.pop()
-        block, _ = self._evictable.popitem(last=False)  # evict the least recently freed
+        # Evict the least recently freed block, one nobody waiting wants if there is one.
+        lru = self._evictable or self._evictable_wanted
+        block, _ = lru.popitem(last=False)
         key = self._block_hash[block]
         assert key is not None  # evictable blocks are the hashed ones
         del self._cached[key]
         self._block_hash[block] = None
+        if key in self._wanted:
+            self.wanted_evictions += 1
         return block
 
     def free(self, request: Request) -> None:
@@ -124,23 +149,46 @@ class KVCacheManager:
         self._hashed_blocks.pop(request.request_id, None)
         if not table:
             return
-        ref_count, block_hash = self._ref_count, self._block_hash
+        ref_count, block_hash, wanted = self._ref_count, self._block_hash, self._wanted
         # Free the tail first so the LRU evicts a request's last blocks before its first.
         for block in reversed(table):
             ref_count[block] -= 1
             if ref_count[block] == 0:
-                if block_hash[block] is None:
+                key = block_hash[block]
+                if key is None:
                     self._free.append(block)
+                elif key in wanted:
+                    self._evictable_wanted[block] = None
                 else:
                     self._evictable[block] = None
 
     # --- prefix caching ---
-    def _chain_hash(
-        self, parent: int, request: Request, index: int, tokens: list[int] | None
-    ) -> int:
-        """The hash of block `index` given its predecessor's (0 for the first block)."""
+    def block_hashes(self, request: Request, count: int) -> list[int]:
+        """The chain hashes of the request's first `count` blocks (all of them full)."""
+        hashes = request.block_hashes
+        have = len(hashes)
+        if have >= count:
+            return hashes if have == count else hashes[:count]
+        parent = hashes[-1] if hashes else 0
+        tokens = request.all_token_ids()
         if tokens is None:
-            return hash((parent, (request.request_id, index)))
+            # Named blocks: on the group's text up to its shared length, then private.
+            size, group, shared = self.block_size, request.prefix_group, request.shared_tokens
+            own = request.request_id
+            for index in range(have, count):
+                name = group if (index + 1) * size <= shared else own
+                parent = hash((parent, name, index))
+                hashes.append(parent)
+            return hashes
+        for index in range(have, count):
+            parent = self._token_block_hash(parent, request, index, tokens)
+            hashes.append(parent)
+        return hashes
+
+    def _token_block_hash(
+        self, parent: int, request: Request, index: int, tokens: list[int]
+    ) -> int:
+        """The hash of block `index` of real tokens given its predecessor's (0 first)."""
         size = self.block_size
         digest = hashlib.sha256(parent.to_bytes(32, "big"))
         if parent == 0 and request.cache_salt is not None:
@@ -149,33 +197,81 @@ class KVCacheManager:
         digest.update(array("q", tokens[index * size : (index + 1) * size]).tobytes())
         return int.from_bytes(digest.digest(), "big")
 
+    def matchable_blocks(self, request: Request) -> int:
+        """How many leading blocks of the request a cache hit may cover: all its full
+        blocks but the last token's, since the forward pass must produce a token."""
+        return (request.num_tokens - 1) // self.block_size
+
+    def cached_run(self, keys: list[int], start: int = 0) -> int:
+        """How many of `keys`, from `start` on, are cached one after another, plus start."""
+        cached, end = self._cached, len(keys)
+        while start < end and keys[start] in cached:
+            start += 1
+        return start
+
+    def cached_prefix_blocks(self, request: Request) -> int:
+        """How many leading blocks of the request are in the cache now (nothing taken)."""
+        if not self.enable_prefix_caching:
+            return 0
+        return self.cached_run(self.block_hashes(request, self.matchable_blocks(request)))
+
+    def blocks_to_admit(self, request: Request, num_tokens: int) -> int:
+        """Free blocks that admitting the waiting request (its cached prefix taken, then
+        grown to `num_tokens`) would use: new blocks plus cached ones now evictable."""
+        hits = self.cached_prefix_blocks(request)
+        keys = self.block_hashes(request, hits)
+        idle_hits = sum(self._ref_count[self._cached[key]] == 0 for key in keys)
+        return max(0, self.blocks_for(num_tokens) - hits) + idle_hits
+
     def match_prefix(self, request: Request) -> int:
         """Take the request's longest cached prefix; return how many tokens it covers.
 
-        Called on admission when the request holds no blocks. At least one token is
-        always left to compute, since the forward pass must produce the next token.
+        Called on admission when the request holds no blocks.
         """
         if not self.enable_prefix_caching:
             return 0
         assert request.request_id not in self.block_tables
-        tokens = request.all_token_ids()
-        max_blocks = (request.num_tokens - 1) // self.block_size
         table: list[int] = []
-        parent = 0
-        for index in range(max_blocks):
-            parent = self._chain_hash(parent, request, index, tokens)
-            block = self._cached.get(parent)
+        for key in self.block_hashes(request, self.matchable_blocks(request)):
+            block = self._cached.get(key)
             if block is None:
                 break
             if self._ref_count[block] == 0:
-                del self._evictable[block]
+                if block in self._evictable:
+                    del self._evictable[block]
+                else:
+                    del self._evictable_wanted[block]
             self._ref_count[block] += 1
             table.append(block)
-        # The chain hash after the last hit (not `parent`, which may be the miss's).
-        parent = (self._block_hash[table[-1]] or 0) if table else 0
         self.block_tables[request.request_id] = table
-        self._hashed_blocks[request.request_id] = (len(table), parent)
+        self._hashed_blocks[request.request_id] = len(table)
         return len(table) * self.block_size
+
+    def want(self, keys: list[int]) -> None:
+        """A waiting request will hit these blocks: evict them last."""
+        wanted = self._wanted
+        for key in keys:
+            count = wanted.get(key, 0)
+            wanted[key] = count + 1
+            if count == 0:
+                block = self._cached.get(key)
+                if block is not None and block in self._evictable:
+                    del self._evictable[block]
+                    self._evictable_wanted[block] = None
+
+    def unwant(self, keys: list[int]) -> None:
+        """Undo `want` (the request was admitted, dropped, or its match shrank)."""
+        wanted = self._wanted
+        for key in keys:
+            count = wanted[key] - 1
+            if count:
+                wanted[key] = count
+                continue
+            del wanted[key]
+            block = self._cached.get(key)
+            if block is not None and block in self._evictable_wanted:
+                del self._evictable_wanted[block]
+                self._evictable[block] = None
 
     def count_prefix_query(self, hit_tokens: int, total_tokens: int) -> None:
         """Record an admitted request's prefix-cache hit, for hit-rate metrics."""
@@ -184,29 +280,34 @@ class KVCacheManager:
             self.prefix_query_tokens += total_tokens
 
     def cache_full_blocks(self, request: Request) -> None:
-        """Hash the request's blocks that its computed tokens have filled."""
+        """Enter the blocks that the request's computed tokens have filled in the cache."""
         if not self.enable_prefix_caching:
             return
         table = self.block_tables.get(request.request_id)
         if not table:
             return
-        done, parent = self._hashed_blocks.get(request.request_id, (0, 0))
+        done = self._hashed_blocks.get(request.request_id, 0)
         full = min(request.num_computed_tokens // self.block_size, len(table))
         if full <= done:
             return
-        tokens = request.all_token_ids()
+        hashes = self.block_hashes(request, full)
+        entered = []
         for index in range(done, full):
-            # The chain continues through every block, cached here or not, so later
-            # blocks of this request stay findable.
-            parent = self._chain_hash(parent, request, index, tokens)
-            block = table[index]
-            if parent in self._cached:
+            key = hashes[index]
+            if key in self._cached:
                 # Same content already cached elsewhere (computed twice concurrently);
                 # keep this block private rather than aliasing it.
                 continue
-            self._block_hash[block] = parent
-            self._cached[parent] = block
-        self._hashed_blocks[request.request_id] = (full, parent)
+            block = table[index]
+            self._block_hash[block] = key
+            self._cached[key] = block
+            entered.append(key)
+        self._hashed_blocks[request.request_id] = full
+        if entered:
+            # Told once for the whole run of blocks: a request waiting on the first
+            # then finds the rest cached too.
+            for listener in self.on_cached:
+                listener(entered)
 
     # --- swap ---
     def can_swap_out(self, request: Request) -> bool:
@@ -259,8 +360,10 @@ class KVCacheManager:
                 held[block] = held.get(block, 0) + 1
         for block in range(self.num_blocks):
             assert self._ref_count[block] == held.get(block, 0), f"block {block} ref count"
-        free = set(self._free) | set(self._evictable)
-        assert len(free) == len(self._free) + len(self._evictable), "block free twice"
+        free = set(self._free) | set(self._evictable) | set(self._evictable_wanted)
+        assert len(free) == self.num_free_blocks, "block free twice"
+        for block in self._evictable_wanted:
+            assert self._block_hash[block] in self._wanted, "an unwanted block kept"
         assert not free & set(held), "a held block is also free"
         assert len(free) + len(held) == self.num_blocks, "blocks leaked"
         swapped = [b for t in self.swap_tables.values() for b in t]

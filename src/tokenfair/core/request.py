@@ -78,6 +78,12 @@ class Request:
     # request can only reuse cached blocks computed under the same salt (servers pass
     # the tenant). None shares the cache with every unsalted request.
     cache_salt: str | None = None
+    # Requests without token ids (the simulator's) say what they share by name: the
+    # first `prefix_tokens` prompt tokens are the first tokens of the group's text
+    # (trace files' `prefix_group`/`prefix_tokens`). A whole prompt on the group's
+    # text (prefix_tokens == input_tokens, a chat turn) continues it with the output.
+    prefix_group: str | None = None
+    prefix_tokens: int = 0
 
     # --- lifecycle state, owned by the scheduler ---
     status: RequestStatus = RequestStatus.WAITING
@@ -90,6 +96,11 @@ class Request:
     scheduled_s: float | None = None  # first admitted
     first_token_s: float | None = None
     finish_s: float | None = None
+    # Prompt tokens found in the prefix cache at the first admission (not prefilled).
+    cached_tokens: int = 0
+    # Chain hashes of the request's full KV blocks so far, computed once by the KV
+    # cache manager (prefix lookups of a waiting request repeat every step).
+    block_hashes: list[int] = field(default_factory=list)
     output_text: str = ""  # detokenized output (real models only)
     streamed_chars: int = 0  # how much of output_text has been handed out
     # Output tokens already charged to the client's counter (ahead of generation
@@ -101,6 +112,8 @@ class Request:
             raise ValueError(f"request {self.request_id}: input_tokens must be >= 1")
         if self.prompt_token_ids is not None and len(self.prompt_token_ids) != self.input_tokens:
             raise ValueError(f"request {self.request_id}: input_tokens != len(prompt_token_ids)")
+        if self.prefix_group is not None and not 0 < self.prefix_tokens <= self.input_tokens:
+            raise ValueError(f"request {self.request_id}: prefix_tokens must be in [1, input]")
 
     @property
     def max_tokens(self) -> int:
@@ -123,6 +136,15 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status is RequestStatus.FINISHED
+
+    @property
+    def shared_tokens(self) -> int:
+        """Leading tokens on the prefix group's text (0 without a group)."""
+        if self.prefix_group is None:
+            return 0
+        if self.prefix_tokens < self.input_tokens:
+            return self.prefix_tokens
+        return self.input_tokens + len(self.output_token_ids)
 
     def all_token_ids(self) -> list[int] | None:
         if self.prompt_token_ids is None:

@@ -54,6 +54,7 @@ class Scheduler:
             config.num_swap_blocks,
             config.enable_prefix_caching,
         )
+        policy.attach_prefix_cache(self.kv)
         self.requests: dict[str, Request] = {}  # every unfinished request
         self.running: list[Request] = []  # admission order
         self.swapped: deque[Request] = deque()  # swap-out order
@@ -249,6 +250,8 @@ class Scheduler:
             kv.count_prefix_query(head.num_computed_tokens, head.num_tokens)
             budget -= n
             first_time = not head.ever_admitted
+            if first_time:
+                head.cached_tokens = head.num_computed_tokens
             head.ever_admitted = True
             head.status = RequestStatus.RUNNING
             head.admit_seq = self._next_admit_seq

@@ -30,6 +30,7 @@ def wire_output(output: RequestOutput) -> WireOutput:
         request.first_token_s,
         request.finish_s,
         request.preemptions,
+        request.cached_tokens,
     )
 
 
@@ -39,11 +40,13 @@ def request_id_of(wire: WireOutput) -> str:
 
 def apply_wire_output(wire: WireOutput, request: Request) -> RequestOutput:
     """The output `wire` (of `request`, the server's copy), with the request brought up
-    to date: its new tokens, first-token time, preemptions and, at the end, its finish."""
-    _, new_ids, new_text, finished, logprobs, reason, first_s, finish_s, preemptions = wire
+    to date: its new tokens, first-token time, preemptions, prompt tokens found in the
+    prefix cache and, at the end, its finish."""
+    _, new_ids, new_text, finished, logprobs, reason, first_s, finish_s, preemptions, cached = wire
     request.output_token_ids.extend(new_ids)
     request.first_token_s = first_s
     request.preemptions = preemptions
+    request.cached_tokens = cached
     if finished:
         request.finish_reason = reason
         request.finish_s = finish_s

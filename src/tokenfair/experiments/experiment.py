@@ -32,6 +32,14 @@ from typing import Any
 
 from tokenfair.core.scheduler import SchedulerConfig
 from tokenfair.experiments.ablation import AblationRow, ablation_jobs, ablation_row
+from tokenfair.experiments.locality import (
+    DEFAULT_SEEDS,
+    LOCALITY_POOLS,
+    LocalityResult,
+    locality_jobs,
+    locality_rows,
+    locality_settings,
+)
 from tokenfair.experiments.runner import (
     DEFAULT_PROFILE,
     DEFAULT_WORKERS,
@@ -97,6 +105,8 @@ class ExperimentResult:
     settings: dict[str, Any] = field(default_factory=dict)
     # The measured FCFS run of the arena trace (shared/), when the run had it.
     measured_fcfs_arena: list[ResultRecord] = field(default_factory=list)
+    # Beyond the paper: clients sharing prompt prefixes (experiments/locality.py).
+    locality: LocalityResult | None = None
 
     def outcomes_for(self, workload: str) -> list[RunOutcome]:
         return [o for o in self.outcomes if o.workload.name == workload]
@@ -158,6 +168,11 @@ def write_run_files(result: ExperimentResult) -> None:
         ],
         "targets": [row_fields(t) for t in result.targets],
     }
+    if result.locality is not None:
+        summary["locality"] = {
+            "settings": result.locality.settings,
+            "rows": [asdict(row) for row in result.locality.rows],
+        }
     (result.out_dir / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
@@ -207,11 +222,14 @@ def run_paper_experiment(
     workers: int = DEFAULT_WORKERS,
     suites: Sequence[str] | None = None,
     ablation: bool = True,
+    locality: bool = True,
 ) -> ExperimentResult:
-    """The paper's experiments: the arena table, every synthetic suite, the ablation.
+    """The paper's experiments: the arena table, every synthetic suite, the ablation,
+    and beyond the paper the locality experiment (clients sharing prompt prefixes).
 
-    `quick` runs the suites and the ablation under fewer policies; the arena trace always
-    runs under every policy of the paper's table. `suites` picks a subset (tests).
+    `quick` runs the suites and the ablation under fewer policies and the locality
+    experiment on one seed; the arena trace always runs under every policy of the
+    paper's table. `suites` picks a subset (tests).
     """
     started = time.perf_counter()
     config = SchedulerConfig.paper()
@@ -223,7 +241,12 @@ def run_paper_experiment(
         jobs += [Job(workload, p, config) for p in policies_for(workload, policies)]
     if ablation:
         jobs += ablation_jobs(QUICK_ABLATION_POLICIES if quick else ABLATION_POLICIES)
+    locality_seeds = DEFAULT_SEEDS[:1] if quick else DEFAULT_SEEDS
+    if locality:
+        jobs += locality_jobs(locality_seeds)
     outcomes = run_jobs(jobs, workers, progress)
+    locality_outcomes = [o for o in outcomes if o.workload.name in LOCALITY_POOLS]
+    outcomes = [o for o in outcomes if o.workload.name not in LOCALITY_POOLS]
     main = [o for o in outcomes if not o.job.variant]
     measured_path = shared_dir / MEASURED_FCFS_ARENA
     result = ExperimentResult(
@@ -245,6 +268,15 @@ def run_paper_experiment(
         },
         measured_fcfs_arena=(
             read_measured_reference(measured_path) if measured_path.exists() else []
+        ),
+        locality=(
+            LocalityResult(
+                rows=locality_rows(locality_outcomes),
+                outcomes=locality_outcomes,
+                settings=locality_settings(locality_seeds),
+            )
+            if locality_outcomes
+            else None
         ),
     )
     return _finish(result, started)

@@ -31,10 +31,12 @@ from tokenfair.report.document import (
     to_markdown,
 )
 from tokenfair.report.figures import Figure, experiment_figures
+from tokenfair.report.locality_report import locality_blocks, plot_locality
 from tokenfair.report.narrative import workload_paragraph
 from tokenfair.report.validation_figure import validation_figures
 
 ARENA = "arena"
+LOCALITY = "locality"  # the figure's workload label: it spans the prefix suites
 SIMULATED_LABEL = "tokenfair (simulated)"
 ARENA_HEADER = (
     "scheduler",
@@ -317,6 +319,9 @@ def report_blocks(result: ExperimentResult, figures: Sequence[Figure]) -> list[B
             *_images(figures, workload.name),
         ]
     blocks += ablation_blocks(result.ablation, figures)
+    if result.locality is not None:
+        locality_figure = next((f.path for f in figures if f.workload == LOCALITY), None)
+        blocks += locality_blocks(result.locality, locality_figure)
     blocks += [
         Heading("Figures"),
         Bullets(tuple(f"`{f.path}`: {f.caption}" for f in figures)),
@@ -342,5 +347,15 @@ def write_report(result: ExperimentResult, figures: Sequence[Figure]) -> None:
 def publish(result: ExperimentResult) -> list[Figure]:
     """Draw every figure of an experiment and write its report; returns the figures."""
     figures = experiment_figures(result) + validation_figures(result)
+    if result.locality is not None:
+        figures.append(
+            Figure(
+                plot_locality(result.locality, result.out_dir),
+                "prefix locality",
+                "throughput, prefix hit rate and Max Diff beside the fluid fair-share ideal "
+                "per policy, on the suites whose clients share prompt prefixes",
+                LOCALITY,
+            )
+        )
     write_report(result, figures)
     return figures

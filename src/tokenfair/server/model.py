@@ -78,10 +78,17 @@ class ServedModel:
         return self.tokenizer.chat_prompt(messages)
 
 
-def build_policy(spec: str, weights: dict[str, float], tree: ShareTree | None = None) -> Policy:
+def build_policy(
+    spec: str,
+    weights: dict[str, float],
+    charge_cached_tokens: float = 1.0,
+    tree: ShareTree | None = None,
+) -> Policy:
     """The policy with the tenants' weights and, with groups, their tree (hierarchical
     VTC: `weights` then names groups as `@path` too)."""
-    return make_policy(spec, weights=weights or None, tree=tree)
+    return make_policy(
+        spec, weights=weights or None, charge_cached_tokens=charge_cached_tokens, tree=tree
+    )
 
 
 def build_served_model(
@@ -95,10 +102,11 @@ def build_served_model(
     device: str | None = None,
     dtype: str | None = None,
     seed: int = 0,
+    charge_cached_tokens: float = 1.0,
     **scheduler_options: Any,
 ) -> ServedModel:
     """Load `spec` and build its engine; ValueError (one line) for anything wrong."""
-    chosen = build_policy(policy, weights or {}, tree)
+    chosen = build_policy(policy, weights or {}, charge_cached_tokens, tree)
     name = served_name or spec
     if spec.startswith(SIM_PREFIX):
         profile = sim_profile(spec.removeprefix(SIM_PREFIX))

@@ -18,13 +18,16 @@ from tokenfair.server.model import ModelTokenizer
 DONE = b"data: [DONE]\n\n"
 
 
-def usage(job: Job) -> dict[str, int]:
+def usage(job: Job) -> dict[str, Any]:
     request = job.request
     completion = len(request.output_token_ids)
     return {
         "prompt_tokens": request.input_tokens,
         "completion_tokens": completion,
         "total_tokens": request.input_tokens + completion,
+        # OpenAI's field: prompt tokens served from the prefix cache (a gateway in
+        # front can charge them at its own rate).
+        "prompt_tokens_details": {"cached_tokens": request.cached_tokens},
     }
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -44,6 +44,10 @@ class SourceRow:
     client: str
     input_tokens: int
     output_tokens: int
+    prefix_group: str | None = None  # the trace's shared-prefix fields, when known
+    prefix_tokens: int | None = None
+    # The source's ids of the prompt's blocks, equal ids for an equal prefix (Mooncake).
+    block_ids: tuple[int, ...] = ()
 
 
 def parse_count(name: str, value: Any) -> int:
@@ -134,6 +138,8 @@ def finish_rows(
                 input_tokens=row.input_tokens,
                 output_tokens=row.output_tokens,
                 request_id=f"r{len(records)}",
+                prefix_group=row.prefix_group,
+                prefix_tokens=row.prefix_tokens,
             )
         )
     logger.info("%s: converted %d requests", source, len(records))
@@ -143,12 +149,13 @@ def finish_rows(
 def collect_rows(
     source: str,
     items: Iterable[tuple[int | str, Any]],
-    build: Callable[[Any], SourceRow | None],
+    build: Callable[[Any], SourceRow | list[SourceRow] | None],
     skip_invalid: bool,
 ) -> list[SourceRow]:
-    """Build a row from each (where, raw item); the first bad one raises ConvertError
+    """Build the rows of each (where, raw item); the first bad one raises ConvertError
     unless skip_invalid, in which case bad ones are dropped and counted in a warning.
-    `build` returns None for items an explicit filter leaves out."""
+    `build` returns one row, several (a conversation's turns), or None for items an
+    explicit filter leaves out."""
     rows: list[SourceRow] = []
     skipped: list[str] = []
     for where, item in items:
@@ -163,10 +170,10 @@ def collect_rows(
                 ) from None
             skipped.append(f"{where}: {exc}")
             continue
-        if row is not None:
-            rows.append(
-                SourceRow(where, row.time_s, row.client, row.input_tokens, row.output_tokens)
-            )
+        if isinstance(row, SourceRow):
+            rows.append(replace(row, where=where))
+        elif row is not None:
+            rows.extend(replace(turn, where=where) for turn in row)
     if skipped:
         logger.warning("%s: skipped %d invalid rows (first: %s)", source, len(skipped), skipped[0])
     return rows

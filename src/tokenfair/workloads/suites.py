@@ -24,7 +24,8 @@ from tokenfair.workloads.arrivals import (
     Poisson,
     Uniform,
 )
-from tokenfair.workloads.lengths import ClientLengths, LogNormal, fixed
+from tokenfair.workloads.lengths import ClientLengths, LogNormal, UniformInt, fixed
+from tokenfair.workloads.prefixes import ConversationClient, RequestDraw, SystemPromptClient
 from tokenfair.workloads.trace import TraceRecord
 
 ON_OFF_PERIOD_S = 60.0
@@ -38,6 +39,18 @@ class ClientWorkload:
     arrivals: ArrivalProcess
     lengths: ClientLengths
     weight: float = 1.0
+
+    def draw(self, rng: np.random.Generator, duration_s: float) -> list[RequestDraw]:
+        times = self.arrivals.times(rng, 0.0, duration_s)
+        inputs, outputs = self.lengths.sample(rng, len(times))
+        return [
+            RequestDraw(float(t), int(i), int(o))
+            for t, i, o in zip(times, inputs, outputs, strict=True)
+        ]
+
+
+# What a suite's client may be: independent requests, or requests sharing prefixes.
+ClientSpec = ClientWorkload | SystemPromptClient | ConversationClient
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,33 +69,30 @@ class SuiteDef:
 
     description: str
     duration_s: float
-    clients: tuple[ClientWorkload, ...]
+    clients: tuple[ClientSpec, ...]
 
 
 def generate_workload(
-    clients: Sequence[ClientWorkload], duration_s: float, seed: int = 0, name: str = ""
+    clients: Sequence[ClientSpec], duration_s: float, seed: int = 0, name: str = ""
 ) -> Suite:
-    """Draw every client's arrivals in [0, duration_s) and lengths; merge by arrival."""
-    rows: list[tuple[float, int, int, int]] = []
+    """Draw every client's requests in [0, duration_s); merge them by arrival."""
+    rows: list[tuple[float, int, RequestDraw]] = []
     for index, spec in enumerate(clients):
         rng = np.random.default_rng([seed, index])
-        times = spec.arrivals.times(rng, 0.0, duration_s)
-        inputs, outputs = spec.lengths.sample(rng, len(times))
-        rows.extend(
-            # Microsecond resolution keeps trace files readable; ties keep client order.
-            (round(float(t), 6), index, int(i), int(o))
-            for t, i, o in zip(times, inputs, outputs, strict=True)
-        )
+        # Microsecond resolution keeps trace files readable; ties keep client order.
+        rows.extend((round(d.arrival_s, 6), index, d) for d in spec.draw(rng, duration_s))
     rows.sort(key=lambda row: (row[0], row[1]))
     records = [
         TraceRecord(
             arrival_s=t,
             client=clients[index].client,
-            input_tokens=inp,
-            output_tokens=out,
+            input_tokens=d.input_tokens,
+            output_tokens=d.output_tokens,
             request_id=f"r{n}",
+            prefix_group=d.prefix_group,
+            prefix_tokens=d.prefix_tokens,
         )
-        for n, (t, index, inp, out) in enumerate(rows)
+        for n, (t, index, d) in enumerate(rows)
     ]
     weighted = any(c.weight != 1.0 for c in clients)
     weights = {c.client: c.weight for c in clients} if weighted else None
@@ -122,6 +132,11 @@ ARENA_RATE = 2.5  # requests/s: 1,500 requests in 600 s
 ARENA_ZIPF = 0.9  # client popularity in the arena trace falls roughly as 1 / rank^0.9
 
 L256 = fixed(256, 256)
+# Questions after a system prompt: short, with short answers.
+SHORT_QUESTIONS = ClientLengths(
+    input=LogNormal(median=80.0, sigma=0.8, low=8, high=1024),
+    output=LogNormal(median=40.0, sigma=0.8, low=4, high=1024),
+)
 
 SUITES: dict[str, SuiteDef] = {
     "overload": SuiteDef(
@@ -204,6 +219,37 @@ SUITES: dict[str, SuiteDef] = {
         360.0,
         _uniform_clients([0.8, 0.8, 1.2, 1.6], L256, weights=[1.0, 2.0, 3.0, 4.0]),
     ),
+    "system-prompt": SuiteDef(
+        "10 clients, each with its own system prompt of 1,000-2,000 tokens before short "
+        "questions (median 80 tokens, answers 40); Poisson, skewed: 3 and 1.5 req/s, "
+        "then 8 light clients at 0.06",
+        300.0,
+        tuple(
+            SystemPromptClient(
+                f"client-{i}", Poisson(rate), UniformInt(1000, 2000), SHORT_QUESTIONS
+            )
+            for i, rate in enumerate([3.0, 1.5] + [0.06] * 8)
+        ),
+    ),
+    "multiturn": SuiteDef(
+        "8 clients holding conversations of 2-8 turns, each turn's prompt the whole "
+        "conversation so far plus a new message (median 60 tokens, answers 150, turns "
+        "20 s apart on average); conversations open at 0.5 and 0.25 per s, then 6 light "
+        "clients at 0.05",
+        300.0,
+        tuple(
+            ConversationClient(
+                f"client-{i}",
+                Poisson(rate),
+                turns=UniformInt(2, 8),
+                gap_s=20.0,
+                message=LogNormal(median=60.0, sigma=0.8, low=4, high=2048),
+                answer=LogNormal(median=150.0, sigma=0.7, low=4, high=2048),
+                max_context=4096,
+            )
+            for i, rate in enumerate([0.5, 0.25] + [0.05] * 6)
+        ),
+    ),
     "arena-x10": SuiteDef(
         "synthetic arena-like trace 10x longer: 27 Poisson clients (Zipf 0.9), 2.5 req/s, "
         "lognormal lengths, 6000 s",
@@ -214,6 +260,10 @@ SUITES: dict[str, SuiteDef] = {
         ),
     ),
 }
+
+
+# Suites whose clients share prompt prefixes (for the prefix cache; not the paper's).
+PREFIX_SUITES = ("system-prompt", "multiturn")
 
 
 def generate_suite(name: str, seed: int = 0) -> Suite:

@@ -9,7 +9,16 @@ Format (JSONL, UTF-8):
   index in the file), `priority` (integer, default 0, lower runs first),
   `cancel_after_s` (number > 0 or null: the client gives up that long after arrival),
   `max_tokens` (integer >= output_tokens; default output_tokens: the request's length
-  limit, so a smaller `output_tokens` means the request stops on its own first).
+  limit, so a smaller `output_tokens` means the request stops on its own first);
+- optional, together: `prefix_group` (non-empty string) and `prefix_tokens` (integer,
+  1 <= prefix_tokens <= input_tokens): the prompt's first `prefix_tokens` tokens are the
+  first tokens of the group's text, so two requests of one group share the first
+  min(prefix_tokens) tokens of their prompts exactly (a system prompt, a document, the
+  conversation so far). A request whose whole prompt lies on the group's text
+  (prefix_tokens = input_tokens, a chat turn) continues that text with its output, as an
+  answer becomes part of the next turn's prompt. Requests without a group share nothing.
+  Groups are not scoped by client: two clients naming one group share it (the generators
+  and converters never do; see docs/simulator.md).
 
 Blank lines are skipped; unknown fields are ignored (so result or reference files that
 add columns still read as traces). Every other problem raises `TraceError` naming the
@@ -24,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenfair.workloads.jsonl import (
+    FieldError,
     JsonlLineError,
     check_float,
     check_int,
@@ -32,6 +42,7 @@ from tokenfair.workloads.jsonl import (
     parse_records,
     read_lines,
     require,
+    show,
     write_objects,
 )
 
@@ -52,6 +63,8 @@ class TraceRecord:
     priority: int = 0
     cancel_after_s: float | None = None
     max_tokens: int | None = None  # None means "same as output_tokens"
+    prefix_group: str | None = None
+    prefix_tokens: int | None = None
 
     def __post_init__(self) -> None:
         check_float("arrival_s", self.arrival_s, 0.0)
@@ -63,6 +76,7 @@ class TraceRecord:
         check_optional_float("cancel_after_s", self.cancel_after_s, 0.0, strict=True)
         if self.max_tokens is not None:
             check_int("max_tokens", self.max_tokens, self.output_tokens)
+        check_prefix(self.prefix_group, self.prefix_tokens, self.input_tokens)
 
     @property
     def length_limit(self) -> int:
@@ -84,7 +98,28 @@ class TraceRecord:
             obj["cancel_after_s"] = self.cancel_after_s
         if self.max_tokens is not None and self.max_tokens != self.output_tokens:
             obj["max_tokens"] = self.max_tokens
+        if self.prefix_group is not None:
+            obj["prefix_group"] = self.prefix_group
+            obj["prefix_tokens"] = self.prefix_tokens
         return obj
+
+
+def check_prefix(group: Any, tokens: Any, input_tokens: int) -> tuple[str | None, int | None]:
+    """`prefix_group` and `prefix_tokens`: both absent, or a group and 1..input_tokens."""
+    if group is None and tokens is None:
+        return None, None
+    if tokens is None:
+        raise FieldError("prefix_group needs prefix_tokens too: how long the shared prefix is")
+    if group is None:
+        raise FieldError("prefix_tokens needs prefix_group too: whose prefix it shares")
+    check_str("prefix_group", group)
+    check_int("prefix_tokens", tokens, 1)
+    if tokens > input_tokens:
+        raise FieldError(
+            f"prefix_tokens must be <= input_tokens ({input_tokens}): the shared prefix is "
+            f"part of the prompt, got {show(tokens)}"
+        )
+    return group, tokens
 
 
 def record_from_json(obj: Mapping[str, Any], default_id: str) -> TraceRecord:
@@ -101,6 +136,9 @@ def record_from_json(obj: Mapping[str, Any], default_id: str) -> TraceRecord:
     max_tokens = obj.get("max_tokens")
     if max_tokens is not None:
         max_tokens = check_int("max_tokens", max_tokens, output_tokens)
+    prefix_group, prefix_tokens = check_prefix(
+        obj.get("prefix_group"), obj.get("prefix_tokens"), input_tokens
+    )
     return TraceRecord(
         arrival_s=arrival_s,
         client=client,
@@ -110,6 +148,8 @@ def record_from_json(obj: Mapping[str, Any], default_id: str) -> TraceRecord:
         priority=priority,
         cancel_after_s=cancel_after_s,
         max_tokens=max_tokens,
+        prefix_group=prefix_group,
+        prefix_tokens=prefix_tokens,
     )
 
 

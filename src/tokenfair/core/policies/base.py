@@ -12,6 +12,7 @@ import heapq
 import itertools
 from collections.abc import Iterable, Sequence
 
+from tokenfair.core.prefix_cache import PrefixCache
 from tokenfair.core.request import Request
 
 
@@ -26,6 +27,9 @@ class Policy:
     charge_first_token = True
     # True when on_batch_finish must be called (the paper artifact's charging quirk).
     charges_batch_on_finish = False
+    # What a prompt token served from the prefix cache costs, as a share of a computed
+    # one: 1 charges the prompt as sent (the paper's cost), 0 only the tokens computed.
+    charge_cached_tokens = 1.0
 
     # --- the waiting queue ---
     def add(self, request: Request, now: float) -> None:
@@ -59,8 +63,12 @@ class Policy:
         """False rejects the request at arrival (rate limits)."""
         return True
 
+    def attach_prefix_cache(self, cache: PrefixCache) -> None:
+        """The scheduler's prefix cache, for policies that order by what it holds."""
+
     def on_admit(self, request: Request, first_time: bool, now: float) -> None:
-        """`request` left the waiting queue for the batch."""
+        """`request` left the waiting queue for the batch (`request.cached_tokens` of
+        its prompt were found in the prefix cache at its first admission)."""
 
     def on_output(self, request: Request) -> None:
         """`request` generated output tokens since the last call."""

@@ -28,12 +28,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections import deque
 from collections.abc import Iterable, Sequence
 
-from tokenfair.core.cost import CostFunction, LinearCost
+from tokenfair.core.cost import CostFunction, LinearCost, prompt_cost
 from tokenfair.core.policies.base import Policy
-from tokenfair.core.policies.vtc import LiftRule, _insert_by_priority
+from tokenfair.core.policies.vtc import ClientQueue, LiftRule
 from tokenfair.core.request import Request
 from tokenfair.core.share_tree import ROOT, ShareTree, is_group
 
@@ -76,7 +75,7 @@ class HierarchicalVTCPolicy(Policy):
         self.lift = lift
         self._counter: dict[str, float] = {}
         self._levels: dict[str, _Level] = {ROOT: _Level()}  # group (or ROOT) -> level
-        self._queues: dict[str, deque[Request]] = {}  # clients with waiting requests
+        self._queues: dict[str, ClientQueue] = {}  # clients with waiting requests
         self._paths: dict[str, tuple[tuple[str, str], ...]] = {}  # client -> (parent, node)...
         self._seq = itertools.count()
         self._num_waiting = 0
@@ -156,11 +155,8 @@ class HierarchicalVTCPolicy(Policy):
         queue = self._queues.get(request.client)
         if queue is None:
             self._activate(request.client, lift=True)
-            queue = self._queues[request.client] = deque()
-        if queue and request.priority < queue[-1].priority:
-            _insert_by_priority(queue, request, after_equals=True)
-        else:
-            queue.append(request)
+            queue = self._queues[request.client] = ClientQueue()
+        queue.add(request)  # by priority, then arrival
         self._num_waiting += 1
 
     def requeue(self, request: Request) -> None:
@@ -168,23 +164,20 @@ class HierarchicalVTCPolicy(Policy):
         queue = self._queues.get(request.client)
         if queue is None:
             self._activate(request.client, lift=False)
-            queue = self._queues[request.client] = deque()
-        if queue and request.priority > queue[0].priority:
-            _insert_by_priority(queue, request, after_equals=False)
-        else:
-            queue.appendleft(request)
+            queue = self._queues[request.client] = ClientQueue()
+        queue.requeue(request)  # first among its equals: it was running
         self._num_waiting += 1
 
     def peek(self) -> Request | None:
         client = self._descend()
-        return None if client is None else self._queues[client][0]
+        return None if client is None else self._queues[client].head()
 
     def pop(self) -> Request:
         client = self._descend()
         if client is None:
             raise IndexError("pop from an empty waiting queue")
         queue = self._queues[client]
-        request = queue.popleft()
+        request = queue.pop()
         if not queue:
             self._deactivate(client)
         self._num_waiting -= 1
@@ -192,9 +185,8 @@ class HierarchicalVTCPolicy(Policy):
 
     def remove(self, request: Request) -> None:
         queue = self._queues.get(request.client)
-        if queue is None or request not in queue:
+        if queue is None or not queue.remove(request):
             return
-        queue.remove(request)
         self._num_waiting -= 1
         if not queue:
             self._deactivate(request.client)
@@ -218,7 +210,10 @@ class HierarchicalVTCPolicy(Policy):
             self._counter.setdefault(node, 0.0)
         if first_time:
             # A re-admission after recompute is the system's doing: the prompt is paid once.
-            self._charge(request.client, self.cost.prefill(request.input_tokens))
+            prompt = prompt_cost(
+                self.cost, request.input_tokens, request.cached_tokens, self.charge_cached_tokens
+            )
+            self._charge(request.client, prompt)
 
     def on_output(self, request: Request) -> None:
         produced = len(request.output_token_ids) - (0 if self.charge_first_token else 1)

@@ -1,5 +1,6 @@
 """Policies by name: `fcfs`, `priority`, `sjf[:aging]`, `rpm:N`, `lcf`, `vtc`, `wvtc`,
-`vtc-artifact`, `vtc-predict`, `vtc-oracle`, `vtc-preempt[:threshold]`."""
+`vtc-artifact`, `vtc-predict`, `vtc-oracle`, `vtc-preempt[:threshold]`, `vtc-lpm`,
+`dlpm[:quantum]`."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from tokenfair.core.cost import CostFunction
 from tokenfair.core.policies.base import Policy
 from tokenfair.core.policies.fcfs import FCFSPolicy
 from tokenfair.core.policies.hvtc import HierarchicalVTCPolicy
+from tokenfair.core.policies.locality import DEFAULT_QUANTUM, DeficitLPMPolicy, LocalityVTCPolicy
 from tokenfair.core.policies.predictor import OraclePredictor, OutputLengthPredictor
 from tokenfair.core.policies.priority import PriorityPolicy
 from tokenfair.core.policies.rpm import RPMPolicy
@@ -40,12 +42,26 @@ POLICY_HELP: dict[str, str] = {
     "vtc-oracle": "VTC charging the true output length up front (experiments only)",
     "vtc-preempt[:threshold]": "VTC that preempts an over-served client's newest request "
     f"when a waiting client is more than `threshold` (default {DEFAULT_PREEMPT_THRESHOLD:g}) behind",
+    "vtc-lpm": "VTC between clients; within the chosen client, the request with the longest "
+    "cached prefix first",
+    "dlpm[:quantum]": "deficit longest prefix match: among clients within `quantum` (default "
+    f"{DEFAULT_QUANTUM:g}) weighted tokens of the least served, the longest cached prefix first",
 }
 
 
 # Policies whose order depends on client weights; the others ignore them.
 WEIGHTED_POLICIES = frozenset(
-    {"lcf", "vtc", "wvtc", "vtc-artifact", "vtc-predict", "vtc-oracle", "vtc-preempt"}
+    {
+        "lcf",
+        "vtc",
+        "wvtc",
+        "vtc-artifact",
+        "vtc-predict",
+        "vtc-oracle",
+        "vtc-preempt",
+        "vtc-lpm",
+        "dlpm",
+    }
 )
 
 
@@ -81,16 +97,26 @@ def make_policy(
     *,
     weights: dict[str, float] | None = None,
     cost: CostFunction | None = None,
+    charge_cached_tokens: float = 1.0,
     tree: ShareTree | None = None,
 ) -> Policy:
     """Build a policy from its name, e.g. `vtc`, `rpm:20`, `vtc-preempt:1000`.
 
+    `charge_cached_tokens`: what a prompt token served from the prefix cache costs a
+    client, as a share of a computed one (1: the paper's cost; 0: only computed tokens).
     With a `tree` of groups, the counter policies share by groups (hierarchical VTC);
-    `weights` then names groups (`@org-a`) as well as clients."""
+    `weights` then names groups (`@org-a`) as well as clients.
+    """
+    if not 0.0 <= charge_cached_tokens <= 1.0:
+        raise PolicyError(
+            f"charge_cached_tokens must be between 0 and 1, got {charge_cached_tokens}"
+        )
     name, _, arg = spec.strip().partition(":")
     name = name.lower()
     if tree is not None and not tree.flat:
-        return _hierarchical(spec, name, arg, tree, weights, cost)
+        policy = _hierarchical(spec, name, arg, tree, weights, cost)
+        policy.charge_cached_tokens = charge_cached_tokens
+        return policy
     builders: dict[str, Callable[[], Policy]] = {
         "fcfs": FCFSPolicy,
         "priority": PriorityPolicy,
@@ -119,19 +145,25 @@ def make_policy(
             cost=cost,
             preempt_threshold=_number(spec, arg, DEFAULT_PREEMPT_THRESHOLD),
         ),
+        "vtc-lpm": lambda: LocalityVTCPolicy(name="vtc-lpm", weights=weights, cost=cost),
+        "dlpm": lambda: DeficitLPMPolicy(
+            name="dlpm", weights=weights, cost=cost, quantum=_number(spec, arg, DEFAULT_QUANTUM)
+        ),
     }
     builder = builders.get(name)
     if builder is None:
         known = ", ".join(POLICY_HELP)
         raise PolicyError(f"unknown policy {spec!r}; known policies: {known}")
-    if arg and name not in ("sjf", "rpm", "vtc-preempt"):
+    if arg and name not in ("sjf", "rpm", "vtc-preempt", "dlpm"):
         raise PolicyError(f"policy {name!r} takes no argument (got {spec!r})")
     try:
-        return builder()
+        policy = builder()
     except ValueError as error:
         if isinstance(error, PolicyError):
             raise
         raise PolicyError(f"policy {spec!r}: {error}") from None
+    policy.charge_cached_tokens = charge_cached_tokens
+    return policy
 
 
 # The counter policies that share by groups, and their lift rules.

@@ -34,15 +34,59 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Literal
 
-from tokenfair.core.cost import CostFunction, LinearCost
+from tokenfair.core.cost import CostFunction, LinearCost, prompt_cost
 from tokenfair.core.policies.base import Policy
 from tokenfair.core.policies.predictor import OutputLengthPredictor
 from tokenfair.core.request import Request
 
 LiftRule = Literal["paper", "artifact", "none"]
+
+
+class ClientQueue:
+    """One client's waiting requests in priority order (lower first), then arrival; a
+    preempted request goes back ahead of its equals. Locality-aware VTC orders a
+    client's requests otherwise (policies/locality.py)."""
+
+    __slots__ = ("_requests",)
+
+    def __init__(self) -> None:
+        self._requests: deque[Request] = deque()
+
+    def add(self, request: Request) -> None:
+        queue = self._requests
+        if queue and request.priority < queue[-1].priority:
+            _insert_by_priority(queue, request, after_equals=True)
+        else:
+            queue.append(request)  # the usual case: arrival order
+
+    def requeue(self, request: Request) -> None:
+        queue = self._requests
+        if queue and request.priority > queue[0].priority:
+            _insert_by_priority(queue, request, after_equals=False)
+        else:
+            queue.appendleft(request)  # first among its equals: it was running
+
+    def head(self) -> Request:
+        return self._requests[0]
+
+    def pop(self) -> Request:
+        return self._requests.popleft()
+
+    def remove(self, request: Request) -> bool:
+        """Drop `request` if it waits here; whether it did."""
+        if request not in self._requests:
+            return False
+        self._requests.remove(request)
+        return True
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(self._requests)
 
 
 class VTCPolicy(Policy):
@@ -80,7 +124,7 @@ class VTCPolicy(Policy):
         # Tie rank: the order clients were first seen, or 0 for all (ties then go to
         # the client whose heap entry is oldest: the one already waiting).
         self._rank: dict[str, int] = {}
-        self._queues: dict[str, deque[Request]] = {}  # only clients with waiting requests
+        self._queues: dict[str, ClientQueue] = {}  # only clients with waiting requests
         # (counter when pushed, tie rank, seq, client)
         self._heap: list[tuple[float, int, int, str]] = []
         self._live_entry: dict[str, int] = {}  # client -> seq of its one valid heap entry
@@ -132,18 +176,18 @@ class VTCPolicy(Policy):
         self._counter[client] = counter
 
     # --- the waiting queue ---
+    def _new_queue(self) -> ClientQueue:
+        return ClientQueue()
+
     def add(self, request: Request, now: float) -> None:
         queue = self._queues.get(request.client)
         if self.ties_to_first_seen:
             self._tie_rank(request.client)  # seen at arrival, before its lift
         if queue is None:
             self._lift(request.client)
-            queue = self._queues[request.client] = deque()
+            queue = self._queues[request.client] = self._new_queue()
             self._push(request.client)
-        if queue and request.priority < queue[-1].priority:
-            _insert_by_priority(queue, request, after_equals=True)
-        else:
-            queue.append(request)  # the usual case: arrival order
+        queue.add(request)
         self._num_waiting += 1
 
     def requeue(self, request: Request) -> None:
@@ -151,24 +195,25 @@ class VTCPolicy(Policy):
         queue = self._queues.get(request.client)
         if queue is None:
             self._counter.setdefault(request.client, 0.0)
-            queue = self._queues[request.client] = deque()
+            queue = self._queues[request.client] = self._new_queue()
             self._push(request.client)
-        if queue and request.priority > queue[0].priority:
-            _insert_by_priority(queue, request, after_equals=False)
-        else:
-            queue.appendleft(request)  # first among its equals: it was running
+        queue.requeue(request)
         self._num_waiting += 1
 
+    def _chosen_client(self) -> str | None:
+        """The client whose request goes next: the smallest counter."""
+        return self._min_client()
+
     def peek(self) -> Request | None:
-        client = self._min_client()
-        return None if client is None else self._queues[client][0]
+        client = self._chosen_client()
+        return None if client is None else self._queues[client].head()
 
     def pop(self) -> Request:
-        client = self._min_client()
+        client = self._chosen_client()
         if client is None:
             raise IndexError("pop from an empty waiting queue")
         queue = self._queues[client]
-        request = queue.popleft()
+        request = queue.pop()
         if not queue:
             self._leave(client)
         self._num_waiting -= 1
@@ -176,9 +221,8 @@ class VTCPolicy(Policy):
 
     def remove(self, request: Request) -> None:
         queue = self._queues.get(request.client)
-        if queue is None or request not in queue:
+        if queue is None or not queue.remove(request):
             return
-        queue.remove(request)
         self._num_waiting -= 1
         if not queue:
             self._leave(request.client)
@@ -208,7 +252,15 @@ class VTCPolicy(Policy):
         self._counter.setdefault(request.client, 0.0)
         if first_time:
             # A re-admission after recompute is the system's doing: the prompt is paid once.
-            self._charge(request.client, self.cost.prefill(request.input_tokens))
+            self._charge(
+                request.client,
+                prompt_cost(
+                    self.cost,
+                    request.input_tokens,
+                    request.cached_tokens,
+                    self.charge_cached_tokens,
+                ),
+            )
         if self.predictor is not None:
             predicted = self.predictor.predict(request)
             if predicted > request.charged_output:

@@ -29,6 +29,8 @@ def request_from_trace(record: TraceRecord) -> Request:
         sampling=SamplingParams(max_tokens=record.max_tokens or record.output_tokens),
         priority=record.priority,
         target_output_tokens=record.output_tokens,
+        prefix_group=record.prefix_group,
+        prefix_tokens=record.prefix_tokens or 0,
     )
 
 

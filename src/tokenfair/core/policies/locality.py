@@ -1,0 +1,314 @@
+"""Locality-aware fair queueing: VTC's fairness, ordered by what the prefix cache holds.
+
+Plain VTC interleaves clients request by request, so on a pool too small for every
+client's prefix (system prompt, conversation, document) each client's prefix is
+evicted before its next request is admitted, and prefilled again. Two policies keep
+the fairness and let the cache work ("Locality-aware Fair Scheduling in LLM
+Serving", Cao et al., 2025):
+
+- `vtc-lpm`: VTC chooses the client (the smallest counter, the lift); among that
+  client's requests, the one with the longest cached prefix goes first.
+- `dlpm` (deficit longest prefix match): every backlogged client whose deficit is
+  positive may go next, and among all of their requests the one with the longest
+  cached prefix goes first; when no backlogged client has a positive deficit, every
+  one is refilled by the quantum. A client that was idle goes first with its new
+  request (within its deficit), as a sparse flow does in FQ-CoDel: holding a lone
+  request back would not let it share anything, only make it wait. Written with VTC's counters: a client's deficit is
+  `round_end - counter`, and a refill moves `round_end` to the smallest backlogged
+  counter plus the quantum. So a client may run ahead of the smallest backlogged
+  counter by at most the quantum while it keeps the cache warm, charges and the lift
+  are VTC's, and ties between equal prefixes (no prefix cached at all, say) go to the
+  smallest counter: without shared prefixes `dlpm` is VTC. The bound is VTC's plus
+  the quantum (docs/fairness.md).
+
+A request's cached prefix is followed by `CachedPrefixIndex` (core/prefix_cache.py);
+within a client, priority (lower first) still comes before the prefix.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Iterator
+
+from tokenfair.core.policies.vtc import VTCPolicy
+from tokenfair.core.prefix_cache import CachedPrefixIndex, PrefixCache
+from tokenfair.core.request import Request
+
+# A quantum of a few prompts' worth lets a client run several requests over its warm
+# prefix before the others catch up (docs/fairness.md: how it was chosen).
+DEFAULT_QUANTUM = 4096.0
+
+
+class LongestPrefixQueue:
+    """One client's waiting requests: priority (lower first), then a preempted request
+    ahead of new ones, then the longest cached prefix, then arrival."""
+
+    __slots__ = ("_heap", "_index", "_live", "_seq")
+
+    def __init__(self, index: CachedPrefixIndex, seq: Iterator[int]) -> None:
+        self._heap: list[tuple[int, int, int, int, Request]] = []
+        # request id -> (seq of its one valid heap entry, band: 0 preempted, 1 new)
+        self._live: dict[str, tuple[int, int]] = {}
+        self._index = index
+        self._seq = seq
+
+    def _file(self, request: Request, band: int) -> None:
+        seq = next(self._seq)
+        self._live[request.request_id] = (seq, band)
+        blocks = self._index.blocks(request)
+        heapq.heappush(self._heap, (request.priority, band, -blocks, seq, request))
+        if len(self._heap) > 4 * len(self._live) + 64:
+            self._heap = [e for e in self._heap if self._is_live(e)]
+            heapq.heapify(self._heap)
+
+    def _is_live(self, entry: tuple[int, int, int, int, Request]) -> bool:
+        live = self._live.get(entry[4].request_id)
+        return live is not None and live[0] == entry[3]
+
+    def add(self, request: Request) -> None:
+        self._index.track(request)
+        self._file(request, 1)
+
+    def requeue(self, request: Request) -> None:
+        self._index.track(request)
+        self._file(request, 0)
+
+    def refresh(self, request: Request) -> None:
+        """The request's cached prefix changed: file it where it now belongs."""
+        live = self._live.get(request.request_id)
+        if live is not None:
+            self._file(request, live[1])
+
+    def _top(self) -> tuple[int, int, int, int, Request]:
+        """The entry of the head: live, and its cached prefix checked."""
+        heap, live, index = self._heap, self._live, self._index
+        while True:
+            entry = heap[0]
+            request = entry[4]
+            filed = live.get(request.request_id)
+            if filed is None or filed[0] != entry[3]:
+                heapq.heappop(heap)  # retired entry
+            elif not index.verify(request):
+                heapq.heappop(heap)  # evictions shortened its prefix: file it again
+                self._file(request, filed[1])
+            else:
+                return entry
+
+    def head(self) -> Request:
+        return self._top()[4]
+
+    def head_blocks(self) -> int:
+        """The head's cached leading blocks."""
+        return -self._top()[2]
+
+    def pop(self) -> Request:
+        request = self.head()
+        heapq.heappop(self._heap)
+        del self._live[request.request_id]
+        self._index.untrack(request)
+        return request
+
+    def remove(self, request: Request) -> bool:
+        if self._live.pop(request.request_id, None) is None:
+            return False
+        self._index.untrack(request)  # its heap entry is dropped lazily
+        return True
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def __iter__(self) -> Iterator[Request]:
+        return (e[4] for e in self._heap if self._is_live(e))
+
+
+class LocalityVTCPolicy(VTCPolicy):
+    """`vtc-lpm`: VTC between clients, longest cached prefix first within a client."""
+
+    # Every queue is made by `_new_queue` below.
+    _queues: dict[str, LongestPrefixQueue]  # type: ignore[assignment]
+
+    def __init__(self, **vtc_settings) -> None:
+        super().__init__(**vtc_settings)
+        self._index = CachedPrefixIndex(self._prefix_grew)
+        self._queue_seq = itertools.count()
+
+    def attach_prefix_cache(self, cache: PrefixCache) -> None:
+        self._index.attach(cache)
+
+    def _new_queue(self) -> LongestPrefixQueue:  # type: ignore[override]
+        return LongestPrefixQueue(self._index, self._queue_seq)
+
+    def _prefix_grew(self, request: Request) -> None:
+        queue = self._queues.get(request.client)
+        if isinstance(queue, LongestPrefixQueue):
+            queue.refresh(request)
+
+
+class DeficitLPMPolicy(LocalityVTCPolicy):
+    """`dlpm`: among clients with a positive deficit, the longest cached prefix first."""
+
+    def __init__(self, *, quantum: float = DEFAULT_QUANTUM, **vtc_settings) -> None:
+        if not quantum > 0:
+            raise ValueError(f"quantum must be > 0, got {quantum}")
+        super().__init__(**vtc_settings)
+        self.quantum = quantum
+        self._round_end = 0.0  # a backlogged client's deficit is round_end - counter
+        # Clients with a positive deficit: (-cached blocks of its head, counter, tie
+        # rank, seq, client). One live entry per client, filed again when its head's
+        # prefix grows; an entry that overstates (its counter grew, its head changed or
+        # shrank) is filed again when it reaches the top, as VTC's heap does.
+        self._eligible: list[tuple[int, float, int, int, str]] = []
+        self._filed: dict[str, tuple[int, int]] = {}  # client -> (seq, blocks) of its entry
+        # Clients back from idle, in arrival order: their first request goes first.
+        self._returning: deque[str] = deque()
+        # The last choice, kept while nothing it depends on changed (a peek is followed
+        # by a pop): (client, its counter, wanted evictions, queue changes) when made.
+        self._choice: tuple[str, float, int, int] | None = None
+        self._changes = 0  # arrivals, departures and prefix growth so far
+
+    def _file_eligible(self, client: str, blocks: int | None = None) -> None:
+        """File the client's entry (`blocks`: its head's cached blocks, if known)."""
+        queue = self._queues.get(client)
+        counter = self._counter.get(client, 0.0)
+        if queue is None or counter >= self._round_end:
+            self._filed.pop(client, None)
+            return
+        if blocks is None:
+            blocks = queue.head_blocks()
+        seq = next(self._seq)
+        self._filed[client] = (seq, blocks)
+        heapq.heappush(self._eligible, (-blocks, counter, self._tie_rank(client), seq, client))
+        if len(self._eligible) > 2 * len(self._filed) + 64:
+            filed = self._filed
+            self._eligible = [e for e in self._eligible if filed.get(e[4], (-1,))[0] == e[3]]
+            heapq.heapify(self._eligible)
+
+    def _head_may_have_grown(self, client: str, blocks: int) -> None:
+        """One of the client's requests now has `blocks` cached: re-file the client if
+        that beats its entry (an understated entry would surface too late)."""
+        filed = self._filed.get(client)
+        if filed is not None and blocks > filed[1]:
+            self._file_eligible(client)
+
+    def _chosen_client(self) -> str | None:
+        choice, evictions = self._choice, self._index.wanted_evictions
+        # Other clients' counters only grow, so the choice stands while its own
+        # counter, the cache's wanted blocks and the queues are as they were.
+        if (
+            choice is not None
+            and choice[1] == self._counter.get(choice[0])
+            and choice[2] == evictions
+            and choice[3] == self._changes
+        ):
+            return choice[0]
+        client = self._choose()
+        self._choice = (
+            None if client is None else (client, self._counter[client], evictions, self._changes)
+        )
+        return client
+
+    def _choose(self) -> str | None:
+        while True:
+            returning = self._first_returning()
+            if returning is not None and self._counter[returning] < self._round_end:
+                return returning
+            best = self._longest_prefix_client()
+            if returning is not None and best is not None:
+                # Back from idle but out of deficit while others have some: it waits
+                # its turn like everyone else.
+                self._returning.popleft()
+                continue
+            if best is not None:
+                return best
+            if not self._queues:
+                return None
+            self._refill()
+
+    def _first_returning(self) -> str | None:
+        returning = self._returning
+        while returning and returning[0] not in self._queues:
+            returning.popleft()  # gone (aborted) before its turn
+        return returning[0] if returning else None
+
+    def _longest_prefix_client(self) -> str | None:
+        """The client with a positive deficit whose head has the longest cached prefix
+        (ties: the smallest counter), or None when no backlogged client has a deficit."""
+        heap, filed, counters = self._eligible, self._filed, self._counter
+        while heap:
+            negative_blocks, stored, _, seq, client = heap[0]
+            entry = filed.get(client)
+            if entry is None or entry[0] != seq:
+                heapq.heappop(heap)  # retired entry
+                continue
+            counter = counters[client]
+            if counter >= self._round_end:
+                heapq.heappop(heap)  # its deficit is spent: it waits for a refill
+                del filed[client]
+                continue
+            blocks = self._queues[client].head_blocks()
+            if -negative_blocks != blocks or stored != counter:
+                # Its head or its counter moved: file it again where it now belongs.
+                seq = next(self._seq)
+                filed[client] = (seq, blocks)
+                heapq.heapreplace(heap, (-blocks, counter, self._tie_rank(client), seq, client))
+                continue
+            return client
+        return None
+
+    def _refill(self) -> None:
+        """Nobody backlogged has a deficit left: give every backlogged client the quantum
+        over the smallest backlogged counter."""
+        smallest = self._min_client()
+        assert smallest is not None
+        self._round_end = self._counter[smallest] + self.quantum
+        for client in self._queues:
+            self._file_eligible(client)
+
+    def add(self, request: Request, now: float) -> None:
+        self._changes += 1
+        client = request.client
+        idle = client not in self._queues
+        super().add(request, now)
+        if idle:
+            self._returning.append(client)
+            self._file_eligible(client)
+        else:
+            self._head_may_have_grown(client, self._index.blocks(request))
+
+    def requeue(self, request: Request) -> None:
+        self._changes += 1
+        client = request.client
+        idle = client not in self._queues
+        super().requeue(request)
+        if idle:
+            self._file_eligible(client)
+        else:
+            self._head_may_have_grown(client, self._index.blocks(request))
+
+    def pop(self) -> Request:
+        request = super().pop()
+        self._changes += 1
+        if self._returning and self._returning[0] == request.client:
+            self._returning.popleft()  # its first request is in: it waits its turn now
+        self._head_changed(request.client)
+        return request
+
+    def remove(self, request: Request) -> None:
+        super().remove(request)
+        self._changes += 1
+        self._head_changed(request.client)
+
+    def _head_changed(self, client: str) -> None:
+        queue = self._queues.get(client)
+        if queue is None:
+            self._filed.pop(client, None)  # nothing waits: retire its entry
+        else:
+            # The next head may come first by priority, with a longer prefix.
+            self._head_may_have_grown(client, queue.head_blocks())
+
+    def _prefix_grew(self, request: Request) -> None:
+        super()._prefix_grew(request)
+        self._changes += 1
+        self._head_may_have_grown(request.client, self._index.blocks(request))
