@@ -6,7 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from tokenfair.gateway.config import GatewayConfigError, load_config, parse_config
+from tokenfair.gateway.config import (
+    GatewayConfig,
+    GatewayConfigError,
+    load_config,
+    parse_config,
+)
 
 GOOD = """
 listen: {host: 127.0.0.1, port: 9000}
@@ -106,3 +111,15 @@ def test_errors_name_the_key(text: str, expected: str) -> None:
 def test_a_missing_file_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(GatewayConfigError, match=r"nope.yaml: cannot read the config file"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_groups_need_a_policy_that_shares_by_groups() -> None:
+    from tokenfair.gateway.app import build_directory
+
+    tenants = {"groups": {"org-a": {}}, "tenants": [{"name": "t", "group": "org-a"}]}
+    upstreams = [{"url": "http://127.0.0.1:9/v1", "models": ["m"], "max_concurrent": 1}]
+    config = GatewayConfig(policy="fcfs", tenants=tenants, upstreams=upstreams)
+    with pytest.raises(GatewayConfigError, match="'fcfs' does not share by groups"):
+        build_directory(config)
+    grouped = build_directory(GatewayConfig(policy="vtc", tenants=tenants, upstreams=upstreams))
+    assert grouped.tree.path("t") == ("@org-a", "t")

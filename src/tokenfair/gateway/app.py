@@ -61,10 +61,17 @@ def build_directory(config: GatewayConfig) -> TenantDirectory:
         return TenantDirectory.open(tenant_from_user=config.tenant_from_user)
     try:
         if isinstance(config.tenants, str):
-            return TenantDirectory(load_tenants(config.base_dir / config.tenants))
-        return TenantDirectory(parse_tenants(config.tenants, "tenants"))
+            directory = TenantDirectory(load_tenants(config.base_dir / config.tenants))
+        else:
+            directory = TenantDirectory(parse_tenants(config.tenants, "tenants"))
     except TenantsFileError as error:
         raise GatewayConfigError(str(error)) from None
+    if not directory.tree.flat and not config.shared_counters:
+        raise GatewayConfigError(
+            f"policy: {config.policy!r} does not share by groups, and the tenants file has "
+            "groups; use vtc, wvtc, vtc-artifact or lcf"
+        )
+    return directory
 
 
 def build_store(config: GatewayConfig, band: int = 0) -> CounterStore | None:
