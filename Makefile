@@ -61,7 +61,7 @@ redis:
 demo: $(DEMO_STAMP)
 	$(BIN)/tokenfair demo --shared $(SHARED)
 
-test: $(STAMP) $(VLLM_STAMP) redis
+test: redis $(STAMP) $(VLLM_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy src
 	$(BIN)/python -m pytest -q
