@@ -6,8 +6,7 @@ each tenant has a FIFO per model; the candidates are every tenant's oldest reque
 a model with room, and the counter store picks the one whose tenant has the smallest
 counter and charges it in the same atomic step. Under the core's other policies (fcfs,
 priority, sjf, rpm:N) a core policy object per model keeps the order, local to this
-replica. The chosen request goes where the pool's router sends it (routing.py): the
-router decides only where, never who goes next.
+replica. The chosen request goes where the pool's router (routing.py) sends it.
 
 A request that finds nothing waiting in this gateway and room upstream goes at once,
 without a turn of the dispatcher: under the shared-counter policies its lift and charge
