@@ -6,7 +6,7 @@ each tenant has a FIFO per model; the candidates are every tenant's oldest reque
 a model with room, and the counter store picks the one whose tenant has the smallest
 counter and charges it in the same atomic step. Under the core's other policies (fcfs,
 priority, sjf, rpm:N) a core policy object per model keeps the order, local to this
-replica. The chosen request goes to the least-loaded eligible upstream.
+replica. The chosen request goes where the pool's router (routing.py) sends it.
 
 A request that finds nothing waiting in this gateway and room upstream goes at once,
 without a turn of the dispatcher: under the shared-counter policies its lift and charge
@@ -34,6 +34,7 @@ from tokenfair.core.policies.base import Policy
 from tokenfair.core.request import Request, SamplingParams
 from tokenfair.gateway.counters import CounterStore
 from tokenfair.gateway.pool import Upstream, UpstreamPool
+from tokenfair.gateway.prefix import PrefixKey
 
 RECENT_DISPATCHES = 1000
 
@@ -60,6 +61,7 @@ class Ticket:
     arrival: float = 0.0
     dispatches_at_arrival: int = 0  # the gateway's dispatch count when this one arrived
     exclude: frozenset[str] = frozenset()
+    prefix: PrefixKey | None = None  # what the router places it by
     future: asyncio.Future[Upstream] | None = None
     upstream: Upstream | None = None
     core: Request | None = None
@@ -178,7 +180,7 @@ class Admission:
         """An upstream for `ticket` when it may skip the queue: nothing waits here."""
         if self.num_waiting or self._retries:
             return None
-        return self.pool.choose(ticket.model, ticket.tokens)
+        return self.pool.choose(ticket.model, ticket.tokens, prefix=ticket.prefix)
 
     async def _take_now(self, ticket: Ticket, upstream: Upstream) -> Upstream:
         """Dispatch at once: the slot is held before the store's step, which then runs
@@ -304,7 +306,7 @@ class Admission:
     async def _step(self) -> bool:
         """Dispatch one request if any can go now; False when nothing can."""
         for ticket in list(self._retries):
-            upstream = self.pool.choose(ticket.model, ticket.tokens, ticket.exclude)
+            upstream = self.pool.choose(ticket.model, ticket.tokens, ticket.exclude, ticket.prefix)
             if upstream is not None:
                 self._retries.remove(ticket)
                 self._dispatch(ticket, upstream)
@@ -314,18 +316,19 @@ class Admission:
         return await self._step_shared()
 
     def _step_local(self) -> bool:
-        heads: list[tuple[float, Policy, Ticket, Upstream]] = []
+        heads: list[tuple[float, Policy, Ticket]] = []
         for model, policy in self._policies.items():
             head = policy.peek()
             if head is None:
                 continue
             ticket = self._by_id[head.request_id]
-            upstream = self.pool.choose(model, ticket.tokens, ticket.exclude)
-            if upstream is not None:
-                heads.append((head.arrival_s, policy, ticket, upstream))
+            if self.pool.has_room(model, ticket.tokens, ticket.exclude):
+                heads.append((head.arrival_s, policy, ticket))
         if not heads:
             return False
-        _, policy, ticket, upstream = min(heads, key=lambda h: h[0])
+        _, policy, ticket = min(heads, key=lambda h: h[0])
+        upstream = self.pool.choose(ticket.model, ticket.tokens, ticket.exclude, ticket.prefix)
+        assert upstream is not None  # it had room a moment ago, nothing ran since
         policy.pop()
         assert ticket.core is not None
         policy.on_admit(ticket.core, True, time.monotonic())
@@ -350,7 +353,7 @@ class Admission:
                 head = queue[0]
                 key = (model, head.tokens)
                 if key not in room:
-                    room[key] = self.pool.choose(model, head.tokens) is not None
+                    room[key] = self.pool.has_room(model, head.tokens)
                 if room[key] and (best is None or head.seq < best.seq):
                     best = head
             if best is not None:
@@ -378,7 +381,7 @@ class Admission:
         self._queues[chosen.tenant][chosen.model].popleft()
         self._prune(chosen.tenant, chosen.model)
         self._unwait(chosen)
-        upstream = self.pool.choose(chosen.model, chosen.tokens)
+        upstream = self.pool.choose(chosen.model, chosen.tokens, prefix=chosen.prefix)
         if upstream is None:  # capacity vanished during the pick (health change)
             chosen.state = "retrying"
             self._retries.appendleft(chosen)

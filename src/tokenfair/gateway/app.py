@@ -97,7 +97,7 @@ class Gateway:
         self.config = config
         self.directory = build_directory(config)
         self.cost = LinearCost(config.cost.w_in, config.cost.w_out)
-        self.pool = UpstreamPool(config.upstreams, config.health)
+        self.pool = UpstreamPool(config.upstreams, config.health, routing=config.routing)
         self.store = build_store(config)
         self.admission = Admission(self.pool, config.policy, self.store, config.max_waiting)
         self.metrics = GatewayMetrics(self.admission, self.pool, lambda: self.store)

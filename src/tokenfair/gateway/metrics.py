@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 from tokenfair.gateway.admission import Admission
 from tokenfair.gateway.counters import CounterStore
 from tokenfair.gateway.pool import UpstreamPool
+from tokenfair.gateway.routing_metrics import RoutingCollector
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -161,6 +162,7 @@ class GatewayMetrics:
             registry=r,
         )
         r.register(_Live(admission, pool, store))
+        r.register(RoutingCollector(pool))
         self._tenants: dict[str, TenantSeries] = {}
 
     def of(self, tenant: str) -> TenantSeries:

@@ -169,6 +169,7 @@ class CompletionProxy:
             charge=meter.dispatch_charge(),
             priority=call.priority if call.priority is not None else tenant.priority,
             max_tokens=max_tokens,
+            prefix=gw.pool.router.key(tenant.name, call.model, call.kind, call.payload),
         )
         outcome = "abort"
         try:
