@@ -21,6 +21,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -112,6 +113,15 @@ def caplog_vllm(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatc
         yield caplog
 
 
+def _error_line(report: pytest.TestReport) -> str:
+    """Where and why it failed, in one line."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is None:
+        return str(report.longrepr).strip().splitlines()[-1][:300] if report.longrepr else ""
+    message = " ".join(str(crash.message).split())
+    return f"{Path(crash.path).name}:{crash.lineno}: {message}"[:300]
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[None]:
     outcome = yield
@@ -119,7 +129,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
     entry = _results.setdefault(item.nodeid, {"outcome": "passed", "policies": []})
     if report.failed:
         entry["outcome"] = "failed"
-        entry["error"] = str(report.longrepr).splitlines()[-1][:300] if report.longrepr else ""
+        entry["error"] = _error_line(report)
     elif report.skipped and entry["outcome"] == "passed":
         entry["outcome"] = "skipped"
     if report.when == "call":

@@ -1,7 +1,7 @@
 """vLLM's own scheduler tests, taken from a vLLM release's source distribution.
 
-The conformance suite runs vLLM's `tests/v1/core/test_scheduler.py` with tokenfair's
-scheduler in place of vLLM's. Those tests are not copied into this repository: this
+The conformance suite runs vLLM's `tests/v1/core/test_scheduler.py` and
+`test_async_scheduler.py` with tokenfair's scheduler in place of vLLM's. Those tests are not copied into this repository: this
 module downloads the release's sdist from the package registry (PyPI's simple API,
 or `PIP_INDEX_URL`), checks its sha256 against the index, keeps it in a cache
 folder, and extracts only the files the scheduler tests need.
@@ -22,12 +22,13 @@ import tarfile
 import urllib.request
 from pathlib import Path
 
-# What test_scheduler.py imports from vLLM's tests, with the package markers on the way.
+# The scheduler tests, what they import from vLLM's tests, and the package markers.
 TEST_FILES = (
     "tests/__init__.py",
     "tests/v1/__init__.py",
     "tests/v1/core/__init__.py",
     "tests/v1/core/test_scheduler.py",
+    "tests/v1/core/test_async_scheduler.py",
     "tests/v1/core/utils.py",
     "tests/v1/core/test_prefix_caching.py",
     "tests/v1/kv_connector/__init__.py",
