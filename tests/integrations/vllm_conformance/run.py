@@ -15,10 +15,12 @@ in that environment (fair_substitute.py):
     vtc       FairScheduler with `vtc`, one tenant: every test that passes on stock must
               pass, except those expected.VTC_DIFFERS lists with their reasons
 
-Any other difference fails the run (exit 1). Prints a summary and one JSON line.
+Any other difference fails the run (exit 1). Prints a summary and one JSON line per
+minor; several minors run side by side.
 
-    python tests/integrations/vllm_conformance/run.py --python .venv-vllm/bin/python \\
-        --version 0.32.0 [--work .cache/vllm-conformance] [--cache .cache/vllm-sdist]
+    python tests/integrations/vllm_conformance/run.py \\
+        --env .venv-vllm/bin/python=0.32.0 --env .venv-vllm-0.33/bin/python=0.33.0 \\
+        [--work .cache/vllm-conformance] [--cache .cache/vllm-sdist]
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -44,6 +47,10 @@ TEST_FILES = ["tests/v1/core/test_scheduler.py", "tests/v1/core/test_async_sched
 PASS_TIMEOUT_S = 900
 
 
+class ConformanceError(RuntimeError):
+    """The run could not be made (as opposed to a difference it found)."""
+
+
 def run_pass(
     python: str,
     tests_root: Path,
@@ -51,7 +58,7 @@ def run_pass(
     report: Path,
     env: dict[str, str],
     only: list[str] | None = None,
-) -> None:
+) -> str:
     """One pytest run in vLLM's environment (`only`: these test ids, else the file)."""
     command = [
         python, "-m", "pytest", *(only or TEST_FILES), "-q",
@@ -67,11 +74,11 @@ def run_pass(
         text=True,
         timeout=PASS_TIMEOUT_S,
     )
-    last = (result.stdout.strip().splitlines() or ["(no output)"])[-1]
-    print(f"  {mode:8s} {last}", flush=True)
     if not report.exists():  # pytest itself failed (collection, import)
         tail = "\n".join((result.stdout + result.stderr).splitlines()[-30:])
-        raise SystemExit(f"vllm-conformance: the {mode} pass did not run:\n{tail}")
+        raise ConformanceError(f"the {mode} pass did not run:\n{tail}")
+    last = (result.stdout.strip().splitlines() or ["(no output)"])[-1]
+    return f"  {mode:8s} {last}"
 
 
 def function_of(nodeid: str) -> str:
@@ -118,20 +125,14 @@ def compare(results: dict[str, dict[str, dict]]) -> tuple[dict, list[str]]:
     return figures, problems
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--python", required=True, help="python of vLLM's environment")
-    parser.add_argument("--version", required=True, help="the vLLM release installed there")
-    parser.add_argument("--work", type=Path, default=ROOT / ".cache" / "vllm-conformance")
-    parser.add_argument("--cache", type=Path, default=ROOT / ".cache" / "vllm-sdist")
-    args = parser.parse_args()
-    python = str(Path(args.python).absolute())  # the passes run in the tests' folder
+def conform(python: str, version: str, work_root: Path, cache: Path) -> tuple[list[str], dict]:
+    """One minor's four passes: (lines to print, figures with its problems)."""
     started = time.monotonic()
-    work = args.work.resolve() / args.version
+    work = work_root / version
     try:
-        tests_root = sdist.extract(sdist.download(args.version, args.cache), args.version, work)
+        tests_root = sdist.extract(sdist.download(version, cache), version, work)
     except sdist.SdistError as error:
-        raise SystemExit(f"vllm-conformance: {error}") from None
+        raise ConformanceError(str(error)) from None
     # Its own (empty) pytest config: this repository's pyproject.toml, above the work
     # folder, must not become vLLM's tests' rootdir and settings.
     (tests_root / "pytest.ini").write_text("[pytest]\n")
@@ -150,13 +151,12 @@ def main() -> None:
         TOKENIZERS_PARALLELISM="false",
     )
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-    subprocess.run(
-        [python, str(HERE / "hf_cache.py"), str(hf_home)],
-        env=env,
-        check=True,
-        capture_output=True,
+    built = subprocess.run(
+        [python, str(HERE / "hf_cache.py"), str(hf_home)], env=env, capture_output=True, text=True
     )
-    print(f"vLLM {args.version}: {' and '.join(TEST_FILES)}, from its sdist", flush=True)
+    if built.returncode != 0:
+        raise ConformanceError(f"cannot write the model configs:\n{built.stderr[-2000:]}")
+    lines = [f"vLLM {version}: {' and '.join(TEST_FILES)}, from its sdist"]
     results: dict[str, dict[str, dict]] = {}
     baseline = None
     for mode in MODES:
@@ -164,26 +164,60 @@ def main() -> None:
         report.unlink(missing_ok=True)
         # The tokenfair passes run only what passes on stock: the rest cannot be
         # compared, and is slow to fail (vLLM inspects the model in a subprocess).
-        run_pass(python, tests_root, mode, report, env, only=baseline)
+        lines.append(run_pass(python, tests_root, mode, report, env, only=baseline))
         results[mode] = json.loads(report.read_text())["tests"]
         if mode == "stock":
             baseline = sorted(t for t, r in results[mode].items() if r["outcome"] == "passed")
             if not baseline:
-                raise SystemExit("vllm-conformance: no test passes on stock vLLM here")
+                raise ConformanceError(f"vLLM {version}: no test passes on stock vLLM here")
     figures, problems = compare(results)
     not_runnable = Counter(
         r.get("error", "")[:160] for r in results["stock"].values() if r["outcome"] != "passed"
     )
     if not_runnable:
-        print("  not runnable here on stock vLLM (left out):")
-        for error, count in not_runnable.most_common():
-            print(f"    {count} x {error}")
-    for problem in problems:
-        print(f"  UNEXPLAINED {problem}")
-    figures["version"] = args.version
+        lines.append("  not runnable here on stock vLLM (left out):")
+        lines += [f"    {count} x {error}" for error, count in not_runnable.most_common()]
+    lines += [f"  UNEXPLAINED {problem}" for problem in problems]
+    figures["version"] = version
     figures["wall_s"] = round(time.monotonic() - started, 1)
-    print(json.dumps(figures, sort_keys=True))
-    sys.exit(1 if problems else 0)
+    figures["problems"] = len(problems)
+    return lines, figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--env",
+        action="append",
+        required=True,
+        metavar="PYTHON=VERSION",
+        help="python of a vLLM environment and the vLLM release installed there "
+        "(repeat for each minor: they run side by side)",
+    )
+    parser.add_argument("--work", type=Path, default=ROOT / ".cache" / "vllm-conformance")
+    parser.add_argument("--cache", type=Path, default=ROOT / ".cache" / "vllm-sdist")
+    args = parser.parse_args()
+    targets = []
+    for entry in args.env:
+        python, _, version = entry.rpartition("=")
+        if not python or not version:
+            parser.error(f"--env: expected PYTHON=VERSION, got {entry!r}")
+        # Absolute: the passes run in the tests' folder.
+        targets.append((str(Path(python).absolute()), version))
+    work, cache = args.work.resolve(), args.cache.resolve()
+    # Each minor is one process at a time: two minors side by side use both cores.
+    with ThreadPoolExecutor(max_workers=len(targets)) as pool:
+        futures = [pool.submit(conform, py, version, work, cache) for py, version in targets]
+        try:
+            outcomes = [future.result() for future in futures]
+        except ConformanceError as error:
+            raise SystemExit(f"vllm-conformance: {error}") from None
+    failed = False
+    for lines, figures in outcomes:
+        print("\n".join(lines))
+        print(json.dumps(figures, sort_keys=True), flush=True)
+        failed |= figures["problems"] > 0
+    sys.exit(1 if failed else 0)
 
 
 if __name__ == "__main__":
