@@ -59,6 +59,8 @@ def _check_version(version: str) -> tuple[int, int]:
     return minor
 
 
+# The running minor, for code that must differ between the supported ones (none does:
+# see docs/vllm.md, "Supported versions").
 VLLM_MINOR = _check_version(getattr(vllm, "__version__", "unknown"))
 
 from vllm.logger import init_logger  # noqa: E402
