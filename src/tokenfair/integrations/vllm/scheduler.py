@@ -236,7 +236,6 @@ class FairSchedulerMixin:
         # Queues are empty at construction: replace them before any request arrives.
         self.waiting = PolicyQueue(self.ledger, self._arrive, self._popped, self._settle)
         self.kv_holding_waiting = HoldingQueue(self.policy, self._arrive, self._popped)
-        self._tokenfair_ready = True
         rank = getattr(self.vllm_config.parallel_config, "data_parallel_rank", 0) or 0
         self._status = StatusLog(self.ledger, config.policy, config.log_interval_s, logger)
         self._metrics_server = None
@@ -244,6 +243,7 @@ class FairSchedulerMixin:
             self._metrics_server = serve_prometheus(
                 self.ledger, config.metrics_host, config.metrics_port + rank, str(rank)
             )
+        self._tokenfair_ready = True
         logger.info(
             "tokenfair %s scheduling: tenant from extra_args[%r] (default %r), weights %s%s",
             config.policy,
