@@ -310,7 +310,9 @@ def test_vtc_heap_agrees_with_brute_force_under_random_operations():
     assert len(policy) == sum(1 for _ in policy.waiting_requests())
 
 
-@pytest.mark.parametrize("name", ["fcfs", "priority", "sjf", "vtc", "wvtc", "vtc-artifact"])
+@pytest.mark.parametrize(
+    "name", ["fcfs", "priority", "sjf", "vtc", "wvtc", "vtc-artifact", "vtc-lpm"]
+)
 def test_waiting_requests_are_listed_in_pop_order(name):
     """The listing is what successive pops would return, requeues and charges included."""
     rng = random.Random(11)
