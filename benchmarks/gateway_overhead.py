@@ -2,7 +2,7 @@
 and against LiteLLM's proxy in front of the same upstream, in one run.
 
     nice -n 10 .venv/bin/python benchmarks/gateway_overhead.py [--litellm /tmp/litellm-venv]
-        [--baseline-src OTHER_TREE/src]
+        [--baseline-src OTHER_TREE/src] [--prompt-bytes 4096]
 
 Upstreams: the tests' fake OpenAI server (raw ASGI, never the bottleneck), one answering
 at once ("short": non-streaming, 1 token) and one streaming 32 tokens 20 ms apart
@@ -15,9 +15,14 @@ the client costs as little as possible. Scenarios:
 - short: 64 concurrent closed loops of 1-token non-streaming completions; requests/s.
 
 Targets: the upstream directly, one tokenfair gateway process (vtc, in-memory
-counters), the same with counters in Redis, and LiteLLM's proxy with two workers when
-its environment exists (`pip install 'litellm[proxy]'` into a separate venv). Prints one
-JSON line per measurement and a summary line.
+counters) routing by prefix affinity (the default) and one routing least-loaded, the
+first with counters in Redis, and LiteLLM's proxy with two workers when its environment
+exists (`pip install 'litellm[proxy]'` into a separate venv). Each model is listed
+twice, as two upstreams on the same server, so that routing has a choice to make.
+`--prompt-bytes N` gives every request a system prompt of N bytes, one per connection
+(a conversation repeating its prefix, as routing by prefix expects). Prints one JSON
+line per measurement and a summary line, with the prefix-affinity gateway's figures
+over the least-loaded one's.
 """
 
 from __future__ import annotations
@@ -104,16 +109,24 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
+def _system(connection: int, size: int) -> list[dict[str, str]]:
+    """A system prompt of `size` bytes, one per connection (none for 0)."""
+    if size <= 0:
+        return []
+    text = f"Conversation {connection}. " + "You are a careful assistant. " * (size // 29 + 1)
+    return [{"role": "system", "content": text[:size]}]
+
+
 async def _load(
-    url: str, scenario: str, concurrency: int, seconds: float, warmup: float
+    url: str, scenario: str, concurrency: int, seconds: float, warmup: float, prompt_bytes: int
 ) -> dict[str, Any]:
     host, port = url.removeprefix("http://").split(":")
     rng = random.Random(0)
 
-    def stream_request(max_tokens: int) -> tuple[bytes, int]:
+    def stream_request(max_tokens: int, connection: int) -> tuple[bytes, int]:
         body = {
             "model": "stream",
-            "messages": [{"role": "user", "content": "hi"}],
+            "messages": [*_system(connection, prompt_bytes), {"role": "user", "content": "hi"}],
             "max_tokens": max_tokens,
             "stream": True,
         }
@@ -124,16 +137,20 @@ async def _load(
         # Like real traffic, streams differ in length (16-48 tokens, mean 32) and start
         # at different moments, so arrivals spread over time.
         plans = [
-            [stream_request(rng.randint(16, 48)) for _ in range(64)] for _ in range(concurrency)
+            [stream_request(rng.randint(16, 48), c) for _ in range(64)] for c in range(concurrency)
         ]
         starts = [rng.uniform(0, 32 * STREAM_TOKEN_S) for _ in range(concurrency)]
     elif scenario == "lockstep":
         # Every stream 32 tokens, all started together: 64 requests reach the target in
         # the same instant, every 32 tokens (a burst, the worst case for a queue).
-        plans = [[stream_request(32)] for _ in range(concurrency)]
+        plans = [[stream_request(32, c)] for c in range(concurrency)]
     else:
-        body = {"model": "short", "prompt": "hi", "max_tokens": 1}
-        plans = [[(_request(host, int(port), "/v1/completions", body), 0)]] * concurrency
+        plans = []
+        for c in range(concurrency):
+            system = _system(c, prompt_bytes)
+            prompt = (system[0]["content"] if system else "") + "hi"
+            body = {"model": "short", "prompt": prompt, "max_tokens": 1}
+            plans.append([(_request(host, int(port), "/v1/completions", body), 0)])
     out: list[tuple[float, float, float, int, int]] = []
     t0 = time.perf_counter()
     await asyncio.gather(
@@ -161,7 +178,9 @@ async def _load(
 
 
 # --- the run ---
-def _measure(url: str, scenario: str, concurrency: int, seconds: float) -> dict[str, Any]:
+def _measure(
+    url: str, scenario: str, concurrency: int, seconds: float, prompt_bytes: int
+) -> dict[str, Any]:
     args = [
         sys.executable,
         __file__,
@@ -173,6 +192,8 @@ def _measure(url: str, scenario: str, concurrency: int, seconds: float) -> dict[
         str(concurrency),
         "--seconds",
         str(seconds),
+        "--prompt-bytes",
+        str(prompt_bytes),
     ]
     done = subprocess.run(args, capture_output=True, text=True, timeout=seconds + 120)
     if done.returncode != 0:
@@ -218,6 +239,9 @@ def main() -> None:
     )
     parser.add_argument("--skip-redis", action="store_true")
     parser.add_argument(
+        "--prompt-bytes", type=int, default=0, help="a system prompt of this size per connection"
+    )
+    parser.add_argument(
         "--baseline-src",
         type=Path,
         help="also run a gateway from another tree's src/ (an older commit), in the same rounds",
@@ -229,7 +253,14 @@ def main() -> None:
         print(
             json.dumps(
                 uvloop.run(
-                    _load(args.load, args.scenario, args.concurrency, args.seconds, warmup=1.0)
+                    _load(
+                        args.load,
+                        args.scenario,
+                        args.concurrency,
+                        args.seconds,
+                        warmup=1.0,
+                        prompt_bytes=args.prompt_bytes,
+                    )
                 )
             )
         )
@@ -281,10 +312,19 @@ def main() -> None:
             )
         )
         upstreams = [
-            {"url": f"http://127.0.0.1:{p}", "models": [m], "max_concurrent": 100000, "name": m}
+            {
+                "url": f"http://127.0.0.1:{p}",
+                "models": [m],
+                "max_concurrent": 100000,
+                "name": f"{m}-{copy}",
+            }
             for m, p in ports.items()
+            for copy in (0, 1)
         ]
-        gateways = {"tokenfair": {}}
+        gateways: dict[str, dict[str, Any]] = {
+            "tokenfair": {"routing": "prefix-affinity"},
+            "tokenfair least-loaded": {"routing": "least-loaded"},
+        }
         if not args.skip_redis and os.path.exists(REDIS_SERVER):
             redis_server = RedisServer(tmp)
             redis_server.start()
@@ -382,7 +422,9 @@ def main() -> None:
             for target in names if round_ % 2 == 0 else names[::-1]:
                 for scenario in ("streams", "lockstep", "short"):
                     url = targets[target]["short" if scenario == "short" else "stream"]
-                    result = _measure(url, scenario, args.concurrency, args.seconds)
+                    result = _measure(
+                        url, scenario, args.concurrency, args.seconds, args.prompt_bytes
+                    )
                     runs.setdefault((target, scenario), []).append(result)
                     line = {"target": target, "scenario": scenario, "round": round_}
                     print(
@@ -399,6 +441,7 @@ def main() -> None:
             "summary": True,
             "cpus": os.cpu_count(),
             "rounds": args.rounds,
+            "prompt_bytes": args.prompt_bytes,
             "load_avg_1m": round(os.getloadavg()[0], 2),
         }
         direct = results[("direct", "streams")]
@@ -420,6 +463,19 @@ def main() -> None:
                 "short_requests_per_s": r["requests_per_s"],
             }
         summary["direct_short_requests_per_s"] = results[("direct", "short")].get("requests_per_s")
+        affine, least = summary.get("tokenfair"), summary.get("tokenfair least-loaded")
+        if isinstance(affine, dict) and isinstance(least, dict) and "error" not in affine:
+            # Prefix-affinity's figures over least-loaded's, measured in the same rounds.
+            summary["prefix_affinity_over_least_loaded"] = {
+                field: round(affine[field] / least[field], 3) if least[field] else None
+                for field in (
+                    "added_ttft_p50_ms",
+                    "added_ttft_p99_ms",
+                    "lockstep_added_ttft_p50_ms",
+                    "short_requests_per_s",
+                )
+                if field in least
+            }
         lite = summary.get("litellm(2 workers)")
         if isinstance(lite, dict) and "short_requests_per_s" in lite and "tokenfair" in summary:
             summary["tokenfair_vs_litellm_requests_per_s"] = round(

@@ -1,3 +1,4 @@
+import copy
 import random
 
 import pytest
@@ -312,6 +313,36 @@ def test_vtc_heap_agrees_with_brute_force_under_random_operations():
         if rng.random() < 0.05 and len(policy):
             policy.remove(rng.choice(list(policy.waiting_requests())))
     assert len(policy) == sum(1 for _ in policy.waiting_requests())
+
+
+@pytest.mark.parametrize(
+    "name", ["fcfs", "priority", "sjf", "vtc", "wvtc", "vtc-artifact", "vtc-lpm"]
+)
+def test_waiting_requests_are_listed_in_pop_order(name):
+    """The listing is what successive pops would return, requeues and charges included."""
+    rng = random.Random(11)
+    policy = make_policy(name, weights={"c0": 2.0, "c1": 0.5} if name == "wvtc" else None)
+    admitted = []
+    for step in range(400):
+        op = rng.random()
+        if op < 0.45:
+            request = make_request(client=f"c{rng.randrange(5)}", input_tokens=rng.randint(1, 60))
+            request.priority = rng.randrange(3)
+            policy.add(request, step)
+        elif op < 0.75 and len(policy):
+            request = policy.pop()
+            policy.on_admit(request, True, step)
+            admitted.append(request)
+        elif op < 0.9 and admitted:
+            request = rng.choice(admitted)
+            request.output_token_ids.append(1)
+            policy.on_output(request)
+        elif admitted:
+            policy.requeue(admitted.pop(rng.randrange(len(admitted))))  # preempted
+        if step % 40 == 39:
+            listed = [r.request_id for r in policy.waiting_requests()]
+            assert len(listed) == len(policy)
+            assert listed == [r.request_id for r in drain(copy.deepcopy(policy))]
 
 
 @pytest.mark.parametrize(

@@ -92,6 +92,29 @@ def fake_upstream(
     return Process(args, port, tmp / f"{name}.log").start()
 
 
+def sim_upstream(tmp: Path, name: str, *options: str, profile: str = "fixed:0.01") -> Process:
+    """`tokenfair serve --model sim:PROFILE` serving the model "sim"."""
+    port = free_port()
+    args = [
+        sys.executable, "-c", "from tokenfair.cli import app; app()", "serve",
+        "--model", f"sim:{profile}", "--served-model-name", "sim", "--port", str(port),
+        "--log-level", "warning", *options,
+    ]  # fmt: skip
+    return Process(args, port, tmp / f"{name}.log").start(timeout=60)
+
+
+def metrics(process: Process) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """{(sample name, sorted labels): value} from a process's /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(process.url + "/metrics", timeout=5).text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
 def tenants_file(tmp: Path, weights: dict[str, float] | None = None) -> Path:
     from tokenfair.edge.tenants import hash_key
 

@@ -27,6 +27,18 @@ def test_check_accepts_a_good_config(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["gateway", "--config", str(path), "--check"])
     assert result.exit_code == 0, result.output
     assert "ok" in result.output and "1 tenant(s)" in result.output
+    assert "routing prefix-affinity" in result.output
+
+
+def test_check_names_a_bad_routing_key_and_line(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        "upstreams:\n  - {url: 'http://127.0.0.1:1', models: [m], max_concurrent: 2}\n"
+        "routing:\n  mode: least-loaded\n  overload_bound: -1\n",
+    )
+    result = CliRunner().invoke(app, ["gateway", "--config", str(path), "--check"])
+    assert result.exit_code == 2
+    assert "gateway.yaml:5: routing.overload_bound" in result.output
 
 
 def test_check_names_the_bad_key(tmp_path: Path) -> None:

@@ -96,6 +96,26 @@ def test_a_good_config_loads() -> None:
             "upstreams:\n  - {url: 'http://:80', models: [m], max_concurrent: 1}\n",
             "upstreams.0.url: 'http://:80' names no host",
         ),
+        (
+            "routing: nearest\nupstreams:\n  - {url: 'http://x', models: [m], max_concurrent: 1}\n",
+            "<config>:1: routing: unknown routing 'nearest'; use prefix-affinity or least-loaded",
+        ),
+        (
+            "upstreams:\n  - {url: 'http://x', models: [m], max_concurrent: 1}\nrouting:\n  mode: prefix-affinity\n  overload_bound: 1.5\n",
+            "<config>:5: routing.overload_bound: Input should be less than or equal to 1",
+        ),
+        (
+            "routing: {mode: prefix-affinity, block_bytes: 8}\nupstreams:\n  - {url: 'http://x', models: [m], max_concurrent: 1}\n",
+            "<config>:1: routing.block_bytes: Input should be greater than or equal to 16",
+        ),
+        (
+            "routing:\n  mode: affinity\nupstreams:\n  - {url: 'http://x', models: [m], max_concurrent: 1}\n",
+            "<config>:2: routing.mode: Input should be 'prefix-affinity' or 'least-loaded'",
+        ),
+        (
+            "routing:\n  index_size: 3\nupstreams:\n  - {url: 'http://x', models: [m], max_concurrent: 1}\n",
+            "<config>:2: routing.index_size: Extra inputs are not permitted",
+        ),
         ("[1, 2]", "<config>: expected a mapping"),
         ("upstreams: [", "<config>:1: not valid YAML"),
     ],
@@ -106,6 +126,15 @@ def test_errors_name_the_key(text: str, expected: str) -> None:
     message = str(raised.value)
     assert "\n" not in message
     assert message.startswith(expected) or expected in message, message
+
+
+def test_routing_is_a_mode_or_a_mapping() -> None:
+    assert parse_config(GOOD).routing.mode == "prefix-affinity"  # the default
+    alone = parse_config("routing: least-loaded\n" + GOOD)
+    assert alone.routing.mode == "least-loaded"
+    tuned = parse_config("routing: {overload_bound: 0.5, max_blocks: 8}\n" + GOOD)
+    assert tuned.routing.mode == "prefix-affinity"
+    assert (tuned.routing.overload_bound, tuned.routing.max_blocks) == (0.5, 8)
 
 
 def test_a_missing_file_is_one_line(tmp_path: Path) -> None:

@@ -94,6 +94,8 @@ def test_failure_before_the_first_byte_is_retried_once_elsewhere(tmp_path: Path)
             {"url": u.url, "models": ["fake"], "max_concurrent": 8, "name": u.log.stem}
             for u in (failing, good)
         ],
+        # Least-loaded tries the first-listed idle upstream first: the failing one.
+        routing="least-loaded",
     )
     alone = gateway(
         tmp_path, [{"url": failing.url, "models": ["fake"], "max_concurrent": 8}], name="alone"

@@ -1,10 +1,18 @@
-"""Runs the vLLM plugin's tests (tests/integrations/vllm) inside vLLM's own environment.
+"""Runs the vLLM plugin's tests (tests/integrations/vllm) inside vLLM's own environments.
 
-vLLM pins its own transformers, so it lives in `.venv-vllm` (`make vllm-env` builds
-it; `make test` does so first), and tokenfair reaches it through PYTHONPATH, never by
-being installed there. From the main environment this one test starts that suite and
-passes or fails with it; it skips, saying why, when the environment is missing, and
-fails when it is there but broken.
+vLLM pins its own transformers, so it lives apart from tokenfair's main environment
+(`make vllm-env` builds both; `make test` does so first), and tokenfair reaches it
+through PYTHONPATH, never by being installed there:
+
+- `.venv-vllm`: vLLM's CPU build, 0.32: every test, the offline engine and the
+  OpenAI server included;
+- `.venv-vllm-0.33`: vLLM 0.33's GPU wheel (0.33 has no CPU build). Its scheduler
+  runs on CPU, its model runner does not (no CPU kernels in that wheel), so only the
+  scheduler-level tests run there (the offline and server tests skip, saying so).
+
+From the main environment each environment's suite is one test that passes or fails
+with it; it skips, saying why, when the environment is missing, and fails when it is
+there but broken.
 """
 
 from __future__ import annotations
@@ -17,31 +25,41 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = Path(os.environ.get("TOKENFAIR_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
 SUITE_TIMEOUT_S = 1500
+ENVIRONMENTS = {
+    "0.32": (
+        Path(os.environ.get("TOKENFAIR_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python")),
+        ["tests/integrations/vllm"],
+        {},
+    ),
+    "0.33": (
+        Path(
+            os.environ.get(
+                "TOKENFAIR_VLLM_NEXT_PYTHON", ROOT / ".venv-vllm-0.33" / "bin" / "python"
+            )
+        ),
+        ["tests/integrations/vllm"],  # the model tests skip, saying why
+        # The GPU wheel finds no GPU: vLLM's CPU platform, by name.
+        {"VLLM_TARGET_DEVICE": "cpu"},
+    ),
+}
 
 
 @pytest.mark.slow
-def test_vllm_plugin_suite_in_vllms_environment():
+@pytest.mark.parametrize("minor", list(ENVIRONMENTS))
+def test_vllm_plugin_suite_in_vllms_environment(minor):
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip(
             "running inside vLLM's environment: tests/integrations/vllm is collected directly"
         )
-    if not VLLM_PYTHON.exists():
-        pytest.skip(f"vLLM test environment not found at {VLLM_PYTHON}: `make vllm-env` builds it")
+    python, paths, extra_env = ENVIRONMENTS[minor]
+    if not python.exists():
+        pytest.skip(f"vLLM {minor} test environment not found at {python}: `make vllm-env`")
     # An environment that exists must work (`make vllm-env` checked it imports): a broken
     # one fails the suite below, with its error, rather than skipping it.
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), **extra_env)
     result = subprocess.run(
-        [
-            str(VLLM_PYTHON),
-            "-m",
-            "pytest",
-            "tests/integrations/vllm",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-        ],
+        [str(python), "-m", "pytest", *paths, "-q", "-p", "no:cacheprovider"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -49,5 +67,14 @@ def test_vllm_plugin_suite_in_vllms_environment():
         timeout=SUITE_TIMEOUT_S,
     )
     tail = "\n".join((result.stdout + result.stderr).splitlines()[-60:])
-    assert result.returncode == 0, f"vLLM plugin suite failed:\n{tail}"
+    assert result.returncode == 0, f"vLLM {minor} plugin suite failed:\n{tail}"
+    # The suite ran under the minor it is meant for.
+    version = subprocess.run(
+        [str(python), "-c", "import vllm; print(vllm.__version__)"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert version.startswith(f"{minor}."), f"expected vLLM {minor}.x at {python}, found {version}"
     print(tail.splitlines()[-1])

@@ -45,7 +45,8 @@ def gateway(
             token_counters(settings)  # a tokenizer that cannot load fails the start too
             where = f"Redis {settings.redis.url}" if settings.redis else "in-memory counters"
             console.print(
-                f"{config}: ok — policy {settings.policy}, {len(settings.upstreams)} upstream(s), "
+                f"{config}: ok — policy {settings.policy}, routing {settings.routing.mode}, "
+                f"{len(settings.upstreams)} upstream(s), "
                 f"models {', '.join(settings.served_models())}, {len(directory.tenants)} tenant(s), {where}",
                 soft_wrap=True,
                 highlight=False,

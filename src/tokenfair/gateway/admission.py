@@ -4,8 +4,9 @@ One dispatcher task decides, one request at a time, whenever a request arrives o
 capacity frees up, by asking the three seams of `gateway/flow/` in turn: the highest
 band with a request that may go (`bands.py`), each of its tenants' first such request
 (`order.py`), and which of those goes (`fairness.py`: VTC's counters, shared through
-Redis, or the core's ordering policies). The chosen request goes to an upstream that
-the pool chooses (`UpstreamPool.choose`: the seam where routing decides).
+Redis, or the core's ordering policies). The chosen request goes where the pool's
+router sends it (`UpstreamPool.choose`, routing.py): which request runs next and where
+it runs are decided apart.
 
 A request that finds nothing waiting in this gateway and room upstream goes at once,
 without a turn of the dispatcher: its fairness step is one round trip (lift and
@@ -103,7 +104,7 @@ class Admission:
         """An upstream for `ticket` when it may skip the queue: nothing waits here."""
         if self.num_waiting or self._retries:
             return None
-        return self.pool.choose(ticket.model, ticket.tokens)
+        return self.pool.choose(ticket.model, ticket.tokens, prefix=ticket.prefix)
 
     async def _take_now(self, ticket: Ticket, upstream: Upstream, fairness: Fairness) -> Upstream:
         """Dispatch at once: the slot is held before the fairness step, which then runs
@@ -221,7 +222,7 @@ class Admission:
     async def _step(self) -> bool:
         """Dispatch one request if any can go now; False when nothing can."""
         for ticket in list(self._retries):
-            upstream = self.pool.choose(ticket.model, ticket.tokens, ticket.exclude)
+            upstream = self.pool.choose(ticket.model, ticket.tokens, ticket.exclude, ticket.prefix)
             if upstream is not None:
                 self._retries.remove(ticket)
                 self._dispatch(ticket, upstream)
@@ -231,7 +232,7 @@ class Admission:
         def has_room(model: str, tokens: int) -> bool:
             known = room.get((model, tokens))
             if known is None:
-                known = room[model, tokens] = self.pool.choose(model, tokens) is not None
+                known = room[model, tokens] = self.pool.has_room(model, tokens)
             return known
 
         found = self._queues.candidates(has_room)
@@ -257,7 +258,7 @@ class Admission:
             return True
         self._queues.remove(chosen)
         self._unwait(chosen)
-        upstream = self.pool.choose(chosen.model, chosen.tokens)
+        upstream = self.pool.choose(chosen.model, chosen.tokens, prefix=chosen.prefix)
         if upstream is None:  # capacity vanished during the pick (health change)
             chosen.state = "retrying"
             self._retries.appendleft(chosen)

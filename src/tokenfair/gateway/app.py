@@ -103,7 +103,7 @@ class Gateway:
         self.config = config
         self.directory = build_directory(config)
         self.cost = LinearCost(config.cost.w_in, config.cost.w_out)
-        self.pool = UpstreamPool(config.upstreams, config.health)
+        self.pool = UpstreamPool(config.upstreams, config.health, routing=config.routing)
         self.limits = Limits(config.max_waiting, who="the gateway")
         self.stores: dict[int, CounterStore] = {}  # band -> its counters
         self._fairness: dict[int, Fairness] = {}

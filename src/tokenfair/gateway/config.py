@@ -121,6 +121,43 @@ class HealthConfig(_Strict):
     metrics_interval_s: float = Field(default=0.5, gt=0)
 
 
+ROUTING_MODES = ("prefix-affinity", "least-loaded")
+
+
+class RoutingConfig(_Strict):
+    """Which upstream an admitted request goes to (gateway/routing.py).
+
+    `routing: least-loaded` or `routing: prefix-affinity` names the mode with the
+    defaults below; a mapping sets them too.
+    """
+
+    mode: Literal["prefix-affinity", "least-loaded"] = "prefix-affinity"
+    # The preferred upstream (the longest prefix, or the home of a new one) is passed
+    # over when its fill (fraction of capacity) is above the least-loaded upstream's
+    # plus this: 0 prefers it only when it is as empty as the emptiest, 1 whenever it
+    # has room.
+    overload_bound: float = Field(default=0.25, ge=0, le=1)
+    # Prompt bytes per hashed block (about 64 tokens of English text), ...
+    block_bytes: int = Field(default=256, ge=16, le=65536)
+    # ... blocks hashed per request (the first 16 KiB by default), ...
+    max_blocks: int = Field(default=64, ge=1, le=4096)
+    # ... and blocks remembered per upstream (LRU): about what its prefix cache holds,
+    # KV cache tokens x 4 / block_bytes.
+    index_blocks: int = Field(default=16384, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mode_alone(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            if value not in ROUTING_MODES:
+                raise ValueError(
+                    f"unknown routing {value!r}; use {' or '.join(ROUTING_MODES)}, or a mapping "
+                    "with mode: and its settings"
+                )
+            return {"mode": value}
+        return value
+
+
 class GatewayConfig(_Strict):
     listen: ListenConfig = Field(default_factory=ListenConfig)
     policy: str = "vtc"
@@ -133,6 +170,7 @@ class GatewayConfig(_Strict):
     models: dict[str, ModelConfig] = {}
     cost: CostConfig = Field(default_factory=CostConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
     # The order of one tenant's own requests under the counter policies: `priority`
     # (lower first, ties by arrival, as the server does) or `arrival`.
     order_within_tenant: Literal["priority", "arrival"] = "priority"

@@ -18,6 +18,7 @@ from tokenfair.edge import metric_families as families
 from tokenfair.gateway.admission import Admission
 from tokenfair.gateway.counters import CounterStore
 from tokenfair.gateway.pool import UpstreamPool
+from tokenfair.gateway.routing_metrics import RoutingCollector
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -143,6 +144,7 @@ class GatewayMetrics:
             registry=r,
         )
         r.register(_Live(admission, pool, stores))
+        r.register(RoutingCollector(pool))
         self._tenants: dict[str, TenantSeries] = {}
 
     def of(self, tenant: str) -> TenantSeries:

@@ -19,7 +19,9 @@ from collections.abc import Awaitable, Callable, Iterable
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from tokenfair.gateway.config import HealthConfig, UpstreamConfig
+from tokenfair.gateway.config import HealthConfig, RoutingConfig, UpstreamConfig
+from tokenfair.gateway.prefix import PrefixKey
+from tokenfair.gateway.routing import Router, make_router
 from tokenfair.gateway.upstream_client import UpstreamClient
 
 log = logging.getLogger("tokenfair.gateway")
@@ -127,8 +129,10 @@ class UpstreamPool:
         configs: Iterable[UpstreamConfig],
         health: HealthConfig,
         on_change: Callable[[], None] = lambda: None,
+        routing: RoutingConfig | None = None,
     ) -> None:
         self.health = health
+        self.router: Router = make_router(routing or RoutingConfig(mode="least-loaded"))
         self.on_change = on_change  # capacity may have appeared: wake the dispatcher
         self.upstreams: list[Upstream] = []
         self.upstreams = [Upstream(config) for config in configs]
@@ -147,17 +151,27 @@ class UpstreamPool:
     def serves(self, model: str) -> bool:
         return model in self.by_model
 
+    def has_room(self, model: str, tokens: int, exclude: frozenset[str] = frozenset()) -> bool:
+        """Whether some healthy upstream for `model` has room for `tokens` (no routing)."""
+        return any(
+            u.name not in exclude and u.has_room(tokens) for u in self.by_model.get(model, ())
+        )
+
     def choose(
-        self, model: str, tokens: int, exclude: frozenset[str] = frozenset()
+        self,
+        model: str,
+        tokens: int,
+        exclude: frozenset[str] = frozenset(),
+        prefix: PrefixKey | None = None,
     ) -> Upstream | None:
-        """The least-loaded healthy upstream for `model` with room for `tokens`."""
-        best: Upstream | None = None
-        for upstream in self.by_model.get(model, ()):
-            if upstream.name in exclude or not upstream.has_room(tokens):
-                continue
-            if best is None or upstream.fullness() < best.fullness():
-                best = upstream
-        return best
+        """The upstream the router picks among the healthy ones for `model` with room for
+        `tokens` (None when none has room); the request is then sent there, which the
+        router records."""
+        serving = [u for u in self.by_model.get(model, ()) if u.healthy and u.name not in exclude]
+        candidates = [u for u in serving if u.has_room(tokens)]
+        if not candidates:
+            return None
+        return self.router.route(serving, candidates, prefix)
 
     def any_eligible(self, model: str, exclude: frozenset[str] = frozenset()) -> bool:
         return any(u.healthy and u.name not in exclude for u in self.by_model.get(model, ()))
@@ -167,6 +181,7 @@ class UpstreamPool:
         upstream.failures += 1
         if upstream.healthy and upstream.failures >= self.health.fail_after:
             upstream.healthy = False
+            self.router.forget(upstream)  # it may come back restarted, its cache empty
             log.warning("upstream %s is out of rotation: %s", upstream.name, why)
             self.on_change()
 

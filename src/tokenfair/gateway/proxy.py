@@ -157,6 +157,7 @@ class CompletionProxy:
             priority=call.priority if call.priority is not None else tenant.priority,
             max_tokens=max_tokens,
             band=tenant.band,
+            prefix=gw.pool.router.key(tenant.name, call.model, call.kind, call.payload),
         )
         outcome = "abort"
         try:

@@ -52,7 +52,7 @@ class ServedModel:
     max_context: int  # positions the model can attend to (prompt + output)
     vocab_size: int | None  # None: any token id is fine (sim)
     has_chat_template: bool
-    keeps_token_ids: bool  # False for sim: prompts are only counted
+    keeps_token_ids: bool  # the engine request carries the prompt's ids (prefix caching)
     is_sim: bool
     kv_num_blocks: int
     kv_block_size: int
@@ -124,7 +124,7 @@ def build_served_model(
             max_context=SIM_MAX_CONTEXT,
             vocab_size=None,
             has_chat_template=True,
-            keeps_token_ids=False,
+            keeps_token_ids=True,  # content-derived ids: its prefix cache sees real reuse
             is_sim=True,
             **_engine_facts(engine),
         )

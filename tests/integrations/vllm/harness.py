@@ -30,7 +30,11 @@ TOKEN = 7  # every fabricated sample
 
 @functools.cache
 def _config(
-    model_dir: str, max_num_seqs: int, max_batched_tokens: int, prefix_caching: bool
+    model_dir: str,
+    max_num_seqs: int,
+    max_batched_tokens: int,
+    prefix_caching: bool,
+    scheduling_policy: str,
 ) -> Any:
     args = EngineArgs(
         model=model_dir,
@@ -41,6 +45,7 @@ def _config(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_batched_tokens,
         enable_prefix_caching=prefix_caching,
+        scheduling_policy=scheduling_policy,
         skip_tokenizer_init=True,
     )
     return args.create_engine_config()
@@ -54,11 +59,14 @@ def make_scheduler(
     max_num_seqs: int = 4,
     max_batched_tokens: int = 2048,
     prefix_caching: bool = False,
+    scheduling_policy: str = "fcfs",
     tokenfair: dict[str, Any] | None = None,
 ) -> Any:
     # One engine config per shape (building one takes a second); each scheduler gets
     # a copy with its own tokenfair settings and KV pool size.
-    config = copy.copy(_config(model_dir, max_num_seqs, max_batched_tokens, prefix_caching))
+    config = copy.copy(
+        _config(model_dir, max_num_seqs, max_batched_tokens, prefix_caching, scheduling_policy)
+    )
     config.additional_config = {"tokenfair": {"log_interval_s": 0, **(tokenfair or {})}}
     config.cache_config = copy.copy(config.cache_config)
     config.cache_config.num_gpu_blocks = num_blocks

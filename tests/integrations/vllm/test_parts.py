@@ -16,6 +16,7 @@ from tokenfair.integrations.vllm.config import PluginConfigError, load_plugin_co
 from tokenfair.integrations.vllm.fields import output_hint_of, tenant_of
 from tokenfair.integrations.vllm.ledger import Ledger
 from tokenfair.integrations.vllm.metrics import format_status, serve_prometheus
+from tokenfair.integrations.vllm.policies import VllmFCFS, VllmPriority
 from tokenfair.integrations.vllm.scheduler import _check_version
 
 
@@ -87,15 +88,30 @@ def test_tenant_and_hint_fields():
     assert output_hint_of({"predicted_output_tokens": True}) is None
 
 
-@pytest.mark.parametrize("version", ["0.32.0", "0.32.1+cpu", "0.32.0rc1"])
-def test_version_gate_accepts_the_supported_minor(version):
-    _check_version(version)
+@pytest.mark.parametrize(
+    ("version", "minor"),
+    [("0.32.0", (0, 32)), ("0.32.1+cpu", (0, 32)), ("0.33.0rc1", (0, 33)), ("0.33.2", (0, 33))],
+)
+def test_version_gate_accepts_the_supported_minors(version, minor):
+    assert _check_version(version) == minor
 
 
-@pytest.mark.parametrize("version", ["0.33.0", "0.31.2", "1.0.0", "dev"])
+@pytest.mark.parametrize("version", ["0.34.0", "0.31.2", "1.0.0", "dev"])
 def test_version_gate_refuses_other_minors(version):
-    with pytest.raises(ImportError, match=rf"supports vLLM 0\.32\.x only, found {version}"):
+    with pytest.raises(ImportError) as error:
         _check_version(version)
+    message = str(error.value)
+    assert message.startswith(
+        f"tokenfair.integrations.vllm supports vLLM 0.32.x and 0.33.x, found {version}: "
+    )
+    assert "\n" not in message
+
+
+def make_core_request(request_id: str, *, priority: int = 0, arrival: float = 0.0):
+    from tokenfair.core.request import Request as CoreRequest
+    from tokenfair.core.request import SamplingParams as CoreSampling
+
+    return CoreRequest(request_id, "t", 8, arrival, CoreSampling(max_tokens=4), priority=priority)
 
 
 def _ledger_with_two_tenants() -> Ledger[str]:
@@ -159,3 +175,49 @@ def test_async_scheduler_variant_charges_exactly(tiny_model_dir):
     counters = fair.ledger.counters()
     for tenant in "ab":
         assert counters[tenant] == sum(p + 2 * o for _, t, p, o in workload if t == tenant)
+
+
+@pytest.mark.parametrize(
+    ("policy", "vllm_priority", "sorts_running", "kind"),
+    [
+        ("fcfs", False, False, VllmFCFS),
+        ("priority", True, False, VllmPriority),
+        ("vtc", False, True, None),
+        ("sjf:20", False, True, None),
+    ],
+)
+def test_each_policy_says_how_vllms_loop_runs(policy, vllm_priority, sorts_running, kind):
+    plugin = load_plugin_config({"tokenfair": {"policy": policy}}).make_plugin_policy()
+    assert (plugin.vllm_priority, plugin.sorts_running) == (vllm_priority, sorts_running)
+    if kind is not None:
+        assert type(plugin.policy) is kind
+    else:
+        assert plugin.policy.name == policy.partition(":")[0]
+
+
+def test_vllm_fcfs_puts_the_last_put_back_first_as_vllms_deque_does():
+    policy = VllmFCFS()
+    requests = [make_core_request(f"r{i}") for i in range(5)]
+    for request in requests[:3]:
+        policy.add(request, 0.0)
+    taken = [policy.pop(), policy.pop()]  # r0, r1
+    policy.add(requests[3], 0.0)
+    for request in taken:  # put back r0, then r1: r1 ends up in front
+        policy.requeue(request)
+    assert [r.request_id for r in policy.waiting_requests()] == ["r1", "r0", "r2", "r3"]
+    policy.remove(requests[2])
+    policy.remove(requests[4])  # not waiting: nothing happens
+    assert [policy.pop().request_id for _ in range(len(policy))] == ["r1", "r0", "r3"]
+    assert policy.peek() is None
+
+
+def test_vllm_priority_orders_by_priority_arrival_and_id_put_backs_included():
+    policy = VllmPriority()
+    rows = [("b", 1, 2.0), ("a", 1, 2.0), ("c", 0, 9.0), ("d", 1, 1.0)]
+    requests = {rid: make_core_request(rid, priority=p, arrival=t) for rid, p, t in rows}
+    for request in requests.values():
+        policy.add(request, 0.0)
+    first = policy.pop()
+    assert first.request_id == "c"
+    policy.requeue(first)  # no front band: back in its place by priority
+    assert [r.request_id for r in policy.waiting_requests()] == ["c", "d", "a", "b"]

@@ -196,6 +196,77 @@ def test_fcfs_policy_schedules_exactly_like_stock_vllm(tiny_model_dir):
     assert trace(FairScheduler, tokenfair={"policy": "fcfs"}) == stock
 
 
+def test_priority_policy_schedules_exactly_like_stock_vllm_priority(tiny_model_dir):
+    """tokenfair's `priority` is vLLM's priority scheduler: same steps, same victims."""
+    workload = [(f"{t}{i}", t, 16 + 24 * i, 40 + 10 * i) for i in range(3) for t in "xyz"]
+    priorities = [2, 0, 1, 1, 2, 0, 0, 1, 2]
+
+    def trace(cls, **kwargs):
+        scheduler = make_scheduler(
+            tiny_model_dir,
+            cls,
+            num_blocks=20,
+            max_num_seqs=4,
+            scheduling_policy="priority",
+            **kwargs,
+        )
+        requests = [make_request(scheduler, r, t, p, o) for r, t, p, o in workload]
+        for request, priority in zip(requests, priorities, strict=True):
+            request.priority = priority
+        add(scheduler, requests)
+        return [
+            (dict(out.num_scheduled_tokens), sorted(out.preempted_req_ids or ()))
+            for out in run(scheduler)
+        ]
+
+    stock = trace(Scheduler)
+    assert any(preempted for _, preempted in stock), "the pool was meant to run out"
+    assert trace(FairScheduler, tokenfair={"policy": "priority"}) == stock
+
+
+@pytest.mark.parametrize("policy", ["vtc", "fcfs", "priority"])
+def test_waiting_queue_iterates_and_indexes_in_pop_order(tiny_model_dir, policy):
+    """Code that walks vLLM's waiting queue sees what schedule() will take, in order."""
+    fair = make_scheduler(
+        tiny_model_dir, FairScheduler, num_blocks=14, max_num_seqs=3, tokenfair={"policy": policy}
+    )
+    add(fair, [make_request(fair, f"a{i}", "a", 40, 60) for i in range(3)])
+    add(fair, [make_request(fair, f"b{i}", "b", 16, 60) for i in range(3)])
+    preempted = 0
+    for _ in range(100):
+        preempted += len(step(fair).preempted_req_ids or ())
+        if preempted:
+            break
+    assert preempted, "the pool was meant to run out"
+    listed = [r.request_id for r in fair.waiting]
+    assert len(listed) == len(fair.waiting) >= 2
+    assert [fair.waiting[i].request_id for i in range(len(listed))] == listed
+    assert fair.waiting.peek_request().request_id == listed[0]
+    # Pops with no admission in between (nothing is charged) take exactly that order.
+    popped = [fair.waiting.pop_request().request_id for _ in listed]
+    assert popped == listed
+
+
+def test_reset_prefix_cache_with_running_requests_keeps_exact_charges(tiny_model_dir):
+    """Every running request is pushed back (vLLM preempts them all): none pays twice."""
+    fair = make_scheduler(tiny_model_dir, FairScheduler, max_num_seqs=4, prefix_caching=True)
+    workload = [("a0", "a", 40, 12), ("a1", "a", 24, 10), ("b0", "b", 32, 14)]
+    add(fair, [make_request(fair, r, t, p, o) for r, t, p, o in workload])
+    for _ in range(4):
+        step(fair)
+    running = [r.request_id for r in fair.running]
+    assert len(running) == 3
+    assert fair.reset_prefix_cache(reset_running_requests=True)
+    assert not fair.running
+    # They wait again in the order they ran, as in stock vLLM.
+    assert [r.request_id for r in fair.waiting] == running
+    assert sum(s.preemptions for s in fair.ledger.tenants().values()) == 3
+    run(fair)
+    counters = fair.ledger.counters()
+    for tenant in "ab":
+        assert counters[tenant] == expected_counter(workload, tenant)
+
+
 def test_pop_and_put_back_is_not_charged(tiny_model_dir):
     fair = make_scheduler(tiny_model_dir, FairScheduler, max_num_seqs=2)
     ledger = fair.ledger

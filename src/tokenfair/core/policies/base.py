@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from tokenfair.core.prefix_cache import PrefixCache
 from tokenfair.core.request import Request
@@ -56,6 +56,8 @@ class Policy:
         raise NotImplementedError
 
     def waiting_requests(self) -> Iterable[Request]:
+        """Every waiting request, in the order successive pops would return them
+        (with no admission, and so no charge, in between)."""
         raise NotImplementedError
 
     # --- arrivals, charges, finishes ---
@@ -144,8 +146,13 @@ class OrderedQueue:
     def __len__(self) -> int:
         return len(self._live)
 
-    def __iter__(self):
-        return iter(self._live.values())
+    def __iter__(self) -> Iterator[Request]:
+        """The live requests in pop order (a sorted copy: O(n log n))."""
+        live, seen = self._live, set()
+        for _, _, request in sorted(e for e in self._heap if live.get(e[2].request_id) is e[2]):
+            if request.request_id not in seen:  # pop would take an earlier entry only
+                seen.add(request.request_id)
+                yield request
 
 
 class KeyedPolicy(Policy):

@@ -58,14 +58,16 @@ class LongestPrefixQueue:
         seq = next(self._seq)
         self._live[request.request_id] = (seq, band)
         blocks = self._index.blocks(request)
-        heapq.heappush(self._heap, (request.priority, band, -blocks, seq, request))
+        # Preempted requests go back last in, first out, as vLLM prepends them.
+        order = -seq if band == 0 else seq
+        heapq.heappush(self._heap, (request.priority, band, -blocks, order, request))
         if len(self._heap) > 4 * len(self._live) + 64:
             self._heap = [e for e in self._heap if self._is_live(e)]
             heapq.heapify(self._heap)
 
     def _is_live(self, entry: tuple[int, int, int, int, Request]) -> bool:
         live = self._live.get(entry[4].request_id)
-        return live is not None and live[0] == entry[3]
+        return live is not None and live[0] == abs(entry[3])
 
     def add(self, request: Request) -> None:
         self._index.track(request)
@@ -88,7 +90,7 @@ class LongestPrefixQueue:
             entry = heap[0]
             request = entry[4]
             filed = live.get(request.request_id)
-            if filed is None or filed[0] != entry[3]:
+            if filed is None or filed[0] != abs(entry[3]):
                 heapq.heappop(heap)  # retired entry
             elif not index.verify(request):
                 heapq.heappop(heap)  # evictions shortened its prefix: file it again
@@ -120,7 +122,8 @@ class LongestPrefixQueue:
         return len(self._live)
 
     def __iter__(self) -> Iterator[Request]:
-        return (e[4] for e in self._heap if self._is_live(e))
+        """In the order pops would take them with the cache as it is."""
+        return (e[4] for e in sorted(e for e in self._heap if self._is_live(e)))
 
 
 class LocalityVTCPolicy(VTCPolicy):

@@ -235,8 +235,20 @@ class VTCPolicy(Policy):
         return self._num_waiting
 
     def waiting_requests(self) -> Iterable[Request]:
-        for queue in self._queues.values():
-            yield from queue
+        """Pop order with the counters as they are: _min_client's heap walk, on a copy
+        (a re-filed entry takes a seq above every stored one, as a real re-file does)."""
+        heap, counter, live = list(self._heap), self._counter, dict(self._live_entry)
+        seq = itertools.count(max((entry[2] for entry in heap), default=0) + 1)
+        while heap:
+            stored, rank, entry_seq, client = heapq.heappop(heap)
+            if live.get(client) != entry_seq:
+                continue  # retired, or this client was listed already
+            if stored != counter[client]:
+                live[client] = next(seq)
+                heapq.heappush(heap, (counter[client], rank, live[client], client))
+                continue
+            del live[client]
+            yield from self._queues[client]
 
     # --- charges ---
     def _charge(self, client: str, amount: float) -> None:

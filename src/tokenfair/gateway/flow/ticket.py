@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from tokenfair.core.request import Request
 from tokenfair.gateway.counters import Charge
+from tokenfair.gateway.prefix import PrefixKey
 
 if TYPE_CHECKING:
     from tokenfair.gateway.pool import Upstream
@@ -27,6 +28,7 @@ class Ticket:
     key: tuple = ()  # its place in its tenant's queue (order.py)
     dispatches_at_arrival: int = 0  # the gateway's dispatch count when this one arrived
     exclude: frozenset[str] = frozenset()
+    prefix: PrefixKey | None = None  # what the router places it by
     future: asyncio.Future[Upstream] | None = None
     upstream: Upstream | None = None
     core: Request | None = None  # the core's view, for the core's policies

@@ -4,9 +4,10 @@
         --scheduler-cls tokenfair.integrations.vllm.FairScheduler \\
         --additional-config '{"tokenfair": {"policy": "vtc"}}'
 
+On a GPU (async scheduling), use `FairAsyncScheduler` with `--async-scheduling`.
 Requests name their tenant in `vllm_xargs` (OpenAI) or `SamplingParams.extra_args`
-(offline): `{"tenant": "team-a"}`. Supported: vLLM 0.32.x (importing this package under
-another version raises ImportError saying so). See docs/vllm.md.
+(offline): `{"tenant": "team-a"}`. Supported: vLLM 0.32.x and 0.33.x (importing this
+package under another version raises ImportError saying so). See docs/vllm.md.
 """
 
 from tokenfair.integrations.vllm.scheduler import (

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from tokenfair.core.cost import make_cost
 from tokenfair.core.policies import Policy, PolicyError, make_policy
 from tokenfair.core.share_tree import ShareTreeError
+from tokenfair.integrations.vllm.policies import PluginPolicy, plugin_policy
 from tokenfair.share_groups import Group, GroupName, group_weights, share_tree
 
 CONFIG_KEY = "tokenfair"
@@ -74,9 +75,18 @@ class PluginConfig(BaseModel):
     metrics_port: int | None = Field(None, ge=1, le=65535)
     metrics_host: str = "127.0.0.1"
 
+    @property
+    def policy_name(self) -> str:
+        """The policy's name without its arguments ("sjf:20" -> "sjf")."""
+        return self.policy.strip().partition(":")[0].lower()
+
+    def make_plugin_policy(self) -> PluginPolicy:
+        """The policy as the plugin runs it inside vLLM (one per engine core)."""
+        return plugin_policy(self.policy_name, self.make_policy())
+
     def make_policy(self) -> Policy:
-        """The policy object these settings describe (one per engine core)."""
-        name = self.policy.strip().partition(":")[0].lower()
+        """The tokenfair policy these settings describe."""
+        name = self.policy_name
         if name not in SUPPORTED_POLICIES:
             raise PluginConfigError(
                 f"{CONFIG_KEY}.policy: {self.policy!r} is not supported inside vLLM; "

