@@ -202,8 +202,9 @@ class KVCacheManager:
         blocks but the last token's, since the forward pass must produce a token."""
         return (request.num_tokens - 1) // self.block_size
 
-    def cached_run(self, keys: list[int], start: int = 0) -> int:
-        """How many of `keys`, from `start` on, are cached one after another, plus start."""
+    def cached_run(self, request: Request, keys: list[int], start: int = 0) -> int:
+        """`start` plus how many of `keys` (the request's block hashes) from `start` on
+        are cached one after another."""
         cached, end = self._cached, len(keys)
         while start < end and keys[start] in cached:
             start += 1
@@ -213,7 +214,7 @@ class KVCacheManager:
         """How many leading blocks of the request are in the cache now (nothing taken)."""
         if not self.enable_prefix_caching:
             return 0
-        return self.cached_run(self.block_hashes(request, self.matchable_blocks(request)))
+        return self.cached_run(request, self.block_hashes(request, self.matchable_blocks(request)))
 
     def blocks_to_admit(self, request: Request, num_tokens: int) -> int:
         """Free blocks that admitting the waiting request (its cached prefix taken, then

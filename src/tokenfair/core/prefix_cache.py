@@ -44,8 +44,9 @@ class PrefixCache(Protocol):
         """How many leading blocks of the request a cache hit may cover."""
         ...
 
-    def cached_run(self, keys: list[int], start: int = 0) -> int:
-        """`start` plus how many of `keys` from `start` on are cached in a row."""
+    def cached_run(self, request: Request, keys: list[int], start: int = 0) -> int:
+        """How many of the request's leading blocks are cached: `start` (known to be)
+        plus how many of `keys` (its block hashes) from there on are, in a row."""
         ...
 
     def want(self, keys: list[int]) -> None:
@@ -143,7 +144,7 @@ class CachedPrefixIndex:
         assert cache is not None
         request = entry.request
         hashes = entry.hashes = cache.block_hashes(request, cache.matchable_blocks(request))
-        blocks = cache.cached_run(hashes, start)
+        blocks = cache.cached_run(request, hashes, start)
         self._set_blocks(entry, blocks)
         if start == 0:
             entry.walked_at = cache.wanted_evictions
