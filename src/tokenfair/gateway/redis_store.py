@@ -10,6 +10,12 @@ recording what it charges. A background task probes Redis; when it answers, the 
 charges are added to Redis's counters (and no counter drops below what this gateway
 saw, which re-seeds a Redis that came back empty), this gateway's waiting counts are
 written back, and the shared counters are used again.
+
+An outage errs towards charging, never away from it: every charge a failed call
+carried is counted locally and added at reconciliation, even when Redis may have
+applied it before the call failed, and whichever call fails first or last. A call that
+fails for an outage that is already over (it began before the reconciliation) is sent
+again rather than starting another outage, so the store recovers once per outage.
 """
 
 from __future__ import annotations
@@ -21,11 +27,11 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from tokenfair.gateway import lua
 from tokenfair.gateway.counters import Candidate, Charge, LocalCounters, path_of
+from tokenfair.gateway.redis_client import connect
 
 log = logging.getLogger("tokenfair.gateway")
 
@@ -70,9 +76,7 @@ class RedisCounterStore:
         self.heartbeat_s = heartbeat_s
         self.ttl_ms = int(gateway_ttl_s * 1000)
         self.probe_interval_s = probe_interval_s
-        self._redis = aioredis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, max_connections=64
-        )
+        self._redis = connect(url, timeout_s)
         self._scripts = {
             name: self._redis.register_script(getattr(lua, name))
             for name in (
@@ -93,6 +97,10 @@ class RedisCounterStore:
         self._outage: dict[str, float] = {}  # charged locally while degraded
         self._tasks: list[asyncio.Task[None]] = []
         self.outages = 0
+        # Recoveries so far: a call that began before the last one and fails failed
+        # for an outage that is over.
+        self._generation = 0
+        self._closing = False
 
     # --- lifecycle ---
     async def start(self) -> None:
@@ -103,6 +111,7 @@ class RedisCounterStore:
         ]
 
     async def close(self) -> None:
+        self._closing = True
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -129,21 +138,50 @@ class RedisCounterStore:
         local.counter = dict(self._snapshot)
         local.waiting = dict(self._waiting)
         local.paths = dict(self._paths)
-        # Charges whose script failed may or may not have reached Redis; counting them
-        # again at reconciliation errs towards charging.
-        for node, amount in {**self._pending, **unsent}.items():
-            local.charge(((node, amount),))
-            self._outage[node] = self._outage.get(node, 0.0) + amount
-        self._pending.clear()
         self._local = local
+        self._absorb(self._take_pending())
+        self._absorb(unsent)
         self.outages += 1
         log.warning(
             "Redis at %s is unreachable (%s): using local counters until it answers again",
             self.url,
             type(error).__name__,
         )
-        self._tasks.append(asyncio.create_task(self._recover()))
+        if not self._closing:
+            self._tasks.append(asyncio.create_task(self._recover()))
         return local
+
+    def _absorb(self, unsent: dict[str, float]) -> None:
+        """Charges whose script failed while degraded: counted locally, and added to
+        Redis at reconciliation. Some may have reached Redis before the call failed:
+        counting them again errs towards charging."""
+        assert self._local is not None
+        for node, amount in unsent.items():
+            self._local.charge(((node, amount),))
+            self._outage[node] = self._outage.get(node, 0.0) + amount
+
+    def _restore(self, unsent: dict[str, float]) -> None:
+        """Charges of a call to send again with the next one."""
+        for node, amount in unsent.items():
+            self._pending[node] = self._pending.get(node, 0.0) + amount
+
+    async def _remote(self, name: str, head: list[Any], tail: list[Any]) -> tuple[bool, Any]:
+        """Run a script, with the buffered charges, while Redis is in use: (True, its
+        answer), or (False, None) once the store is degraded (by this call or another),
+        the charges it carried counted locally."""
+        while self._local is None:
+            generation = self._generation
+            pending = self._take_pending()
+            try:
+                return True, await self._call(name, head, pending, tail)
+            except _FAILURES as error:
+                if self._local is not None:  # another call saw the outage first
+                    self._absorb(pending)
+                elif generation != self._generation:  # an outage already over: again
+                    self._restore(pending)
+                else:
+                    self._degrade(error, pending)
+        return False, None
 
     async def _recover(self) -> None:
         while self._local is not None:
@@ -166,6 +204,7 @@ class RedisCounterStore:
             # self._waiting stays: it saw every arrival and departure, including those
             # whose Redis call succeeded after another had failed.
             self._local = None
+            self._generation += 1
             log.warning("Redis at %s answers again: counters reconciled", self.url)
             await self._heartbeat()
 
@@ -192,46 +231,28 @@ class RedisCounterStore:
         return await self._scripts[name](args=args)
 
     async def _flush(self) -> None:
-        if self._local is not None or not self._pending:
-            return
-        pending = self._take_pending()
-        try:
-            await self._call("FLUSH", [], pending, [])
-        except _FAILURES as error:
-            if self._local is None:
-                self._degrade(error, pending)
+        if self._local is None and self._pending:
+            await self._remote("FLUSH", [], [])
 
     async def _heartbeat(self) -> None:
         if self._local is not None:
             return
-        pending = self._take_pending()
-        try:
-            flat = await self._call(
-                "HEARTBEAT", [], pending, [len(self._waiting), *_flat(self._waiting)]
-            )
-        except _FAILURES as error:
-            if self._local is None:
-                self._degrade(error, pending)
-            return
-        self._snapshot = _as_counters(flat)
+        ok, flat = await self._remote("HEARTBEAT", [], [len(self._waiting), *_flat(self._waiting)])
+        if ok:
+            self._snapshot = _as_counters(flat)
 
     # --- the store interface ---
     async def arrive(self, tenant: str, path: tuple[str, ...]) -> float:
         if len(path) > 1:
             self._paths[tenant] = path
-        if self._local is None:
-            pending = self._take_pending()
-            tail = [tenant, self.lift, len(path), *path]
-            try:
-                value = float(await self._call("ARRIVE", [self.ttl_ms], pending, tail))
-            except _FAILURES as error:
-                if self._local is None:
-                    self._degrade(error, pending)
-            else:
-                self._waiting[tenant] = self._waiting.get(tenant, 0) + 1
-                self._also_locally(tenant, +1)
-                self._snapshot[tenant] = value
-                return value
+        tail = [tenant, self.lift, len(path), *path]
+        ok, answer = await self._remote("ARRIVE", [self.ttl_ms], tail)
+        if ok:
+            value = float(answer)
+            self._waiting[tenant] = self._waiting.get(tenant, 0) + 1
+            self._also_locally(tenant, +1)
+            self._snapshot[tenant] = value
+            return value
         assert self._local is not None
         self._waiting[tenant] = self._waiting.get(tenant, 0) + 1
         return self._local.arrive(tenant, path)
@@ -247,35 +268,25 @@ class RedisCounterStore:
             _add(self._local.waiting, tenant, delta)
 
     async def leave(self, tenant: str) -> None:
-        if self._local is None:
-            pending = self._take_pending()
-            try:
-                await self._call("LEAVE", [], pending, [tenant])
-            except _FAILURES as error:
-                if self._local is None:
-                    self._degrade(error, pending)
-            else:
-                self._one_less(tenant)
-                self._also_locally(tenant, -1)
-                return
+        ok, _ = await self._remote("LEAVE", [], [tenant])
+        if ok:
+            self._one_less(tenant)
+            self._also_locally(tenant, -1)
+            return
         assert self._local is not None
         self._one_less(tenant)
         self._local.leave(tenant)
 
     async def pick(self, candidates: Sequence[Candidate]) -> str:
         if self._local is None:
-            pending = self._take_pending()
             tail: list[Any] = [len(candidates)]
             for tenant, charge in candidates:
                 tail.extend((tenant, len(charge)))
                 for node, amount in charge:
                     tail.extend((node, repr(amount)))
-            try:
-                best, value = await self._call("PICK", [], pending, tail)
-            except _FAILURES as error:
-                if self._local is None:
-                    self._degrade(error, pending)
-            else:
+            ok, answer = await self._remote("PICK", [], tail)
+            if ok:
+                best, value = answer
                 name = best.decode() if isinstance(best, bytes) else str(best)
                 self._snapshot[name] = float(value.decode() if isinstance(value, bytes) else value)
                 for tenant, charge in candidates:
@@ -305,16 +316,11 @@ class RedisCounterStore:
         if len(charge) > 1:
             self._paths[tenant] = path_of(charge)
         if self._local is None:
-            pending = self._take_pending()
             tail: list[Any] = [tenant, self.lift, len(charge)]
             for node, amount in charge:
                 tail.extend((node, repr(amount)))
-            try:
-                value = await self._call("ARRIVE_TAKE", [self.ttl_ms], pending, tail)
-            except _FAILURES as error:
-                if self._local is None:
-                    self._degrade(error, pending)
-            else:
+            ok, value = await self._remote("ARRIVE_TAKE", [self.ttl_ms], tail)
+            if ok:
                 counter = float(value.decode() if isinstance(value, bytes) else value)
                 self._note(charge, skip_last=True)
                 self._snapshot[tenant] = counter
