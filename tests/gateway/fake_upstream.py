@@ -6,7 +6,8 @@ It streams SSE at a fixed interval per token (`tok ` per chunk, `max_tokens` of 
 16 by default), reports usage (prompt tokens = words + 1, deliberately unlike the
 gateway's estimate; a body with `fake_no_usage: true` gets a non-streaming answer
 without it), notices client disconnects, and exposes what it is doing at
-/stats and, in tokenfair's metric names, at /metrics. Raw ASGI, so that it is never
+/stats (with the most requests it had in flight at once, and the last request body it
+received) and, in tokenfair's metric names, at /metrics. Raw ASGI, so that it is never
 the bottleneck of a benchmark.
 """
 
@@ -29,6 +30,8 @@ class FakeUpstream:
         self.fail_status = fail_status
         self.name = name
         self.running = 0
+        self.peak_running = 0  # the most requests in flight at once
+        self.last_body: Any = None  # the last completion request's body, as received
         self.started = 0
         self.peers: set[str] = set()  # client address:port of each connection used
         self.finished = 0
@@ -54,9 +57,8 @@ class FakeUpstream:
                 body += message.get("body", b"")
                 if not message.get("more_body"):
                     break
-            await self.complete(
-                path.endswith("chat/completions"), orjson.loads(body), receive, send
-            )
+            self.last_body = orjson.loads(body)
+            await self.complete(path.endswith("chat/completions"), self.last_body, receive, send)
         elif path == "/health":
             await self.json(send, 200, {"status": "ok"})
         elif path == "/stats":
@@ -66,6 +68,8 @@ class FakeUpstream:
                 {
                     "name": self.name,
                     "running": self.running,
+                    "peak_running": self.peak_running,
+                    "last_body": self.last_body,
                     "started": self.started,
                     "connections": len(self.peers),
                     "finished": self.finished,
@@ -132,6 +136,7 @@ class FakeUpstream:
         model = request.get("model", "fake")
         self.started += 1
         self.running += 1
+        self.peak_running = max(self.peak_running, self.running)
         try:
             if not request.get("stream"):
                 if self.token_interval:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.gateway.load import Done, closed_loop, one_stream, percentile
-from tests.gateway.processes import KEYS, Process, fake_upstream, gateway, state
+from tests.gateway.processes import KEYS, Process, fake_upstream, gateway, state, stats
 from tests.gateway.redis_server import RedisServer
 
 pytestmark = pytest.mark.slow
@@ -128,8 +128,10 @@ def test_two_gateways_keep_one_fairness_order_only_when_sharing_redis(
     if not shared:
         redis_b.start()
     upstream = fake_upstream(tmp_path, "u", token_interval=0.01)
-    # Each replica owns half of the upstream's 4 slots.
-    config = [{"url": upstream.url, "models": ["fake"], "max_concurrent": 2}]
+    # Sharing one Redis, the replicas share the upstream's 4 slots (leases); with a Redis
+    # each, each owns half of them.
+    slots = 4 if shared else 2
+    config = [{"url": upstream.url, "models": ["fake"], "max_concurrent": slots}]
     gws = [
         gateway(
             tmp_path,
@@ -142,6 +144,7 @@ def test_two_gateways_keep_one_fairness_order_only_when_sharing_redis(
     ]
     try:
         service = _service_gap(gws, (2.0, 8.0))
+        peak = stats(upstream)["peak_running"]
     finally:
         for g in gws:
             g.stop()
@@ -155,6 +158,7 @@ def test_two_gateways_keep_one_fairness_order_only_when_sharing_redis(
     bound = 2 * max(3, 2 * 4 * 23) + request
     gap = abs(service["heavy"] - service["light"])
     print(f"shared={shared} service={service} gap={gap} bound={bound}")  # shown with -s
+    assert peak <= 4
     if shared:
         assert gap <= bound, service
     else:

@@ -24,12 +24,13 @@ import contextlib
 import itertools
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 from tokenfair.edge.errors import APIError, ErrorCode
 from tokenfair.gateway.flow.bands import BandedQueues
 from tokenfair.gateway.flow.fairness import Fairness
+from tokenfair.gateway.flow.order import TicketQueue
 from tokenfair.gateway.flow.ticket import Ticket
 from tokenfair.gateway.pool import Upstream, UpstreamPool
 
@@ -53,6 +54,8 @@ class Admission:
         # how many requests went ahead of it meanwhile (the order, free of clock noise).
         self.dispatches = 0
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_DISPATCHES)
+        # A request of this model starts waiting (capacity leases may grow for it).
+        self.on_wait: Callable[[str], None] = lambda model: None
         pool.on_change = self.wake
 
     # --- lifecycle ---
@@ -89,6 +92,7 @@ class Admission:
         if upstream is not None:
             return await self._take_now(ticket, upstream, fairness)
         self._enqueue(ticket)
+        self.on_wait(ticket.model)
         try:
             # The lift happens before the request is visible to the dispatcher.
             await fairness.arrive(ticket)
@@ -121,6 +125,10 @@ class Admission:
             self.release(ticket)
             raise
         return upstream
+
+    def waiting_queues(self) -> Iterator[tuple[int, str, str, TicketQueue]]:
+        """(band, tenant, model, queue) of every request waiting here."""
+        return self._queues.waiting()
 
     def _enqueue(self, ticket: Ticket) -> None:
         ticket.state = "waiting"

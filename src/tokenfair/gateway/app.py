@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -26,6 +27,7 @@ from tokenfair.edge.limits import Limits
 from tokenfair.edge.tenants import TenantsFileError, load_tenants, parse_tenants
 from tokenfair.edge.weight_change import WeightChange
 from tokenfair.gateway.admission import RECENT_DISPATCHES, Admission
+from tokenfair.gateway.capacity import ModelDemand
 from tokenfair.gateway.config import GatewayConfig, GatewayConfigError
 from tokenfair.gateway.counters import CounterStore, MemoryCounterStore
 from tokenfair.gateway.flow.fairness import CounterFairness, Fairness, PolicyFairness
@@ -74,7 +76,9 @@ def build_directory(config: GatewayConfig) -> TenantDirectory:
     return directory
 
 
-def build_store(config: GatewayConfig, band: int = 0) -> CounterStore | None:
+def build_store(
+    config: GatewayConfig, band: int = 0, gateway_id: str | None = None
+) -> CounterStore | None:
     """The counters of one band (each band is a VTC of its own), or None for the core's
     ordering policies."""
     if not config.shared_counters:
@@ -87,7 +91,7 @@ def build_store(config: GatewayConfig, band: int = 0) -> CounterStore | None:
     return RedisCounterStore(
         r.url,
         namespace=r.namespace if band == 0 else f"{r.namespace}:band{band}",
-        gateway_id=config.gateway_id,
+        gateway_id=gateway_id or config.gateway_id,
         lift=config.lift_rule,
         timeout_s=r.timeout_s,
         flush_interval_s=r.flush_interval_s,
@@ -101,6 +105,8 @@ class Gateway:
 
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
+        # This replica in Redis (its counters' waiting hash, its capacity leases).
+        self.replica_id = config.gateway_id or uuid.uuid4().hex[:12]
         self.directory = build_directory(config)
         self.cost = LinearCost(config.cost.w_in, config.cost.w_out)
         self.pool = UpstreamPool(config.upstreams, config.health, routing=config.routing)
@@ -114,6 +120,50 @@ class Gateway:
         self.metrics = GatewayMetrics(self.admission, self.pool, self.stores)
         self._counters = token_counters(config)
         self._estimate = TokenCounter()
+        self.leases = self._leases()
+
+    def _leases(self) -> Any:
+        """The replicas' shared capacity (None: this replica has it all)."""
+        r = self.config.redis
+        if r is None or not r.share_capacity:
+            return None
+        from tokenfair.gateway.leases import LeaseLedger
+
+        ledger = LeaseLedger(
+            r.url,
+            self.pool.upstreams,
+            self.waiting_demand,
+            self.admission.wake,
+            namespace=r.namespace,
+            gateway_id=self.replica_id,
+            timeout_s=r.timeout_s,
+            sync_interval_s=r.flush_interval_s,
+            idle_interval_s=r.heartbeat_s,
+            ttl_s=r.gateway_ttl_s,
+        )
+        self.admission.on_wait = ledger.nudge
+        return ledger
+
+    def waiting_demand(self) -> dict[str, ModelDemand]:
+        """What the requests waiting here need, per model, and the best claim among
+        them: (band, the counter of its tenant's top-level node)."""
+        demand: dict[str, ModelDemand] = {}
+        counters: dict[int, dict[str, float]] = {}
+        tree = self.directory.tree
+        for band, tenant, model, queue in self.admission.waiting_queues():
+            need = demand.get(model)
+            if need is None:
+                need = demand[model] = ModelDemand()
+            need.requests += len(queue)
+            need.tokens += queue.tokens()
+            if band not in counters:
+                store = self.stores.get(band)
+                counters[band] = store.counters() if store is not None else {}
+            top = tenant if tree.flat else tree.path(tenant)[0]
+            claim = (band, counters[band].get(top, 0.0))
+            if need.claim is None or claim < need.claim:
+                need.claim = claim
+        return demand
 
     @property
     def store(self) -> CounterStore | None:
@@ -128,7 +178,7 @@ class Gateway:
         """The fairness seam of a band, made when the band is first used."""
         fairness = self._fairness.get(band)
         if fairness is None:
-            store = build_store(self.config, band)
+            store = build_store(self.config, band, self.replica_id)
             if store is None:
                 fairness = PolicyFairness(self.config.policy)
             else:
@@ -166,10 +216,14 @@ class Gateway:
             await store.start()
         self._started = True
         self.pool.start()
+        if self.leases is not None:
+            await self.leases.start()
         self.admission.start()
 
     async def close(self) -> None:
         await self.admission.close()
+        if self.leases is not None:
+            await self.leases.close()
         await self.pool.close()
         for store in list(self.stores.values()):
             await store.close()
@@ -267,6 +321,7 @@ def _side_app(gateway: Gateway) -> FastAPI:
                     "healthy": u.healthy,
                     "running": u.running,
                     "inflight_tokens": u.inflight_tokens,
+                    **({} if u.lease is None else {"lease": u.lease.view()}),
                 }
                 for u in gateway.pool.upstreams
             },

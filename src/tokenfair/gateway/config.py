@@ -48,6 +48,9 @@ class RedisConfig(_Strict):
     flush_interval_s: float = Field(default=0.05, gt=0)
     heartbeat_s: float = Field(default=1.0, gt=0)
     gateway_ttl_s: float = Field(default=5.0, gt=0)
+    # The upstreams' capacity is shared by the replicas using this Redis, as leases
+    # (gateway/leases.py); false: each replica has the whole capacity to itself.
+    share_capacity: bool = True
 
     @field_validator("url")
     @classmethod

@@ -234,18 +234,22 @@ return 1
 )
 
 # ARGV: ns, gw, n_deltas, deltas..., n_waiting, (tenant, count)...
-# Liveness plus a full rewrite of this gateway's waiting hash (it heals any drift).
-# Returns every counter, flat.
+# Liveness; this gateway's waiting hash is written from its own count only when Redis
+# has none while it has requests waiting (Redis restarted empty, or the others took it
+# for dead): rewriting a hash that exists could undo an arrival sent at the same time.
+# n_waiting -1: the gateway has calls in flight that change it; leave it. Returns every
+# counter, flat.
 HEARTBEAT = (
     _PRELUDE
     + r"""
 redis.call('ZADD', ns .. ':gateways', now_ms(), gw)
 local i = apply_deltas(4, tonumber(ARGV[3]))
 local key = ns .. ':waiting:' .. gw
-redis.call('DEL', key)
 local n = tonumber(ARGV[i])
-for j = i + 1, i + 2 * n - 1, 2 do
-  redis.call('HSET', key, ARGV[j], ARGV[j + 1])
+if n > 0 and redis.call('EXISTS', key) == 0 then
+  for j = i + 1, i + 2 * n - 1, 2 do
+    redis.call('HSET', key, ARGV[j], ARGV[j + 1])
+  end
 end
 return redis.call('HGETALL', counters)
 """
@@ -260,19 +264,29 @@ return 1
 """
 )
 
-# ARGV: ns, gw, n, (tenant, delta, local value)...
+# ARGV: ns, gw, n, (tenant, delta, local value)..., n_waiting, (tenant, count)...
 # After an outage: the charges made locally are added, and no counter ends below the
-# value this gateway saw locally (a Redis that restarted empty is re-seeded).
+# value this gateway saw locally (a Redis that restarted empty is re-seeded); this
+# gateway's waiting hash is rewritten from its own count and it is alive again.
 RECONCILE = (
     _PRELUDE
     + r"""
 local n = tonumber(ARGV[3])
+local i = 4
 for j = 4, 4 + 3 * n - 1, 3 do
   local merged = counter(ARGV[j]) + tonumber(ARGV[j + 1])
   local seen = tonumber(ARGV[j + 2])
   if seen > merged then merged = seen end
   redis.call('HSET', counters, ARGV[j], tostring(merged))
+  i = j + 3
 end
+local key = ns .. ':waiting:' .. gw
+redis.call('DEL', key)
+local w = tonumber(ARGV[i])
+for j = i + 1, i + 2 * w - 1, 2 do
+  redis.call('HSET', key, ARGV[j], ARGV[j + 1])
+end
+redis.call('ZADD', ns .. ':gateways', now_ms(), gw)
 return redis.call('HGETALL', counters)
 """
 )

@@ -103,6 +103,25 @@ class _Live(Collector):
         yield healthy
         yield load
         yield tokens
+        leased = [u for u in self.pool.upstreams if u.lease is not None]
+        if leased:
+            slots = GaugeMetricFamily(
+                "tokenfair:gateway_upstream_lease",
+                "Requests this replica may have on the upstream (its lease of the capacity "
+                "the replicas share)",
+                labels=["upstream"],
+            )
+            budget = GaugeMetricFamily(
+                "tokenfair:gateway_upstream_lease_tokens",
+                "In-flight tokens this replica may hold on the upstream (its lease)",
+                labels=["upstream"],
+            )
+            for upstream in leased:
+                assert upstream.lease is not None
+                slots.add_metric([upstream.name], upstream.lease.slots)
+                budget.add_metric([upstream.name], upstream.lease.tokens)
+            yield slots
+            yield budget
 
 
 class GatewayMetrics:

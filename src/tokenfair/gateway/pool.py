@@ -1,7 +1,9 @@
 """The upstream pool: who serves which model, how loaded each one is, who is healthy.
 
 An upstream's capacity is a number of concurrent requests and/or of in-flight tokens
-(prompt + max_tokens of the requests it holds). Optionally its load follows its own
+(prompt + max_tokens of the requests it holds): the upstream's own, shared by the
+gateway replicas through leases in Redis (leases.py) when they share one. Optionally its
+load follows its own
 /metrics (vLLM's `vllm:num_requests_running` + `vllm:num_requests_waiting`, or
 tokenfair's), so traffic that bypasses the gateway is counted too. A request goes to
 the least-loaded healthy upstream that serves its model and has room for it. Health
@@ -19,6 +21,7 @@ from collections.abc import Awaitable, Callable, Iterable
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from tokenfair.gateway.capacity import Lease
 from tokenfair.gateway.config import HealthConfig, RoutingConfig, UpstreamConfig
 from tokenfair.gateway.prefix import PrefixKey
 from tokenfair.gateway.routing import Router, make_router
@@ -64,6 +67,8 @@ class Upstream:
         # gateway sent since that scrape.
         self.reported: float | None = None
         self.sent_since_scrape = 0
+        # With replicas sharing capacity: this replica's part of it (else None: all).
+        self.lease: Lease | None = None
 
     @property
     def client(self) -> UpstreamClient:
@@ -98,12 +103,26 @@ class Upstream:
         cap = self.config
         if cap.max_concurrent is not None and self.load() >= cap.max_concurrent:
             return False
+        lease = self.lease
+        if lease is not None:
+            return self._within(lease, tokens)
         # A request larger than the whole token budget still goes to an idle upstream.
         return not (
             cap.max_inflight_tokens is not None
             and self.inflight_tokens
             and self.inflight_tokens + tokens > cap.max_inflight_tokens
         )
+
+    def _within(self, lease: Lease, tokens: int) -> bool:
+        """Room in this replica's lease; a request larger than the whole token budget
+        goes when the lease holds all of it and nothing of this replica runs there."""
+        cap = self.config
+        if cap.max_concurrent is not None and self.running >= lease.slots:
+            return False
+        budget = cap.max_inflight_tokens
+        if budget is None or self.inflight_tokens + tokens <= lease.tokens:
+            return True
+        return tokens > budget and lease.tokens >= budget and not self.inflight_tokens
 
     def fullness(self) -> float:
         cap, parts = self.config, []
@@ -121,6 +140,12 @@ class Upstream:
     def release(self, tokens: int) -> None:
         self.running -= 1
         self.inflight_tokens -= tokens
+        lease = self.lease
+        if lease is not None and lease.giving_back:  # what frees goes back to the pool
+            lease.slots = min(lease.slots, self.running)
+            lease.tokens = min(lease.tokens, self.inflight_tokens)
+            if lease.on_give_back is not None:
+                lease.on_give_back()
 
 
 class UpstreamPool:

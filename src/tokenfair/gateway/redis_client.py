@@ -39,3 +39,14 @@ def connect(url: str, timeout_s: float) -> Any:
         retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
     )
     return aioredis.Redis(connection_pool=pool)
+
+
+def subscriber(url: str, timeout_s: float) -> Any:
+    """A client for a pub/sub subscription: it waits for messages as long as it takes
+    (no read timeout), and reconnects as the others do."""
+    return aioredis.Redis.from_url(
+        url,
+        socket_connect_timeout=timeout_s,
+        health_check_interval=HEALTH_CHECK_S,
+        retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+    )

@@ -36,6 +36,8 @@ from tokenfair.gateway.redis_client import connect
 log = logging.getLogger("tokenfair.gateway")
 
 _FAILURES = (RedisError, OSError, asyncio.TimeoutError)
+# The scripts that change a gateway's waiting hash.
+_CHANGE_WAITING = frozenset(("ARRIVE", "ARRIVE_TAKE", "PICK", "LEAVE"))
 
 
 def _flat(pairs: dict[str, float] | dict[str, int]) -> list[Any]:
@@ -101,6 +103,7 @@ class RedisCounterStore:
         # for an outage that is over.
         self._generation = 0
         self._closing = False
+        self._inflight = 0  # calls in flight that change this gateway's waiting hash
 
     # --- lifecycle ---
     async def start(self) -> None:
@@ -124,7 +127,9 @@ class RedisCounterStore:
             await self._redis.aclose()
 
     async def _loop(self, interval: float, step: Any) -> None:
-        while True:
+        # The flag as well as the cancel: a cancel that lands inside a Redis call can
+        # be lost there, and the loop must still end.
+        while not self._closing:
             await asyncio.sleep(interval)
             await step()
 
@@ -172,6 +177,8 @@ class RedisCounterStore:
         while self._local is None:
             generation = self._generation
             pending = self._take_pending()
+            changes_waiting = name in _CHANGE_WAITING
+            self._inflight += changes_waiting
             try:
                 return True, await self._call(name, head, pending, tail)
             except _FAILURES as error:
@@ -181,16 +188,21 @@ class RedisCounterStore:
                     self._restore(pending)
                 else:
                     self._degrade(error, pending)
+            finally:
+                self._inflight -= changes_waiting
         return False, None
 
     async def _recover(self) -> None:
-        while self._local is not None:
+        while self._local is not None and not self._closing:
             await asyncio.sleep(self.probe_interval_s)
+            if self._inflight:  # a call from before the outage may still change waiting
+                continue
             local = self._local
             outage, self._outage = self._outage, {}
             args: list[Any] = [self.namespace, self.gateway_id, len(local.counter)]
             for tenant, value in local.counter.items():
                 args.extend((tenant, repr(outage.get(tenant, 0.0)), repr(value)))
+            args.extend((len(self._waiting), *_flat(self._waiting)))
             try:
                 await self._scripts["RECONCILE"](args=args)
             except _FAILURES:
@@ -237,7 +249,8 @@ class RedisCounterStore:
     async def _heartbeat(self) -> None:
         if self._local is not None:
             return
-        ok, flat = await self._remote("HEARTBEAT", [], [len(self._waiting), *_flat(self._waiting)])
+        waiting = [-1] if self._inflight else [len(self._waiting), *_flat(self._waiting)]
+        ok, flat = await self._remote("HEARTBEAT", [], waiting)
         if ok:
             self._snapshot = _as_counters(flat)
 

@@ -10,7 +10,7 @@ offers its first request (by the order seam) among the models that have room.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from tokenfair.gateway.flow.order import TicketQueue
 from tokenfair.gateway.flow.ticket import Ticket
@@ -55,6 +55,13 @@ class BandedQueues:
                 if not band:
                     del self._bands[ticket.band]
                     self._order = sorted(self._bands)
+
+    def waiting(self) -> Iterator[tuple[int, str, str, TicketQueue]]:
+        """(band, tenant, model, its queue) of every non-empty queue."""
+        for band, tenants in self._bands.items():
+            for tenant, models in tenants.items():
+                for model, queue in models.items():
+                    yield band, tenant, model, queue
 
     def candidates(self, has_room: HasRoom) -> tuple[int, list[Ticket]] | None:
         """The highest band with a request that may go now, and each of its tenants'

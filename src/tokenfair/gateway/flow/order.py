@@ -63,3 +63,7 @@ class TicketQueue:
 
     def __len__(self) -> int:
         return len(self._tickets)
+
+    def tokens(self) -> int:
+        """The in-flight tokens its tickets would hold."""
+        return sum(ticket.tokens for ticket in self._tickets)

@@ -1,0 +1,314 @@
+"""An upstream's capacity shared by the gateway replicas: leases held in Redis.
+
+`max_concurrent` and `max_inflight_tokens` are the upstream's, however many gateway
+replicas send to it. With `redis:` set (and `share_capacity`, the default), each
+replica holds a lease on part of each upstream's capacity and dispatches within it on
+its own, with no round trip per request; one Lua script (`SYNC`, lease_script.py)
+settles all of a replica's leases atomically, so the leases of the live replicas never
+add up to more than an upstream's capacity. A replica syncs every `flush_interval_s`
+(50 ms) while it holds a lease or has requests waiting, at once when a waiting request
+could grow its lease, and every `heartbeat_s` otherwise.
+
+What a replica asks for, per upstream:
+
+- its running requests and in-flight tokens, which it never gives back;
+- plus what its waiting requests for the upstream's models need, unless another
+  replica has the better claim on it: a request waiting there in a higher band, or in
+  the same band with a smaller VTC counter (the counters are shared, so they compare).
+  Then it gives back every slot that frees, its lease following its running requests
+  down, until its own claim is the better one again: the pool's next free slot goes
+  where VTC would send it, whichever replica holds the request;
+- plus, while no other replica waits for the upstream, what it already holds: spare
+  capacity stays where it was last needed, so a steady load asks Redis for nothing.
+
+A replica whose last sync is older than `gateway_ttl_s` is dead: the next sync of any
+replica using the upstream drops its leases, and its capacity returns to the pool.
+While Redis is unreachable a replica keeps its leases for `gateway_ttl_s`, then cuts
+each to its share (the capacity over the live replicas it last saw, at least one),
+so that replicas cut off together stay within the capacity; the next sync that
+succeeds settles them again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from tokenfair.gateway.capacity import Claim, Lease, ModelDemand
+from tokenfair.gateway.lease_script import SYNC
+from tokenfair.gateway.pool import Upstream
+from tokenfair.gateway.redis_client import connect, subscriber
+
+log = logging.getLogger("tokenfair.gateway")
+
+_FAILURES = (RedisError, OSError, asyncio.TimeoutError)
+
+
+Demand = Callable[[], dict[str, ModelDemand]]
+
+
+@dataclass(slots=True)
+class _Want:
+    upstream: Upstream
+    slots: int
+    tokens: int
+    giving_back: bool
+    mine: Claim | None = field(default=None)
+
+
+def _capacity(limit: int | None) -> int:
+    return limit or 0  # 0: no such limit
+
+
+class LeaseLedger:
+    def __init__(
+        self,
+        url: str,
+        upstreams: list[Upstream],
+        demand: Demand,
+        on_grant: Callable[[], None],
+        *,
+        namespace: str,
+        gateway_id: str,
+        timeout_s: float = 0.25,
+        sync_interval_s: float = 0.05,
+        idle_interval_s: float = 1.0,
+        ttl_s: float = 5.0,
+    ) -> None:
+        self.url = url
+        self.upstreams = upstreams
+        self.demand = demand
+        self.on_grant = on_grant  # capacity appeared: wake the dispatcher
+        self.namespace = namespace
+        self.gateway_id = gateway_id
+        self.sync_interval_s = sync_interval_s
+        self.idle_interval_s = idle_interval_s
+        self.ttl_s = ttl_s
+        self._redis = connect(url, timeout_s)
+        self._listener = subscriber(url, timeout_s)
+        self._channel = f"{namespace}:leases"
+        self._sync = self._redis.register_script(SYNC)
+        self._by_model: dict[str, list[Upstream]] = {}
+        for upstream in upstreams:
+            upstream.lease = Lease(on_give_back=self._gave_back)
+            for model in upstream.config.models:
+                self._by_model.setdefault(model, []).append(upstream)
+        self._models = sorted(self._by_model)
+        self._theirs: dict[str, Claim] = {}  # model -> the best claim of another replica
+        self._live = 1  # live replicas at the last sync, this one included
+        self._busy = False  # requests waited here at the last sync
+        self._last_ok = time.monotonic()
+        self._announce = False  # capacity went back since the last sync: publish it
+        self._nudged: asyncio.Event | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False
+        self.degraded = False
+
+    # --- lifecycle ---
+    async def start(self) -> None:
+        self._nudged = asyncio.Event()
+        await self.sync()
+        self._tasks = [asyncio.create_task(self._loop()), asyncio.create_task(self._listen())]
+
+    async def close(self) -> None:
+        # The flag as well as the cancel: a cancel that lands inside a Redis call can
+        # be lost there, and the loop must still end.
+        self._closing = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        # Give everything back at once rather than after the TTL (a restart, a scale-in).
+        none = [_Want(u, 0, 0, True) for u in self.upstreams]
+        with contextlib.suppress(*_FAILURES):
+            await self._sync(args=self._args(none, {}, announce=True))
+        for client in (self._redis, self._listener):
+            with contextlib.suppress(*_FAILURES):
+                await client.aclose()
+
+    async def _listen(self) -> None:
+        """Sync at once when another replica gives capacity back (it may be ours now)."""
+        me = self.gateway_id.encode()
+        while not self._closing:
+            pubsub = self._listener.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(self._channel)
+                async for message in pubsub.listen():
+                    if message.get("data") != me and self._nudged is not None:
+                        self._nudged.set()
+            except _FAILURES:  # Redis away: the syncs notice it; listen again later
+                await asyncio.sleep(self.idle_interval_s)
+            finally:
+                with contextlib.suppress(*_FAILURES):
+                    await pubsub.aclose()
+
+    def _gave_back(self) -> None:
+        self._announce = True
+        if self._nudged is not None:
+            self._nudged.set()
+
+    async def _loop(self) -> None:
+        assert self._nudged is not None
+        while not self._closing:
+            held = any(u.lease.slots or u.lease.tokens for u in self.upstreams if u.lease)
+            interval = self.sync_interval_s if held or self._busy else self.idle_interval_s
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for can lose a cancel
+            # that comes as the event is set (a replica closing as a peer announces).
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await self._nudged.wait()
+            self._nudged.clear()
+            await self.sync()
+
+    def nudge(self, model: str) -> None:
+        """A request for `model` waits here: sync now if one of its upstreams has free
+        capacity that this replica may claim."""
+        if self._nudged is None or self._nudged.is_set():
+            return
+        for upstream in self._by_model.get(model, ()):
+            lease = upstream.lease
+            assert lease is not None
+            if lease.giving_back:
+                continue
+            cap = upstream.config
+            slots_free = (
+                cap.max_concurrent is None
+                or lease.slots + lease.others_slots < cap.max_concurrent
+            )
+            tokens_free = (
+                cap.max_inflight_tokens is None
+                or lease.tokens + lease.others_tokens < cap.max_inflight_tokens
+            )
+            if slots_free and tokens_free:
+                self._nudged.set()
+                return
+
+    # --- one sync ---
+    def _wants(self, demand: dict[str, ModelDemand]) -> list[_Want]:
+        wants: list[_Want] = []
+        for upstream in self.upstreams:
+            lease = upstream.lease
+            assert lease is not None
+            models = upstream.config.models
+            needs = [demand[m] for m in models if m in demand]
+            claims = [d.claim for d in needs if d.claim is not None]
+            mine = min(claims) if claims else None
+            theirs = min((self._theirs[m] for m in models if m in self._theirs), default=None)
+            giving_back = theirs is not None and (mine is None or theirs < mine)
+            if giving_back:
+                slots, tokens = max(0, upstream.running), max(0, upstream.inflight_tokens)
+                if lease.slots > slots or lease.tokens > tokens:
+                    self._announce = True
+                # No new request on what is being given back, even before Redis hears.
+                lease.slots, lease.tokens = min(lease.slots, slots), min(lease.tokens, tokens)
+            else:
+                slots = upstream.running + sum(d.requests for d in needs)
+                tokens = upstream.inflight_tokens + sum(d.tokens for d in needs)
+                if theirs is None:  # nobody else waits for it: keep what is held
+                    slots, tokens = max(slots, lease.slots), max(tokens, lease.tokens)
+            lease.giving_back = giving_back
+            wants.append(_Want(upstream, slots, tokens, giving_back, mine))
+        return wants
+
+    def _args(
+        self, wants: list[_Want], demand: dict[str, ModelDemand], announce: bool
+    ) -> list[Any]:
+        args: list[Any] = [
+            self.namespace,
+            self.gateway_id,
+            int(self.ttl_s * 1000),
+            1 if announce else 0,
+            len(wants),
+        ]
+        for want in wants:
+            upstream, cap = want.upstream, want.upstream.config
+            args.extend(
+                (
+                    upstream.url,
+                    _capacity(cap.max_concurrent),
+                    _capacity(cap.max_inflight_tokens),
+                    max(0, want.slots),
+                    max(0, want.tokens),
+                    max(0, upstream.running) if want.slots else 0,
+                    max(0, upstream.inflight_tokens) if want.tokens else 0,
+                )
+            )
+        args.append(len(self._models))
+        for model in self._models:
+            claim = demand[model].claim if model in demand else None
+            args.extend((model, "" if claim is None else f"{claim[0]} {claim[1]!r}"))
+        return args
+
+    async def sync(self) -> None:
+        """Settle this replica's leases with Redis now."""
+        demand = self.demand()
+        self._busy = bool(demand)
+        wants = self._wants(demand)
+        announce, self._announce = self._announce, False
+        try:
+            answer = await self._sync(args=self._args(wants, demand, announce))
+        except _FAILURES as error:
+            self._failed(error)
+            return
+        self._last_ok = time.monotonic()
+        if self.degraded:
+            self.degraded = False
+            log.warning("Redis at %s answers again: upstream capacity leases settled", self.url)
+        self._settle(wants, answer)
+
+    def _settle(self, wants: list[_Want], answer: list[Any]) -> None:
+        grew = False
+        for i, want in enumerate(wants):
+            lease = want.upstream.lease
+            assert lease is not None
+            slots, others_slots, tokens, others_tokens = (int(v) for v in answer[4 * i : 4 * i + 4])
+            grew = grew or slots > lease.slots or tokens > lease.tokens
+            lease.slots, lease.tokens = slots, tokens
+            lease.others_slots, lease.others_tokens = others_slots, others_tokens
+        at = 4 * len(wants)
+        self._live = max(1, int(answer[at]))
+        theirs: dict[str, Claim] = {}
+        for model, flat in zip(self._models, answer[at + 1 :], strict=True):
+            for entry in flat:
+                band, counter = (entry.decode() if isinstance(entry, bytes) else entry).split()
+                claim = (int(band), float(counter))
+                if model not in theirs or claim < theirs[model]:
+                    theirs[model] = claim
+        self._theirs = theirs
+        for want in wants:  # with what the other replicas want now
+            lease = want.upstream.lease
+            assert lease is not None
+            best = min((theirs[m] for m in want.upstream.config.models if m in theirs), default=None)
+            lease.giving_back = best is not None and (want.mine is None or best < want.mine)
+        if grew:
+            self.on_grant()
+
+    def _failed(self, error: BaseException) -> None:
+        if not self.degraded:
+            self.degraded = True
+            log.warning(
+                "Redis at %s is unreachable (%s): upstream capacity stays as leased; after "
+                "%g s each lease is cut to this replica's share of its upstream",
+                self.url,
+                type(error).__name__,
+                self.ttl_s,
+            )
+        if time.monotonic() - self._last_ok < self.ttl_s:
+            return
+        # The other replicas count this one as dead now and may take its leases: keep
+        # only a fair share, which replicas cut off together cannot exceed.
+        for upstream in self.upstreams:
+            lease, cap = upstream.lease, upstream.config
+            assert lease is not None
+            if cap.max_concurrent is not None:
+                lease.slots = min(lease.slots, max(1, cap.max_concurrent // self._live))
+            if cap.max_inflight_tokens is not None:
+                lease.tokens = min(lease.tokens, max(1, cap.max_inflight_tokens // self._live))

@@ -1,0 +1,181 @@
+"""Upstream capacity shared by gateway replicas through leases in a real Redis.
+
+In one process: two ledgers stand for two replicas, each with its own view of the same
+upstream (capacity 4 requests, 1,000 in-flight tokens) and a demand the test sets. Then
+two gateway processes in front of one upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.gateway.load import Done, closed_loop
+from tests.gateway.processes import fake_upstream, gateway, state, stats
+from tests.gateway.redis_server import RedisServer
+from tokenfair.gateway.capacity import ModelDemand
+from tokenfair.gateway.config import HealthConfig, UpstreamConfig
+from tokenfair.gateway.leases import LeaseLedger
+from tokenfair.gateway.pool import Upstream, UpstreamPool
+
+CAP = UpstreamConfig(
+    url="http://10.0.0.1:8000", models=["m"], max_concurrent=4, max_inflight_tokens=1000
+)
+
+
+class Replica:
+    def __init__(self, redis: RedisServer, name: str, ttl_s: float = 5.0) -> None:
+        self.upstream: Upstream = UpstreamPool([CAP], HealthConfig()).upstreams[0]
+        self.demand: dict[str, ModelDemand] = {}
+        self.ledger = LeaseLedger(
+            redis.url,
+            [self.upstream],
+            lambda: self.demand,
+            lambda: None,
+            namespace="cap",
+            gateway_id=name,
+            ttl_s=ttl_s,
+        )
+
+    def wants(self, requests: int, counter: float, band: int = 0) -> None:
+        self.demand = (
+            {"m": ModelDemand(requests, 10 * requests, (band, counter))} if requests else {}
+        )
+
+    @property
+    def slots(self) -> int:
+        assert self.upstream.lease is not None
+        return self.upstream.lease.slots
+
+    def run(self, n: int) -> None:
+        """Dispatch n requests of 10 tokens within the lease, as the admission loop does."""
+        for _ in range(n):
+            assert self.upstream.has_room(10)
+            self.upstream.acquire(10)
+
+
+def test_leases_never_exceed_the_capacity_and_go_where_vtc_would(
+    redis_server: RedisServer,
+) -> None:
+    async def run() -> None:
+        one, two = Replica(redis_server, "g1"), Replica(redis_server, "g2")
+        await one.ledger.start()
+        await two.ledger.start()
+        try:
+            one.wants(6, counter=50.0)
+            await one.ledger.sync()
+            assert one.slots == 4  # all of it: nobody else asked
+            one.run(4)
+            one.wants(2, counter=50.0)
+            assert not one.upstream.has_room(10)  # the lease, not the upstream, is full
+            two.wants(3, counter=10.0)  # a request that VTC would send first
+            await two.ledger.sync()
+            assert two.slots == 0  # nothing is free
+            await one.ledger.sync()  # one hears of the better claim: it gives back
+            assert one.upstream.lease is not None and one.upstream.lease.giving_back
+            one.upstream.release(10)  # a request ends at one: the slot goes back
+            assert not one.upstream.has_room(10)
+            await one.ledger.sync()
+            await two.ledger.sync()
+            assert (one.slots, two.slots) == (3, 1)
+            two.wants(3, counter=90.0)  # two is now the more served: one keeps what frees
+            await two.ledger.sync()
+            await one.ledger.sync()
+            one.upstream.release(10)
+            assert one.upstream.has_room(10)
+            assert one.slots + two.slots <= 4
+        finally:
+            await one.ledger.close()
+            await two.ledger.close()
+
+    asyncio.run(run())
+
+
+def test_a_dead_replica_s_lease_returns_and_a_closed_one_s_at_once(
+    redis_server: RedisServer,
+) -> None:
+    async def run() -> None:
+        dead = Replica(redis_server, "dead", ttl_s=0.3)
+        alive = Replica(redis_server, "alive", ttl_s=0.3)
+        await dead.ledger.sync()
+        dead.wants(4, counter=0.0)
+        await dead.ledger.sync()
+        dead.run(4)  # then it stops syncing: killed
+        alive.wants(4, counter=0.0)
+        await alive.ledger.sync()
+        assert alive.slots == 0
+        deadline = time.monotonic() + 60  # a bound for a busy machine, not a speed
+        while alive.slots < 4:
+            assert time.monotonic() < deadline, "the dead replica's lease never came back"
+            await asyncio.sleep(0.1)
+            await alive.ledger.sync()
+        await alive.ledger.close()  # gives its lease back at once
+        late = Replica(redis_server, "late", ttl_s=0.3)
+        late.wants(4, counter=0.0)
+        await late.ledger.sync()
+        assert late.slots == 4
+        await late.ledger.close()
+        await dead.ledger.close()
+
+    asyncio.run(run())
+
+
+def test_tokens_are_leased_like_requests(redis_server: RedisServer) -> None:
+    async def run() -> None:
+        one, two = Replica(redis_server, "t1"), Replica(redis_server, "t2")
+        try:
+            one.demand = {"m": ModelDemand(1, 900, (0, 0.0))}
+            await one.ledger.sync()
+            two.demand = {"m": ModelDemand(1, 500, (0, 0.0))}
+            await two.ledger.sync()
+            assert one.upstream.lease is not None and two.upstream.lease is not None
+            assert (one.upstream.lease.tokens, two.upstream.lease.tokens) == (900, 100)
+            assert one.upstream.has_room(900) and not two.upstream.has_room(500)
+        finally:
+            await one.ledger.close()
+            await two.ledger.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.slow
+def test_two_gateway_processes_share_an_upstream_s_capacity(tmp_path: Path) -> None:
+    """Two replicas over one Redis in front of one upstream of 4 slots, both flooded:
+    the upstream never has more than 4 requests at once, every request completes, and
+    when one replica is killed the other gets the whole capacity."""
+    redis = RedisServer(tmp_path)
+    redis.start()
+    upstream = fake_upstream(tmp_path, "u", token_interval=0.005)
+    config = [{"url": upstream.url, "models": ["fake"], "max_concurrent": 4}]
+    redis_settings = {"url": redis.url, "namespace": "pool", "gateway_ttl_s": 1.0}
+    gws = [
+        gateway(tmp_path, config, name=f"g{i}", redis=redis_settings, gateway_id=f"g{i}")
+        for i in range(2)
+    ]
+    try:
+
+        async def flood(urls: list[str], seconds: float) -> list[Done]:
+            t0 = time.perf_counter()
+            done: list[Done] = []
+            await asyncio.gather(
+                *(closed_loop(url, "heavy", 6, 8, t0 + seconds, t0, done) for url in urls)
+            )
+            return done
+
+        done = asyncio.run(flood([g.url for g in gws], 3.0))
+        assert done and all(d.output == 8 for d in done)
+        assert stats(upstream)["peak_running"] <= 4
+        gws[1].kill()  # its lease comes back after gateway_ttl_s
+        deadline = time.monotonic() + 60
+        while state(gws[0])["upstreams"]["upstream-0"]["lease"]["slots"] < 4:
+            assert time.monotonic() < deadline, state(gws[0])
+            asyncio.run(flood([gws[0].url], 0.5))
+        assert stats(upstream)["peak_running"] <= 4
+    finally:
+        for g in gws:
+            g.stop()
+        upstream.stop()
+        redis.stop()
