@@ -129,9 +129,14 @@ def test_tokens_are_leased_like_requests(redis_server: RedisServer) -> None:
         try:
             one.demand = {"m": ModelDemand(1, 900, (0, 0.0))}
             await one.ledger.sync()
+            assert one.upstream.lease is not None and two.upstream.lease is not None
+            assert one.upstream.lease.tokens == 1000  # alone: all of it, in reserve
             two.demand = {"m": ModelDemand(1, 500, (0, 0.0))}
             await two.ledger.sync()
-            assert one.upstream.lease is not None and two.upstream.lease is not None
+            assert two.upstream.lease.tokens == 0
+            await one.ledger.sync()  # hears two's claim, and settles again at once:
+            await one.ledger.sync()  # asked for, it keeps what it needs, no reserve
+            await two.ledger.sync()
             assert (one.upstream.lease.tokens, two.upstream.lease.tokens) == (900, 100)
             assert one.upstream.has_room(900) and not two.upstream.has_room(500)
         finally:
@@ -150,7 +155,7 @@ def test_two_gateway_processes_share_an_upstream_s_capacity(tmp_path: Path) -> N
     redis.start()
     upstream = fake_upstream(tmp_path, "u", token_interval=0.005)
     config = [{"url": upstream.url, "models": ["fake"], "max_concurrent": 4}]
-    redis_settings = {"url": redis.url, "namespace": "pool", "gateway_ttl_s": 1.0}
+    redis_settings = {"url": redis.url, "namespace": "pool", "gateway_ttl_s": 2.0}
     gws = [
         gateway(tmp_path, config, name=f"g{i}", redis=redis_settings, gateway_id=f"g{i}")
         for i in range(2)

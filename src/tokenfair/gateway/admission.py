@@ -127,8 +127,13 @@ class Admission:
         return upstream
 
     def waiting_queues(self) -> Iterator[tuple[int, str, str, TicketQueue]]:
-        """(band, tenant, model, queue) of every request waiting here."""
+        """(band, tenant, model, queue) of every request waiting here in a queue."""
         return self._queues.waiting()
+
+    @property
+    def retrying(self) -> list[Ticket]:
+        """Requests waiting for an upstream again, ahead of the queues."""
+        return list(self._retries)
 
     def _enqueue(self, ticket: Ticket) -> None:
         ticket.state = "waiting"
@@ -189,6 +194,7 @@ class Admission:
         ticket.state = "retrying"
         ticket.future = asyncio.get_running_loop().create_future()
         self._retries.append(ticket)
+        self.on_wait(ticket.model)
         self.wake()
         try:
             return await ticket.future
@@ -267,9 +273,10 @@ class Admission:
         self._queues.remove(chosen)
         self._unwait(chosen)
         upstream = self.pool.choose(chosen.model, chosen.tokens, prefix=chosen.prefix)
-        if upstream is None:  # capacity vanished during the pick (health change)
+        if upstream is None:  # capacity vanished during the pick (health, a lease)
             chosen.state = "retrying"
             self._retries.appendleft(chosen)
+            self.on_wait(chosen.model)
             return True
         self._dispatch(chosen, upstream)
         return True

@@ -163,6 +163,13 @@ class Gateway:
             claim = (band, counters[band].get(top, 0.0))
             if need.claim is None or claim < need.claim:
                 need.claim = claim
+        for ticket in self.admission.retrying:  # they go first: the best claim of all
+            need = demand.get(ticket.model)
+            if need is None:
+                need = demand[ticket.model] = ModelDemand()
+            need.requests += 1
+            need.tokens += ticket.tokens
+            need.claim = (-1, 0.0)
         return demand
 
     @property

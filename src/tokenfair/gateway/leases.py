@@ -18,8 +18,11 @@ What a replica asks for, per upstream:
   Then it gives back every slot that frees, its lease following its running requests
   down, until its own claim is the better one again: the pool's next free slot goes
   where VTC would send it, whichever replica holds the request;
-- plus, while no other replica waits for the upstream, what it already holds: spare
-  capacity stays where it was last needed, so a steady load asks Redis for nothing.
+- while no other replica waits for the upstream, at least its share of the capacity
+  (the capacity over the live replicas) in reserve: a request finds room at once,
+  routing has a choice, and a steady load asks Redis for nothing. Replicas sharing an
+  upstream start where a per-replica split of it would put them, and grow past it
+  into what the others leave unused (one sync: a round trip).
 
 A replica whose last sync is older than `gateway_ttl_s` is dead: the next sync of any
 replica using the upstream drops its leases, and its capacity returns to the pool.
@@ -102,6 +105,7 @@ class LeaseLedger:
                 self._by_model.setdefault(model, []).append(upstream)
         self._models = sorted(self._by_model)
         self._theirs: dict[str, Claim] = {}  # model -> the best claim of another replica
+        self._claimed: set[str] = set()  # the models this replica claimed at its last sync
         self._live = 1  # live replicas at the last sync, this one included
         self._busy = False  # requests waited here at the last sync
         self._last_ok = time.monotonic()
@@ -166,12 +170,20 @@ class LeaseLedger:
                 async with asyncio.timeout(interval):
                     await self._nudged.wait()
             self._nudged.clear()
-            await self.sync()
+            try:
+                await self.sync()
+            except Exception:  # a bug must not stop the leases (the others would
+                # then take this replica for dead while it still sends)
+                log.exception("upstream capacity leases: the sync failed")
 
     def nudge(self, model: str) -> None:
-        """A request for `model` waits here: sync now if one of its upstreams has free
-        capacity that this replica may claim."""
+        """A request for `model` waits here: sync now if the other replicas have not
+        heard that this one wants it, or if one of its upstreams has free capacity that
+        this replica may claim."""
         if self._nudged is None or self._nudged.is_set():
+            return
+        if model not in self._claimed:
+            self._nudged.set()
             return
         for upstream in self._by_model.get(model, ()):
             lease = upstream.lease
@@ -212,8 +224,12 @@ class LeaseLedger:
             else:
                 slots = upstream.running + sum(d.requests for d in needs)
                 tokens = upstream.inflight_tokens + sum(d.tokens for d in needs)
-                if theirs is None:  # nobody else waits for it: keep what is held
-                    slots, tokens = max(slots, lease.slots), max(tokens, lease.tokens)
+                if theirs is None:  # nobody else waits for it: a share of the capacity
+                    # in reserve, so that a request finds room here at once (and routing
+                    # has a choice) without asking Redis.
+                    cap = upstream.config
+                    slots = max(slots, _capacity(cap.max_concurrent) // self._live)
+                    tokens = max(tokens, _capacity(cap.max_inflight_tokens) // self._live)
             lease.giving_back = giving_back
             wants.append(_Want(upstream, slots, tokens, giving_back, mine))
         return wants
@@ -251,6 +267,7 @@ class LeaseLedger:
         """Settle this replica's leases with Redis now."""
         demand = self.demand()
         self._busy = bool(demand)
+        self._claimed = {m for m, d in demand.items() if d.claim is not None}
         wants = self._wants(demand)
         announce, self._announce = self._announce, False
         try:
@@ -282,12 +299,16 @@ class LeaseLedger:
                 claim = (int(band), float(counter))
                 if model not in theirs or claim < theirs[model]:
                     theirs[model] = claim
-        self._theirs = theirs
+        before, self._theirs = self._theirs, theirs
         for want in wants:  # with what the other replicas want now
             lease = want.upstream.lease
             assert lease is not None
-            best = min((theirs[m] for m in want.upstream.config.models if m in theirs), default=None)
+            models = want.upstream.config.models
+            best = min((theirs[m] for m in models if m in theirs), default=None)
             lease.giving_back = best is not None and (want.mine is None or best < want.mine)
+            if best is not None and not any(m in before for m in models):
+                # Asked for since this sync's wants were made: settle again at once.
+                self._gave_back()
         if grew:
             self.on_grant()
 
