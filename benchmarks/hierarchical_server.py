@@ -3,7 +3,7 @@
 The server steps at the pace of the simulated A10G (its profile's step times, slept on
 the wall clock). The backlogged keys each keep 24 requests open (closed loops; far more
 than their share of the batch), the light key sends one every 2 s on average (Poisson).
-Service per group comes from the server's /metrics (`tokenfair:group_service`, read at
+Service per group comes from the server's /metrics (`tokenfair:group_service_total`, read at
 the start and the end of the measured window); the light key's TTFT from the server's
 own record (`/admin/requests/recent`, engine time). Both are measured after a warm-up:
 the first wave of requests starts together and none ends for ~10 s.
@@ -49,12 +49,13 @@ def tenants_file(path: Path) -> None:
 
 
 def group_service(url: str) -> dict[str, float]:
-    text = httpx.get(f"{url}/metrics", timeout=30).text
+    admin = {"Authorization": f"Bearer {ADMIN}"}  # /metrics is the operator's
+    text = httpx.get(f"{url}/metrics", headers=admin, timeout=30).text
     return {
         sample.labels["group"]: sample.value
         for family in text_string_to_metric_families(text)
         for sample in family.samples
-        if sample.name == "tokenfair:group_service"
+        if sample.name == "tokenfair:group_service_total"
     }
 
 

@@ -30,8 +30,11 @@ TIGHT = {"max_waiting": 1, "max_tokens_per_request": 100}
 
 
 class Process:
-    def __init__(self, args: list[str], port: int, log: Path) -> None:
+    def __init__(
+        self, args: list[str], port: int, log: Path, metrics_port: int | None = None
+    ) -> None:
         self.args, self.port, self.log = args, port, log
+        self.metrics_port = metrics_port  # a gateway's operator pages, without a key
         self.popen: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 120.0) -> Process:  # generous: the machine may be busy
@@ -57,6 +60,11 @@ class Process:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """Where /metrics and the state pages are read (the API port without one)."""
+        return f"http://127.0.0.1:{self.metrics_port or self.port}"
 
     def kill(self) -> None:
         if self.popen is not None and self.popen.poll() is None:
@@ -107,7 +115,7 @@ def metrics(process: Process) -> dict[tuple[str, tuple[tuple[str, str], ...]], f
     """{(sample name, sorted labels): value} from a process's /metrics."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = httpx.get(process.url + "/metrics", timeout=5).text
+    text = httpx.get(process.metrics_url + "/metrics", timeout=5).text
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
         for family in text_string_to_metric_families(text)
@@ -142,9 +150,9 @@ def gateway(
     cli: tuple[str, ...] = (),
     **settings: Any,
 ) -> Process:
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     config = {
-        "listen": {"port": port},
+        "listen": {"port": port, "metrics_port": metrics_port},
         "tenants": str(tenants_file(tmp)),
         "upstreams": upstreams,
         **settings,
@@ -163,11 +171,11 @@ def gateway(
         "warning",
         *cli,
     ]
-    return Process(args, port, tmp / f"{name}.log").start()
+    return Process(args, port, tmp / f"{name}.log", metrics_port).start()
 
 
 def state(gateway: Process) -> dict[str, Any]:
-    return httpx.get(gateway.url + "/v1/gateway/state", timeout=5).json()  # type: ignore[no-any-return]
+    return httpx.get(gateway.metrics_url + "/v1/gateway/state", timeout=5).json()  # type: ignore[no-any-return]
 
 
 def stats(upstream: Process) -> dict[str, Any]:

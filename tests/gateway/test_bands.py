@@ -62,7 +62,7 @@ async def _load(url: str, seconds: float, streams: dict[str, int]) -> None:
 
 def recent(gw: Process, headers: dict[str, str] | None = None) -> list[dict[str, Any]]:
     return httpx.get(  # type: ignore[no-any-return]
-        gw.url + "/v1/gateway/requests/recent",
+        gw.metrics_url + "/v1/gateway/requests/recent",
         params={"limit": 1000},
         headers=headers,
         timeout=10,
@@ -186,7 +186,7 @@ def test_groups_share_by_weight_through_the_gateway_and_redis(tmp_path, upstream
         admin = {"Authorization": "Bearer admin"}
         rows = recent(gw, admin)[20:-20]
         state = httpx.get(gw.url + "/v1/gateway/state", headers=admin, timeout=5).json()
-        metrics = httpx.get(gw.url + "/metrics", timeout=5).text
+        metrics = httpx.get(gw.metrics_url + "/metrics", timeout=5).text
         # The admin API changes a group's weight (and refuses an unknown one).
         changed = httpx.post(
             gw.url + "/admin/groups/org-b/weight", json={"weight": 3}, headers=admin, timeout=5

@@ -1,4 +1,4 @@
-"""`tokenfair gateway --check`: validate a config without starting anything."""
+"""`tokenfair gateway --check`: validate a config, and ask the upstreams and Redis once."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
+from tests.gateway.processes import fake_upstream
+from tests.gateway.redis_server import RedisServer
 from tokenfair.cli import app
 from tokenfair.edge.tenants import hash_key
 
@@ -25,9 +27,28 @@ def test_check_accepts_a_good_config(tmp_path: Path) -> None:
         "tenants: tenants.yaml\nupstreams:\n  - {url: 'http://127.0.0.1:1', models: [m], max_concurrent: 2}\n",
     )
     result = CliRunner().invoke(app, ["gateway", "--config", str(path), "--check"])
-    assert result.exit_code == 0, result.output
+    # A good config whose upstream does not answer: 1, not 2 (a wrong config), saying so.
+    assert result.exit_code == 1, result.output
     assert "ok" in result.output and "1 tenant(s)" in result.output
     assert "routing prefix-affinity" in result.output
+    assert "upstream upstream-0 (http://127.0.0.1:1" in result.output
+    assert "unreachable" in result.output
+
+
+def test_check_reaches_the_upstreams_and_redis(tmp_path: Path, redis_server: RedisServer) -> None:
+    upstream = fake_upstream(tmp_path, "u")
+    try:
+        path = _write(
+            tmp_path,
+            f"redis: {{url: '{redis_server.url}'}}\n"
+            f"upstreams:\n  - {{url: '{upstream.url}/v1', models: [m], max_concurrent: 8}}\n",
+        )
+        result = CliRunner().invoke(app, ["gateway", "--config", str(path), "--check"])
+    finally:
+        upstream.stop()
+    assert result.exit_code == 0, result.output
+    assert "max_concurrent 8, shared by the replicas through Redis): healthy" in result.output
+    assert f"Redis {redis_server.url} (namespace 'tokenfair'): answers" in result.output
 
 
 def test_check_names_a_bad_routing_key_and_line(tmp_path: Path) -> None:

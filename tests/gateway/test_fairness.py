@@ -51,7 +51,7 @@ def _light_under_flood(
 
     ttfts = asyncio.run(run())
     rows = httpx.get(
-        gw.url + "/v1/gateway/requests/recent",
+        gw.metrics_url + "/v1/gateway/requests/recent",
         params={"tenant": "light", "limit": light_requests},
         timeout=10,
     ).json()["data"]

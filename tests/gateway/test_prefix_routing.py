@@ -75,7 +75,9 @@ def _hold(
 
 def _upstreams_of(gw: Process, tenant: str, n: int) -> list[str]:
     rows = httpx.get(
-        gw.url + "/v1/gateway/requests/recent", params={"tenant": tenant, "limit": n}, timeout=5
+        gw.metrics_url + "/v1/gateway/requests/recent",
+        params={"tenant": tenant, "limit": n},
+        timeout=5,
     ).json()["data"]
     assert len(rows) == n
     return [row["upstream"] for row in rows]

@@ -161,7 +161,7 @@ def test_disconnect_closes_the_upstream_request(pool: dict[str, Any]) -> None:
 
 def test_metrics_use_the_server_names(pool: dict[str, Any]) -> None:
     client(pool["gateway"]).completions.create(model="fake", prompt="x y", max_tokens=2)
-    text = httpx.get(pool["gateway"].url + "/metrics").text
+    text = httpx.get(pool["gateway"].metrics_url + "/metrics").text
     for name in [
         "tokenfair:num_requests_waiting",
         "tokenfair:prompt_tokens_total",
@@ -327,6 +327,6 @@ def test_leaving_the_queue_costs_nothing_and_refunds_nothing(pool: dict[str, Any
 
 
 def tenant_service(gw: Process, tenant: str) -> float:
-    text = httpx.get(gw.url + "/metrics", timeout=5).text
+    text = httpx.get(gw.metrics_url + "/metrics", timeout=5).text
     prefix = f'tokenfair:tenant_service_total{{tenant="{tenant}"}} '
     return sum(float(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix))

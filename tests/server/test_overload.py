@@ -9,9 +9,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.server.conftest import KEYS, Server, launch, tenants_data
+from tests.server.conftest import ADMIN_KEY, KEYS, Server, launch, tenants_data
 
 MODEL = "sim:fixed:0.01"
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,7 @@ def test_waiting_limits_rpm_and_global_overload(one_seat):
 
             async def wait_waiting(n: int) -> None:
                 for _ in range(200):
-                    snapshot = await c.get("/metrics")
+                    snapshot = await c.get("/metrics", headers=ADMIN)
                     total = sum(
                         float(line.rsplit(" ", 1)[1])
                         for line in snapshot.text.splitlines()

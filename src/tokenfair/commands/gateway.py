@@ -5,12 +5,15 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 from tokenfair.commands.common import ShutdownTimeout
+
+if TYPE_CHECKING:
+    from tokenfair.gateway.config import GatewayConfig
 
 console = Console(stderr=True)
 
@@ -19,14 +22,21 @@ def gateway(
     config: Annotated[Path, typer.Option("--config", help="Gateway config file (YAML).")] = Path(
         "gateway.yaml"
     ),
-    check: Annotated[bool, typer.Option("--check", help="Validate the config and exit.")] = False,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Validate the config, ask each upstream and the Redis once, and exit: 0 all "
+            "answer, 1 something does not, 2 the config is wrong.",
+        ),
+    ] = False,
     host: Annotated[
         str | None, typer.Option(help="Listen address (overrides listen.host).")
     ] = None,
     port: Annotated[int | None, typer.Option(help="Listen port (overrides listen.port).")] = None,
     log_level: Annotated[
         str, typer.Option(help="Log level: debug, info, warning, error.")
-    ] = "warning",
+    ] = "info",
     shutdown_timeout: ShutdownTimeout = 5,
 ) -> None:
     """Fair-share admission gateway in front of vLLM, SGLang or tokenfair servers."""
@@ -51,6 +61,7 @@ def gateway(
                 soft_wrap=True,
                 highlight=False,
             )
+            _reach(settings)
             return
         app = create_app(settings)
     except GatewayConfigError as error:
@@ -60,17 +71,38 @@ def gateway(
         raise typer.Exit(code=2) from None
     import uvicorn
 
+    from tokenfair.commands.listeners import bind
+    from tokenfair.edge.read_timeout import read_timeout_protocol
+
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    uvicorn.run(
+    listen = settings.listen
+    uv_config = uvicorn.Config(
         app,
-        host=settings.listen.host,
-        port=settings.listen.port,
+        host=listen.host,
+        port=listen.port,
         log_level=log_level,
         access_log=False,
         loop="uvloop",
-        http="httptools",
+        http=read_timeout_protocol(settings.read_timeout_s),
         proxy_headers=False,  # the client address is never used; skip the middleware
         timeout_graceful_shutdown=shutdown_timeout,
     )
+    server = uvicorn.Server(uv_config)
+    sockets = bind(app, listen.host, listen.port, listen.metrics_host, listen.metrics_port)
+    server.run(sockets)
+
+
+def _reach(settings: GatewayConfig) -> None:
+    """--check: ask every upstream and the Redis once; exit 1 if one does not answer."""
+    import asyncio
+
+    from tokenfair.gateway.probe import probe
+
+    reached = asyncio.run(probe(settings))
+    for reach in reached:
+        mark = "[green]ok[/green]" if reach.ok else "[red]not ok[/red]"
+        console.print(f"{mark} {reach.line()}", soft_wrap=True, highlight=False)
+    if not all(reach.ok for reach in reached):
+        raise typer.Exit(code=1)

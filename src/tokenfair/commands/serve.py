@@ -13,20 +13,23 @@ import typer
 from rich.console import Console
 
 from tokenfair.commands.common import ShutdownTimeout
+from tokenfair.commands.listeners import bind
+from tokenfair.edge.body import DEFAULT_MAX_BODY_BYTES
+from tokenfair.edge.read_timeout import DEFAULT_READ_TIMEOUT_S
 from tokenfair.server.intake import Intake
 
 console = Console(stderr=True)
 log = logging.getLogger("tokenfair.serve")
 
 
-def http_protocol(intake: Intake) -> str | type:
-    """httptools with the chunk writer (see server/chunk_write.py), counting arrivals
-    in `intake`, when installed."""
+def http_protocol(intake: Intake, read_timeout_s: float) -> str | type:
+    """httptools with the chunk writer (see server/chunk_write.py) and read timeouts
+    (edge/read_timeout.py), counting arrivals in `intake`, when installed."""
     if importlib.util.find_spec("httptools") is None:
         return "h11"
     from tokenfair.server.chunk_write import chunk_write_protocol
 
-    return chunk_write_protocol(intake)
+    return chunk_write_protocol(intake, read_timeout_s)
 
 
 ENGINE_ARRANGEMENTS = ("auto", "process", "thread")
@@ -72,6 +75,17 @@ def serve(
     ] = False,
     host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8000,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            help="A second port serving /metrics and /health only, without a key (bind it "
+            "where only your monitoring reaches). Without it, /metrics on --port needs the "
+            "admin key when a tenants file is given."
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str | None, typer.Option(help="Address of --metrics-port (default: --host).")
+    ] = None,
     served_model_name: Annotated[
         str | None, typer.Option(help="The model id clients send (default: --model as given).")
     ] = None,
@@ -113,7 +127,15 @@ def serve(
     ] = 256,
     max_body_bytes: Annotated[
         int, typer.Option(help="Largest request body; bigger ones get 413.")
-    ] = 1 << 20,
+    ] = DEFAULT_MAX_BODY_BYTES,
+    read_timeout: Annotated[
+        float,
+        typer.Option(
+            help="Seconds a client has to send a request's headers, and may pause while "
+            "sending its body; past it the connection is closed.",
+            min=0.001,
+        ),
+    ] = DEFAULT_READ_TIMEOUT_S,
     max_waiting: Annotated[
         int, typer.Option(help="Requests waiting across tenants before 503.")
     ] = 4096,
@@ -168,6 +190,7 @@ def serve(
             request_timeout_s=request_timeout,
             tenants_path=tenants,
             tenant_from_user=tenant_from_user,
+            metrics_port=metrics_port,
         )
         options = {
             "max_num_seqs": max_num_seqs,
@@ -204,12 +227,17 @@ def serve(
     intake = Intake()
     app.state.server.engine.urgent_work = intake.pending
     has = importlib.util.find_spec
+    if tenants is not None and metrics_port is None and not directory.admin_enabled:
+        log.warning(
+            "/metrics is not served: it shows every tenant's usage, so it needs "
+            "--metrics-port, or an admin key (admin_key_sha256) in the tenants file"
+        )
     uv_config = uvicorn.Config(
         FastPath(app),
         host=host,
         port=port,
         loop="uvloop" if has("uvloop") else "asyncio",
-        http=http_protocol(intake),
+        http=http_protocol(intake, read_timeout),
         log_level=log_level.lower(),
         access_log=False,
         # No client addresses are read (tenants come from API keys, or from the trusted
@@ -219,6 +247,7 @@ def serve(
         timeout_graceful_shutdown=shutdown_timeout,
     )
     server = uvicorn.Server(uv_config)
+    sockets = bind(uv_config.app, host, port, metrics_host, metrics_port)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -233,7 +262,7 @@ def serve(
 
         if tenants is not None:
             loop.add_signal_handler(signal.SIGHUP, on_hangup)
-        await server.serve()
+        await server.serve(sockets)
 
     if has("uvloop"):
         import uvloop

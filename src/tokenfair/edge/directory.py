@@ -174,6 +174,22 @@ class TenantDirectory:
             raise APIError(403, "a tenant key cannot use the admin API", code=ErrorCode.ADMIN_ONLY)
         raise _unauthorized("incorrect admin key")
 
+    def check_operator(self, authorization: str | None, page: str, port_hint: str) -> None:
+        """Let a request for an operator's page (/metrics, the state) through on the API
+        port (edge/operator_port.py): open without a tenants file, else only to the
+        admin key; without an admin key, 404 saying where the page is (`port_hint`)."""
+        if self.open_mode:
+            return
+        if self.file.admin_key_sha256 is None:
+            raise APIError(
+                404,
+                f"{page} shows every tenant's usage, so this port does not serve it without "
+                f"the admin key: read it on the metrics port ({port_hint}), or set "
+                "admin_key_sha256 in the tenants file and send that key",
+                code=ErrorCode.OPERATOR_ONLY,
+            )
+        self.check_admin(authorization)
+
     @property
     def groups(self) -> dict[str, float]:
         """Every group's path and weight."""

@@ -55,6 +55,9 @@ class ErrorCode(StrEnum):
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
     ENGINE_DEAD = "engine_dead"
     NO_CHAT_TEMPLATE = "no_chat_template"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    OPERATOR_ONLY = "operator_only"
     INTERNAL = "internal_error"
 
 
@@ -155,12 +158,15 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(error, StarletteHTTPException)
         status = error.status_code
         message = error.detail if isinstance(error.detail, str) else str(error.detail)
+        code = None
         if status == 404:
             message = f"no such endpoint: {request.method} {request.url.path}"
+            code = ErrorCode.NOT_FOUND
         elif status == 405:
             message = f"method {request.method} is not allowed on {request.url.path}"
+            code = ErrorCode.METHOD_NOT_ALLOWED
         headers = dict(error.headers) if error.headers else None
-        return APIError(status, message, headers=headers).response()
+        return APIError(status, message, code=code, headers=headers).response()
 
     async def on_unexpected(request: Request, error: Exception) -> JSONResponse:
         log.exception("internal error on %s %s", request.method, request.url.path)

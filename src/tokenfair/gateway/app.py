@@ -1,8 +1,8 @@
 """The gateway process: its parts, their lifecycle, and the ASGI application.
 
 The completion endpoints go straight to the proxy's raw ASGI handler; everything else
-(/v1/models, /health, /metrics, unknown paths) is a small FastAPI app with the server's
-error handlers, so every error has OpenAI's shape.
+(/v1/models, /health, /metrics, the state pages, unknown paths) is a small FastAPI app
+(side_app.py) with the server's error handlers, so every error has OpenAI's shape.
 """
 
 from __future__ import annotations
@@ -12,21 +12,15 @@ import contextlib
 import logging
 import signal
 import uuid
-from collections.abc import AsyncIterator
-from typing import Annotated, Any
-
-from fastapi import FastAPI, Header, Query
-from fastapi.responses import JSONResponse, Response
+from typing import Any
 
 from tokenfair.core.cost import LinearCost
-from tokenfair.core.share_tree import is_group
 from tokenfair.edge.directory import TenantDirectory
 from tokenfair.edge.endpoints import COMPLETION_PATHS
-from tokenfair.edge.errors import APIError, install_error_handlers
 from tokenfair.edge.limits import Limits
+from tokenfair.edge.operator_port import on_port, only_operator_pages
 from tokenfair.edge.tenants import TenantsFileError, load_tenants, parse_tenants
-from tokenfair.edge.weight_change import WeightChange
-from tokenfair.gateway.admission import RECENT_DISPATCHES, Admission
+from tokenfair.gateway.admission import Admission
 from tokenfair.gateway.capacity import ModelDemand
 from tokenfair.gateway.config import GatewayConfig, GatewayConfigError
 from tokenfair.gateway.counters import CounterStore, MemoryCounterStore
@@ -34,7 +28,9 @@ from tokenfair.gateway.flow.fairness import CounterFairness, Fairness, PolicyFai
 from tokenfair.gateway.flow.order import ORDERS
 from tokenfair.gateway.metrics import GatewayMetrics
 from tokenfair.gateway.pool import UpstreamPool
+from tokenfair.gateway.probe import probe
 from tokenfair.gateway.proxy import CompletionProxy
+from tokenfair.gateway.side_app import OPERATOR_PAGES, side_app
 from tokenfair.gateway.tokens import TokenCounter, load_tokenizer
 
 log = logging.getLogger("tokenfair.gateway")
@@ -117,7 +113,7 @@ class Gateway:
         self._background: set[asyncio.Task[None]] = set()
         self.fairness(0)
         self.admission = Admission(self.pool, self.fairness)
-        self.metrics = GatewayMetrics(self.admission, self.pool, self.stores)
+        self.metrics = GatewayMetrics(self.admission, self.pool, self.stores, self.directory)
         self._counters = token_counters(config)
         self._estimate = TokenCounter()
         self.leases = self._leases()
@@ -207,6 +203,8 @@ class Gateway:
         except TenantsFileError as error:
             log.error("tenants file not reloaded, the previous one stays in force: %s", error)
             return
+        # Removed tenants' series go once nothing of theirs waits or runs.
+        self.metrics.per_tenant.tenants_now(t.name for t in self.directory.tenants)
         log.warning("tenants file reloaded")
 
     def token_counter(self, model: str) -> TokenCounter:
@@ -219,6 +217,7 @@ class Gateway:
             asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.reload_tenants)
         for band in sorted({t.band for t in self.directory.tenants}):
             self.fairness(band)
+        await self._log_reach()
         for store in list(self.stores.values()):
             await store.start()
         self._started = True
@@ -226,6 +225,29 @@ class Gateway:
         if self.leases is not None:
             await self.leases.start()
         self.admission.start()
+
+    async def _log_reach(self) -> None:
+        """One line for what this gateway is, and one per upstream and Redis reached."""
+        config = self.config
+        listen = config.listen
+        metrics = (
+            f"; metrics on port {listen.metrics_port}"
+            if listen.metrics_port is not None
+            else "; /metrics behind the admin key"
+            if self.directory.admin_enabled
+            else ""
+        )
+        log.info(
+            "gateway %s: policy %s, routing %s, %d tenant(s), models %s%s",
+            self.replica_id,
+            config.policy,
+            config.routing.mode,
+            len(self.directory.tenants),
+            ", ".join(config.served_models()),
+            metrics,
+        )
+        for reach in await probe(config):
+            log.log(logging.INFO if reach.ok else logging.WARNING, "%s", reach.line())
 
     async def close(self) -> None:
         await self.admission.close()
@@ -236,122 +258,25 @@ class Gateway:
             await store.close()
 
 
-def _side_app(gateway: Gateway) -> FastAPI:
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await gateway.start()
-        try:
-            yield
-        finally:
-            await gateway.close()
-
-    app = FastAPI(title="tokenfair gateway", lifespan=lifespan)
-    install_error_handlers(app)
-
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        data = [
-            {"id": m, "object": "model", "owned_by": "tokenfair-gateway"}
-            for m in gateway.config.served_models()
-        ]
-        return {"object": "list", "data": data}
-
-    @app.get("/health")
-    async def health() -> JSONResponse:
-        healthy = [u.name for u in gateway.pool.upstreams if u.healthy]
-        if not healthy:
-            raise APIError(503, "no upstream is in rotation", code="no_upstream")
-        return JSONResponse({"status": "ok", "upstreams": healthy})
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(gateway.metrics.render(), media_type="text/plain; version=0.0.4")
-
-    def check_admin(authorization: str | None) -> None:
-        if gateway.directory.admin_enabled:
-            gateway.directory.check_admin(authorization)
-
-    @app.get("/v1/gateway/requests/recent")
-    async def recent(
-        tenant: Annotated[str | None, Query(max_length=256)] = None,
-        limit: Annotated[int, Query(ge=1, le=RECENT_DISPATCHES)] = 100,
-        authorization: str | None = Header(default=None),
-    ) -> dict[str, Any]:
-        """The last dispatched requests, oldest first: seconds waited in the gateway and
-        how many requests were dispatched ahead of each while it waited."""
-        check_admin(authorization)
-        rows = [r for r in gateway.admission.recent if tenant is None or r["tenant"] == tenant]
-        return {"object": "list", "data": rows[-limit:]}
-
-    # The admin API's weight changes, as the server's: until the next reload; a request
-    # already dispatched keeps the weights it started with. `:path`: names and group
-    # paths may hold slashes.
-    @app.post("/admin/tenants/{name:path}/weight")
-    async def set_tenant_weight(
-        name: str, change: WeightChange, authorization: str | None = Header(default=None)
-    ) -> dict[str, Any]:
-        gateway.directory.check_admin(authorization)
-        try:
-            gateway.directory.set_weight(name, change.weight)
-        except KeyError:
-            raise APIError(404, f"no tenant named {name!r}", param="name") from None
-        return {"name": name, "weight": change.weight}
-
-    @app.post("/admin/groups/{path:path}/weight")
-    async def set_group_weight(
-        path: str, change: WeightChange, authorization: str | None = Header(default=None)
-    ) -> dict[str, Any]:
-        gateway.directory.check_admin(authorization)
-        try:
-            gateway.directory.set_group_weight(path, change.weight)
-        except KeyError:
-            raise APIError(404, f"no group {path!r}", param="path") from None
-        return {"path": path, "weight": change.weight}
-
-    @app.get("/v1/gateway/state")
-    async def state(authorization: str | None = Header(default=None)) -> dict[str, Any]:
-        """Counters, queues and upstreams (behind the admin key when one is set)."""
-        check_admin(authorization)
-        stores = list(gateway.stores.values())
-        counters: dict[str, float] = {}
-        for store in stores:
-            counters.update(store.counters())
-        return {
-            "policy": gateway.config.policy,
-            "counters": {n: c for n, c in counters.items() if not is_group(n)},
-            "group_counters": {n[1:]: c for n, c in counters.items() if is_group(n)},
-            "degraded": any(store.degraded for store in stores),
-            "waiting": dict(gateway.admission.waiting),
-            "running": dict(gateway.admission.running),
-            "upstreams": {
-                u.name: {
-                    "healthy": u.healthy,
-                    "running": u.running,
-                    "inflight_tokens": u.inflight_tokens,
-                    **({} if u.lease is None else {"lease": u.lease.view()}),
-                }
-                for u in gateway.pool.upstreams
-            },
-        }
-
-    return app
-
-
 def create_app(config: GatewayConfig) -> Any:
-    """The ASGI application of one gateway."""
+    """The ASGI application of one gateway: the completions go to the proxy; the rest,
+    and the metrics port's pages, to the side app."""
     gateway = Gateway(config)
-    side = _side_app(gateway)
+    side = side_app(gateway)
     proxy = CompletionProxy(gateway)
+    metrics_port = config.listen.metrics_port
 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if (
-            scope["type"] == "http"
-            and scope["path"] in COMPLETION_PATHS
-            and scope["method"] == "POST"
-        ):
-            await proxy(scope, receive, send)
-        else:
-            await side(scope, receive, send)
+        if scope["type"] == "http":
+            if on_port(scope, metrics_port):
+                if scope["path"] not in OPERATOR_PAGES:
+                    error = only_operator_pages(scope["path"], OPERATOR_PAGES)
+                    await error.response()(scope, receive, send)
+                    return
+            elif scope["path"] in COMPLETION_PATHS and scope["method"] == "POST":
+                await proxy(scope, receive, send)
+                return
+        await side(scope, receive, send)
 
     app.gateway = gateway  # type: ignore[attr-defined]
     return app

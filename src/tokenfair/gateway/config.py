@@ -13,6 +13,8 @@ from urllib.parse import urlsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tokenfair.edge.body import DEFAULT_MAX_BODY_BYTES
+from tokenfair.edge.read_timeout import DEFAULT_READ_TIMEOUT_S
 from tokenfair.yaml_lines import line_of, load_with_nodes
 
 # Policies whose counters can be shared between gateway replicas (the store's VTC).
@@ -37,6 +39,11 @@ class _Strict(BaseModel):
 class ListenConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
+    # A second port serving /metrics, /health and the state pages only, without a key
+    # (edge/operator_port.py); without it, those need the admin key on `port` when a
+    # tenants file is given.
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_host: str | None = None  # default: host
 
 
 class RedisConfig(_Strict):
@@ -181,7 +188,9 @@ class GatewayConfig(_Strict):
     # What a request without max_tokens reserves (non-streaming charge, in-flight tokens).
     default_max_tokens: int = Field(default=256, ge=1)
     request_timeout_s: float = Field(default=600.0, gt=0)
-    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1024)
+    # A client's time to send a request's headers, and its longest pause in the body.
+    read_timeout_s: float = Field(default=DEFAULT_READ_TIMEOUT_S, gt=0)
     gateway_id: str | None = None
 
     # Where relative paths (tenants, tokenizers) are resolved; set by load_config.

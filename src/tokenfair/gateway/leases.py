@@ -192,8 +192,7 @@ class LeaseLedger:
                 continue
             cap = upstream.config
             slots_free = (
-                cap.max_concurrent is None
-                or lease.slots + lease.others_slots < cap.max_concurrent
+                cap.max_concurrent is None or lease.slots + lease.others_slots < cap.max_concurrent
             )
             tokens_free = (
                 cap.max_inflight_tokens is None

@@ -1,86 +1,123 @@
-"""The gateway's Prometheus metrics, named like the server's (`tokenfair:` + vLLM's names).
+"""The gateway's Prometheus metrics: the server's per-tenant families (the same names,
+types and labels, `edge/tenant_metrics.py`), and the gateway's own (upstreams, leases,
+retries, routing).
 
-Request-level series (tokens, latencies) are updated as requests finish; gauges (queue,
-running, counters, upstream state) are read from the live objects at scrape time, so
-the hot path never touches them.
+Request-level series (tokens, latencies, how requests ended) are updated as requests
+finish; gauges (queues, counters, upstream state) are read from the live objects at
+scrape time, so the hot path never touches them.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from tokenfair.core.share_tree import is_group
-from tokenfair.edge import metric_families as families
+from tokenfair.edge.directory import TenantDirectory
+from tokenfair.edge.tenant_metrics import (
+    TenantMetrics,
+    TenantSeries,
+    build_info,
+    group_series,
+    tenant_gauges,
+)
 from tokenfair.gateway.admission import Admission
 from tokenfair.gateway.counters import CounterStore
 from tokenfair.gateway.pool import UpstreamPool
 from tokenfair.gateway.routing_metrics import RoutingCollector
 
-_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+# The finish reasons an upstream may report (vLLM's and OpenAI's); any other is "other",
+# so that a label cannot take unbounded values.
+FINISH_REASONS = frozenset(
+    ("stop", "length", "abort", "tool_calls", "content_filter", "function_call")
+)
+_ERROR_CODE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 
 
-class TenantSeries:
-    """One tenant's children of the request-level series, looked up once: `labels()`
-    takes a lock and builds a tuple on every call, several times per request."""
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a request ended, as the metrics count it."""
 
-    __slots__ = (
-        "e2e",
-        "generation_tokens",
-        "outcomes",
-        "prompt_tokens",
-        "queue",
-        "service",
-        "ttft",
-    )
+    kind: str  # "success", "rejected" (a 4xx) or "error"
+    label: str  # the finish reason, or the error code
 
-    def __init__(self, metrics: GatewayMetrics, tenant: str) -> None:
-        self.prompt_tokens = metrics.prompt_tokens.labels(tenant)
-        self.generation_tokens = metrics.generation_tokens.labels(tenant)
-        self.service = metrics.service.labels(tenant)
-        self.ttft = metrics.ttft.labels(tenant)
-        self.e2e = metrics.e2e.labels(tenant)
-        self.queue = metrics.queue.labels(tenant)
-        self.outcomes: dict[str, Counter] = {}
+    @classmethod
+    def finished(cls, reason: Any) -> Outcome:
+        """Answered: the upstream's finish reason (stop when it gives none)."""
+        if reason is None:
+            return cls("success", "stop")
+        return cls("success", reason if reason in FINISH_REASONS else "other")
+
+    @classmethod
+    def answered(cls, status: int, code: Any) -> Outcome:
+        """The upstream answered an error: a 4xx is a refusal, a 5xx an error; by its
+        error code when it gives a plain one."""
+        label = code if isinstance(code, str) and _ERROR_CODE.match(code) else f"http_{status}"
+        return cls("rejected" if status < 500 else "error", label)
+
+
+ABORTED = Outcome("success", "abort")  # the client went away (as vLLM counts it)
 
 
 class _Live(Collector):
     def __init__(
-        self, admission: Admission, pool: UpstreamPool, stores: Mapping[int, CounterStore]
+        self,
+        metrics: GatewayMetrics,
+        admission: Admission,
+        pool: UpstreamPool,
+        stores: Mapping[int, CounterStore],
+        directory: TenantDirectory,
     ) -> None:
+        self.metrics = metrics
         self.admission = admission
         self.pool = pool
         self.stores = stores  # band -> its counters (none under the ordering policies)
+        self.directory = directory
 
     def collect(self) -> Iterator[Metric]:
-        waiting = families.NUM_REQUESTS_WAITING.gauge()
-        for tenant, n in self.admission.waiting.items():
-            waiting.add_metric([tenant], n)
-        running = families.NUM_REQUESTS_RUNNING.gauge()
-        for tenant, n in self.admission.running.items():
-            running.add_metric([tenant], n)
-        yield waiting
-        yield running
-        stores = list(self.stores.values())
-        if stores:
-            counter = families.VTC_COUNTER.gauge()
-            groups = families.GROUP_VTC_COUNTER.gauge()
-            for store in stores:
-                for node, value in store.counters().items():
-                    if is_group(node):
-                        groups.add_metric([node[1:]], value)
-                    else:
-                        counter.add_metric([node], value)
-            yield counter
-            yield groups
+        yield build_info("gateway")
+        admission, directory = self.admission, self.directory
+        tenants = self.metrics.per_tenant.known | set(admission.waiting) | set(admission.running)
+        nodes: dict[str, float] = {}
+        for store in self.stores.values():
+            nodes.update(store.counters())
+        weights = directory.weights()
+        yield from tenant_gauges(
+            tenants,
+            admission.waiting,
+            admission.running,
+            {t: c for t, c in nodes.items() if t in tenants},
+            {t: weights.get(t, 1.0) for t in tenants},
+        )
+        groups = directory.groups
+        service: dict[str, float] = dict.fromkeys(groups, 0.0)
+        tree = directory.tree
+        if groups:
+            for tenant, amount in self.metrics.per_tenant.service_of().items():
+                for node in tree.path(tenant)[:-1]:
+                    if node[1:] in service:
+                        service[node[1:]] += amount
+        yield from group_series(
+            groups,
+            {n[1:]: c for n, c in nodes.items() if is_group(n) and n[1:] in groups},
+            groups,
+            service,
+        )
+        if self.stores:
             yield GaugeMetricFamily(
                 "tokenfair:gateway_counters_degraded",
                 "1 while Redis is unreachable and counters are local",
-                value=float(any(store.degraded for store in stores)),
+                value=float(any(store.degraded for store in self.stores.values())),
             )
+        yield from self._upstreams()
+
+    def _upstreams(self) -> Iterator[Metric]:
         healthy = GaugeMetricFamily(
             "tokenfair:gateway_upstream_healthy",
             "1 when the upstream is in rotation",
@@ -88,12 +125,12 @@ class _Live(Collector):
         )
         load = GaugeMetricFamily(
             "tokenfair:gateway_upstream_running",
-            "Requests the gateway has on the upstream",
+            "Requests this replica has on the upstream",
             labels=["upstream"],
         )
         tokens = GaugeMetricFamily(
             "tokenfair:gateway_upstream_inflight_tokens",
-            "Prompt + max_tokens in flight",
+            "Prompt + max_tokens this replica has in flight on the upstream",
             labels=["upstream"],
         )
         for upstream in self.pool.upstreams:
@@ -126,64 +163,47 @@ class _Live(Collector):
 
 class GatewayMetrics:
     def __init__(
-        self, admission: Admission, pool: UpstreamPool, stores: Mapping[int, CounterStore]
+        self,
+        admission: Admission,
+        pool: UpstreamPool,
+        stores: Mapping[int, CounterStore],
+        directory: TenantDirectory,
     ) -> None:
         self.registry = CollectorRegistry()
-        r = self.registry
-        self.prompt_tokens = families.PROMPT_TOKENS.counter(r)
-        self.generation_tokens = families.GENERATION_TOKENS.counter(r)
-        # A counter here, a gauge read from the engine in the server.
-        self.service = families.TENANT_SERVICE.counter(r)
-        # Labelled by the gateway's outcome (ok, abort, timeout, upstream_error, http_NNN)
-        # rather than the engine's finish reason, which the gateway does not see.
-        self.requests = families.REQUEST_SUCCESS.counter(r, ("tenant", "outcome"))
-        self.rejected = families.REQUESTS_REJECTED.counter(r)
+        self.admission = admission
+        self.per_tenant = TenantMetrics()
+        self.per_tenant.tenants_now(t.name for t in directory.tenants)
+        self.registry.register(self.per_tenant)
         self.retries = Counter(
-            "tokenfair:gateway_retries", "Requests retried on another upstream", registry=r
+            "tokenfair:gateway_retries",
+            "Requests retried on another upstream",
+            registry=self.registry,
         )
-        self.ttft = Histogram(
-            families.TIME_TO_FIRST_TOKEN.name,
-            families.TIME_TO_FIRST_TOKEN.documentation,
-            ["tenant"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.e2e = Histogram(
-            families.E2E_REQUEST_LATENCY.name,
-            families.E2E_REQUEST_LATENCY.documentation,
-            ["tenant"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.queue = Histogram(
-            families.REQUEST_QUEUE_TIME.name,
-            families.REQUEST_QUEUE_TIME.documentation,
-            ["tenant"],
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        r.register(_Live(admission, pool, stores))
-        r.register(RoutingCollector(pool))
-        self._tenants: dict[str, TenantSeries] = {}
+        self.registry.register(_Live(self, admission, pool, stores, directory))
+        self.registry.register(RoutingCollector(pool))
 
     def of(self, tenant: str) -> TenantSeries:
-        series = self._tenants.get(tenant)
-        if series is None:
-            series = self._tenants[tenant] = TenantSeries(self, tenant)
-        return series
+        return self.per_tenant.of(tenant)
+
+    def reject(self, tenant: str, reason: str) -> None:
+        self.per_tenant.of(tenant).rejected(reason)
 
     def finished(
-        self, tenant: str, outcome: str, prompt: int, output: int, service: float, e2e: float
+        self, tenant: str, outcome: Outcome, prompt: int, output: int, service: float, e2e: float
     ) -> None:
-        series = self.of(tenant)
+        series = self.per_tenant.of(tenant)
         series.prompt_tokens.inc(prompt)
         series.generation_tokens.inc(output)
         series.service.inc(service)
-        counter = series.outcomes.get(outcome)
-        if counter is None:
-            counter = series.outcomes[outcome] = self.requests.labels(tenant, outcome)
-        counter.inc()
+        if outcome.kind == "success":
+            series.succeeded(outcome.label)
+        elif outcome.kind == "rejected":
+            series.rejected(outcome.label)
+        else:
+            series.failed(outcome.label)
         series.e2e.observe(e2e)
 
     def render(self) -> bytes:
+        admission = self.admission
+        self.per_tenant.sweep({*admission.waiting, *admission.running})
         return generate_latest(self.registry)

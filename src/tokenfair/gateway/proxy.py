@@ -16,17 +16,16 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from tokenfair.edge.body import read_body
 from tokenfair.edge.endpoints import COMPLETION_PATHS
 from tokenfair.edge.errors import APIError, ClientGone, ErrorCode, shutting_down
 from tokenfair.gateway.flow.ticket import Ticket
 from tokenfair.gateway.meter import Meter
+from tokenfair.gateway.metrics import ABORTED, Outcome
+from tokenfair.gateway.relay import UPSTREAM_ERRORS, UPSTREAM_FAILED, relay_body, relay_stream
 from tokenfair.gateway.requests import CompletionCall, parse_call
 from tokenfair.gateway.response import ClientResponse
-from tokenfair.gateway.sse import SSEReader, text_of_answer, usage_of
-from tokenfair.gateway.upstream_client import UpstreamError, UpstreamResponse
+from tokenfair.gateway.upstream_client import UpstreamResponse
 
 if TYPE_CHECKING:
     from tokenfair.gateway.app import Gateway
@@ -44,12 +43,7 @@ _HOP_BY_HOP = {
     b"server",
 }
 _UPSTREAM_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
-# What the upstream client raises when an upstream cannot be reached or breaks off (its
-# connect timeout is a TimeoutError).
-_UPSTREAM_ERRORS = (UpstreamError, OSError, TimeoutError)
-# A non-streaming answer is read whole before it is relayed (its usage settles the
-# charge): past this size it is a 502, not the gateway's memory spent on it.
-MAX_ANSWER_BYTES = 64 << 20
+TIMED_OUT = Outcome("error", ErrorCode.TIMEOUT.value)
 
 Scope = dict[str, Any]
 Receive = Any
@@ -63,9 +57,13 @@ class CompletionProxy:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         response = ClientResponse(send)
         arrival = time.perf_counter()
+        tenant = None
         try:
-            call, tenant = await self._admit_checks(scope, receive)
+            tenant = self._authenticate(scope)
+            call, tenant = await self._admit_checks(scope, receive, tenant)
         except APIError as error:
+            if tenant is not None:  # a 4xx for this tenant's request: refused, not served
+                self.gw.metrics.reject(tenant.name, error.code or f"http_{error.status_code}")
             await response.error(error)
             return
         except ClientGone:  # the client left while sending its body
@@ -92,11 +90,18 @@ class CompletionProxy:
         while (await receive())["type"] != "http.disconnect":
             pass
 
-    async def _admit_checks(self, scope: Scope, receive: Receive) -> tuple[CompletionCall, Any]:
-        gw = self.gw
+    def _authenticate(self, scope: Scope) -> Any:
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        tenant = gw.directory.authenticate(headers.get("authorization"), headers)
-        body = await read_body(receive, gw.config.max_body_bytes, headers.get("content-length"))
+        return self.gw.directory.authenticate(headers.get("authorization"), headers)
+
+    async def _admit_checks(
+        self, scope: Scope, receive: Receive, tenant: Any
+    ) -> tuple[CompletionCall, Any]:
+        gw = self.gw
+        declared = next((v for k, v in scope["headers"] if k == b"content-length"), None)
+        body = await read_body(
+            receive, gw.config.max_body_bytes, declared.decode("latin-1") if declared else None
+        )
         call = parse_call(body, COMPLETION_PATHS[scope["path"]])
         tenant = gw.directory.for_user(tenant, call.user)
         if not gw.pool.serves(call.model):
@@ -138,7 +143,7 @@ class CompletionProxy:
                 )
             slot = gw.limits.admit(tenant, time.monotonic())
         except APIError as refused:
-            gw.metrics.rejected.labels(tenant.name, refused.code).inc()
+            gw.metrics.reject(tenant.name, refused.code or f"http_{refused.status_code}")
             await response.error(refused)
             return
         meter = Meter(
@@ -159,22 +164,22 @@ class CompletionProxy:
             band=tenant.band,
             prefix=gw.pool.router.key(tenant.name, call.model, call.kind, call.payload),
         )
-        outcome = "abort"
+        outcome: Outcome | None = ABORTED  # None: refused, counted as such already
         try:
             async with asyncio.timeout(tenant.timeout_s or gw.config.request_timeout_s):
                 try:
                     await gw.admission.wait(ticket)
                 except APIError as refused:  # the policy's own rate (rpm:N)
-                    gw.metrics.rejected.labels(tenant.name, refused.code).inc()
+                    gw.metrics.reject(tenant.name, refused.code or "rate_limit_exceeded")
                     await response.error(refused)
-                    outcome = "rejected"
+                    outcome = None
                     return
                 finally:
                     slot.release()  # dispatched, refused or gone: no longer waiting
                 gw.metrics.of(tenant.name).queue.observe(time.perf_counter() - arrival)
                 outcome = await self._forward(call, ticket, meter, response, arrival, tenant.name)
         except TimeoutError:
-            outcome = "timeout"
+            outcome = TIMED_OUT
             if not response.started:
                 await response.error(
                     APIError(
@@ -196,9 +201,9 @@ class CompletionProxy:
             # Charged at dispatch: a request that left the queue before it was paid for
             # nothing, and must get nothing back (its reservation is not a charge).
             dispatched = ticket.upstream is not None
-            if outcome in ("abort", "timeout") and dispatched:
+            if outcome in (ABORTED, TIMED_OUT) and dispatched:
                 meter.on_unfinished(failed=False)
-            if outcome != "rejected":
+            if outcome is not None:
                 gw.metrics.finished(
                     tenant.name,
                     outcome,
@@ -215,7 +220,7 @@ class CompletionProxy:
             return await upstream.client.request(
                 "POST", _UPSTREAM_PATHS[call.kind], call.body
             ), None
-        except _UPSTREAM_ERRORS as error:
+        except UPSTREAM_ERRORS as error:
             self.gw.pool.mark_failure(upstream, f"request failed ({type(error).__name__})")
             return None, error
 
@@ -256,7 +261,7 @@ class CompletionProxy:
         response: ClientResponse,
         arrival: float,
         tenant: str,
-    ) -> str:
+    ) -> Outcome:
         upstream_response, failure = await self._open(call, ticket)
         upstream = ticket.upstream
         assert upstream is not None
@@ -271,7 +276,7 @@ class CompletionProxy:
                     code=ErrorCode.UPSTREAM_UNAVAILABLE,
                 )
             )
-            return "upstream_error"
+            return UPSTREAM_FAILED
         try:
             headers = [
                 (k.lower(), v)
@@ -280,103 +285,29 @@ class CompletionProxy:
             ]
             content_type = upstream_response.header(b"content-type") or b""
             if content_type.startswith(b"text/event-stream"):
-                return await self._relay_stream(
-                    call, upstream, upstream_response, headers, meter, response, arrival, tenant
+                return await relay_stream(
+                    self.gw,
+                    call,
+                    upstream,
+                    upstream_response,
+                    headers,
+                    meter,
+                    response,
+                    arrival,
+                    tenant,
                 )
-            return await self._relay_body(
-                call, upstream, upstream_response, headers, meter, response, arrival, tenant
+            return await relay_body(
+                self.gw,
+                call,
+                upstream,
+                upstream_response,
+                headers,
+                meter,
+                response,
+                arrival,
+                tenant,
             )
         finally:
             # A response read to its end goes back to the keep-alive pool; one abandoned
             # (client gone, timeout) closes its connection, which aborts it upstream.
             upstream_response.release()
-
-    async def _relay_body(
-        self,
-        call: CompletionCall,
-        upstream: Upstream,
-        up: UpstreamResponse,
-        headers: list[tuple[bytes, bytes]],
-        meter: Meter,
-        response: ClientResponse,
-        arrival: float,
-        tenant: str,
-    ) -> str:
-        try:
-            body = await up.read(MAX_ANSWER_BYTES)
-        except _UPSTREAM_ERRORS as error:
-            self.gw.pool.mark_failure(upstream, f"response broke off ({type(error).__name__})")
-            meter.on_unfinished(failed=True)
-            await response.error(
-                APIError(
-                    502,
-                    f"upstream {upstream.name} broke off its response ({error})",
-                    type="upstream_error",
-                    code=ErrorCode.UPSTREAM_UNAVAILABLE,
-                )
-            )
-            return "upstream_error"
-        if up.status == 200:
-            with contextlib.suppress(orjson.JSONDecodeError):
-                answer = orjson.loads(body)
-                usage = usage_of(answer)
-                if usage is not None:
-                    meter.on_usage(*usage)
-                    meter.streamed = usage[1]
-                else:  # no usage: the text the client got is what it pays for
-                    counted = self.gw.token_counter(call.model).text(text_of_answer(answer))
-                    meter.streamed = min(meter.output, counted)
-        if up.status != 200 or not meter.usage_seen:
-            meter.on_unfinished(failed=up.status != 200)
-        else:
-            self.gw.metrics.of(tenant).ttft.observe(time.perf_counter() - arrival)
-        await response.start(up.status, [*headers, (b"content-length", str(len(body)).encode())])
-        await response.body(body, more=False)
-        return "ok" if up.status == 200 else f"http_{up.status}"
-
-    async def _relay_stream(
-        self,
-        call: CompletionCall,
-        upstream: Upstream,
-        up: UpstreamResponse,
-        headers: list[tuple[bytes, bytes]],
-        meter: Meter,
-        response: ClientResponse,
-        arrival: float,
-        tenant: str,
-    ) -> str:
-        counter = self.gw.token_counter(call.model)
-        first = [True]
-        ttft = self.gw.metrics.of(tenant).ttft
-
-        def on_tokens(n: int) -> None:
-            if first[0]:
-                first[0] = False
-                ttft.observe(time.perf_counter() - arrival)
-            meter.on_chunk(n)
-
-        reader = SSEReader(
-            counter.chunk, on_tokens, meter.on_usage, hide_usage_chunk=not call.client_wants_usage
-        )
-        response.event_stream = True
-        await response.start(up.status, headers)
-        try:
-            async for chunk in up:
-                out = reader.feed(chunk)
-                if out:
-                    await response.body(out)
-        except _UPSTREAM_ERRORS as error:
-            self.gw.pool.mark_failure(upstream, f"stream broke off ({type(error).__name__})")
-            meter.on_unfinished(failed=True)
-            event = APIError(
-                502,
-                f"upstream {upstream.name} failed mid-stream ({type(error).__name__})",
-                type="upstream_error",
-                code=ErrorCode.UPSTREAM_UNAVAILABLE,
-            )
-            await response.body(b"data: " + orjson.dumps(event.body()) + b"\n\n", more=False)
-            return "upstream_error"
-        await response.body(reader.tail(), more=False)
-        if not meter.usage_seen:
-            meter.on_unfinished(failed=False)
-        return "ok" if up.status == 200 and reader.error is None else "upstream_error"

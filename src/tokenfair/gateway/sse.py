@@ -44,6 +44,20 @@ def usage_of(data: Any) -> tuple[int, int] | None:
     return None
 
 
+def finish_reason_of(data: Any) -> Any:
+    """The first choice's finish reason of a non-streaming answer, or None."""
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        return choices[0].get("finish_reason")
+    return None
+
+
+def error_code_of(data: Any) -> Any:
+    """The `code` of an OpenAI-shaped error answer, or None."""
+    error = data.get("error") if isinstance(data, dict) else None
+    return error.get("code") if isinstance(error, dict) else None
+
+
 def text_of_answer(data: Any) -> str:
     """The generated text of a non-streaming answer: every choice's `text` (completions)
     or `message.content` (chat)."""
@@ -76,6 +90,7 @@ class SSEReader:
         self._buffer = b""
         self.saw_done = False
         self.error: Any = None
+        self.finish_reason: Any = None  # the last one a choice reported
 
     def feed(self, chunk: bytes) -> bytes:
         buffer = self._buffer + chunk if self._buffer else chunk
@@ -119,6 +134,9 @@ class SSEReader:
                     text = choice_text(choice)
                     if text:
                         tokens += self.count_text(text)
+                    reason = choice.get("finish_reason") if isinstance(choice, dict) else None
+                    if reason is not None:
+                        self.finish_reason = reason
             if tokens:
                 self.on_tokens(tokens)
             usage = usage_of(data)

@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from tokenfair.edge.directory import TenantDirectory
 from tokenfair.edge.errors import APIError, install_error_handlers
 from tokenfair.edge.limits import Limits
+from tokenfair.edge.operator_port import on_port
 from tokenfair.engine.async_engine import AsyncEngine
 from tokenfair.engine.engine_client import EngineClient
 from tokenfair.server import admin, routes
@@ -107,8 +108,15 @@ def create_app(
             raise APIError(503, "the engine is not running", code="engine_dead")
         return routes.json_response({"status": "ok"})
 
-    @app.get("/metrics", summary="Prometheus metrics (text format)")
-    async def metrics_endpoint() -> Response:
+    @app.get(
+        "/metrics",
+        summary="Prometheus metrics (text format): on the metrics port, or with the admin key",
+    )
+    async def metrics_endpoint(request: Request) -> Response:
+        if not on_port(request.scope, config.metrics_port):
+            state.tenants.check_operator(
+                request.headers.get("authorization"), "/metrics", "--metrics-port"
+            )
         if not engine.alive:
             raise APIError(503, "the engine is not running", code="engine_dead")
         body = metrics.render(await state.snapshot())
@@ -154,13 +162,13 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     return schema
 
 
-PUBLIC_PATHS = ("/health", "/metrics")  # no key needed
+PUBLIC_PATHS = ("/health",)  # no key needed
 
 
 def _as_answered(schema: dict[str, Any]) -> None:
     """Make FastAPI's generated operations say what the server really answers: a bad
     parameter or body is a 400 in OpenAI's error shape (not FastAPI's 422), the admin
-    API may answer 401, 403 and 404 too, and /health and /metrics need no key."""
+    API and /metrics may answer 401, 403 and 404 too, and /health needs no key."""
     error = {
         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
     }
@@ -174,7 +182,7 @@ def _as_answered(schema: dict[str, Any]) -> None:
             responses = operation.setdefault("responses", {})
             if responses.pop("422", None) is not None:
                 responses.setdefault("400", {"description": "Invalid parameter or body.", **error})
-            if path.startswith("/admin/"):
+            if path.startswith("/admin/") or path == "/metrics":
                 for code, text in admin.items():
                     responses.setdefault(code, {"description": text, **error})
             if path in PUBLIC_PATHS:

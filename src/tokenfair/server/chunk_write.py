@@ -24,8 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
+from tokenfair.edge.read_timeout import DEFAULT_READ_TIMEOUT_S, ReadTimeoutProtocol
 from tokenfair.server.intake import Intake
 
 EXTENSION = "tokenfair.chunk_write"
@@ -100,9 +99,10 @@ def writer_of(scope: MutableMapping[str, Any]) -> ChunkWriter | None:
     return None if extension is None else extension.get("writer")
 
 
-class ChunkWriteProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, adding the chunk writer to every request's scope.
-    `chunk_write_protocol(intake)` makes one that also counts arrivals in `intake`."""
+class ChunkWriteProtocol(ReadTimeoutProtocol):
+    """uvicorn's httptools protocol (with read timeouts), adding the chunk writer to
+    every request's scope. `chunk_write_protocol(intake)` makes one that also counts
+    arrivals in `intake`."""
 
     intake: Intake | None = None
     writer: ChunkWriter | None = None  # the current cycle's
@@ -133,6 +133,12 @@ class ChunkWriteProtocol(HttpToolsProtocol):
                 writer.on_disconnect()
 
 
-def chunk_write_protocol(intake: Intake) -> type[ChunkWriteProtocol]:
+def chunk_write_protocol(
+    intake: Intake, read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
+) -> type[ChunkWriteProtocol]:
     """The protocol class for one server, counting its arrivals in `intake`."""
-    return type("ChunkWriteProtocol", (ChunkWriteProtocol,), {"intake": intake})
+    return type(
+        "ChunkWriteProtocol",
+        (ChunkWriteProtocol,),
+        {"intake": intake, "read_timeout_s": read_timeout_s},
+    )

@@ -19,7 +19,7 @@ from typing import Any
 from starlette.types import Receive, Scope
 
 from tokenfair.core.request import FinishReason, Request, SamplingParams
-from tokenfair.edge.errors import APIError
+from tokenfair.edge.errors import APIError, ErrorCode
 from tokenfair.edge.limits import WaitingSlot
 from tokenfair.edge.tenants import Tenant
 from tokenfair.engine.engine import RequestOutput
@@ -52,7 +52,10 @@ def _prompt_ids(state: ServerState, body: Body) -> list[int]:
             raise APIError(400, str(error), param="messages", code="no_chat_template") from None
         except Exception as error:  # a template that rejects these messages (jinja raises)
             raise APIError(
-                400, f"the chat template cannot render these messages: {error}", param="messages"
+                400,
+                f"the chat template cannot render these messages: {error}",
+                param="messages",
+                code=ErrorCode.INVALID_VALUE,
             ) from None
     prompt = body.prompt_value()
     if isinstance(prompt, str):
@@ -65,6 +68,7 @@ def _prompt_ids(state: ServerState, body: Body) -> list[int]:
                     400,
                     f"token id {token} in prompt is outside the vocabulary (size {vocab})",
                     param="prompt",
+                    code=ErrorCode.INVALID_VALUE,
                 )
     return list(prompt)
 
@@ -82,7 +86,12 @@ def prepare(state: ServerState, body: Body, tenant: Tenant, kind: str) -> Prepar
         )
     ids = _prompt_ids(state, body)
     if not ids:
-        raise APIError(400, "the prompt is empty: give at least one token", param=param)
+        raise APIError(
+            400,
+            "the prompt is empty: give at least one token",
+            param=param,
+            code=ErrorCode.INVALID_VALUE,
+        )
     prompt_tokens = len(ids)
     # The three bounds on prompt + max_tokens: the tenant's, the model's context, and
     # the KV pool (a request that can never fit in it would wait forever).
@@ -133,7 +142,7 @@ def prepare(state: ServerState, body: Body, tenant: Tenant, kind: str) -> Prepar
             logprobs=logprobs,
         )
     except ValueError as error:
-        raise APIError(400, str(error)) from None
+        raise APIError(400, str(error), code=ErrorCode.INVALID_VALUE) from None
     request = Request(
         request_id=state.new_request_id(kind),
         client=tenant.name,
@@ -175,6 +184,7 @@ class Job:
 
     def on_timeout(self) -> None:
         self.timed_out = True
+        self.state.metrics.timed_out(self.request.request_id)
         self.state.engine.abort(self.request.request_id)
 
     def on_disconnect(self) -> None:
@@ -225,6 +235,7 @@ async def start(state: ServerState, prepared: Prepared) -> Job:
         accepted = await job.stream.accepted
     except EngineDeadError:
         slot.release()
+        state.metrics.fail(tenant.name, "engine_dead")
         raise APIError(503, "the engine is not running", code="engine_dead") from None
     except BaseException:
         slot.release()
@@ -233,7 +244,7 @@ async def start(state: ServerState, prepared: Prepared) -> Job:
         raise
     if not accepted:
         slot.release()
-        state.metrics.reject(tenant.name, "policy")
+        state.metrics.reject(tenant.name, "rate_limit_exceeded")
         raise APIError(
             429,
             f"the scheduling policy ({state.model.policy_name}) refused this "

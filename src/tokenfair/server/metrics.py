@@ -4,7 +4,8 @@ Two sources. Events (tokens, latencies, finishes) are recorded on the event loop
 each engine step's outputs, aggregated per step so the cost does not grow with every
 token. State (running, waiting, KV usage, preemptions, VTC counters) is read from the
 scheduler at scrape time, on the engine thread between two steps (a `Snapshot`), so
-it is exact and costs nothing between scrapes.
+it is exact and costs nothing between scrapes. The per-tenant families are the
+gateway's too (`edge/tenant_metrics.py`); KV, preemptions and steps are the engine's.
 
 Latencies are in engine time: arrival, first token and finish are stamped by the
 engine's clock when the step that produced them ends.
@@ -18,25 +19,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, disable_created_metrics, generate_latest
-from prometheus_client import Counter as PromCounter
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from tokenfair.core.cost import LinearCost
 from tokenfair.core.request import FinishReason, Request
 from tokenfair.core.share_tree import ShareTree, group_id, is_group
-from tokenfair.edge import metric_families as families
+from tokenfair.edge.loop_counter import LoopCounter
+from tokenfair.edge.tenant_metrics import (
+    TenantMetrics,
+    TenantSeries,
+    build_info,
+    group_series,
+    tenant_gauges,
+)
 from tokenfair.engine.engine import Engine, RequestOutput
-from tokenfair.server.histogram import LoopHistogram
 
 RECENT_REQUESTS = 2048  # finished requests kept for GET /admin/requests/recent
-LATENCY_BUCKETS = (
-    0.001, 0.002, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 0.75,
-    1.0, 1.5, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
-)  # fmt: skip
-TOKEN_LATENCY_BUCKETS = (
-    0.0005, 0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
-    0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
-)  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -86,77 +84,43 @@ class ServerMetrics:
         disable_created_metrics()  # no *_created series, as vLLM does
         self.registry = CollectorRegistry(auto_describe=True)
         self.cost = cost or LinearCost()
-        registry = self.registry
-        self.prompt_tokens = families.PROMPT_TOKENS.counter(registry)
-        self.generation_tokens = families.GENERATION_TOKENS.counter(registry)
-        self.finished = families.REQUEST_SUCCESS.counter(registry)
-        self.rejected = families.REQUESTS_REJECTED.counter(registry)
-        self.backpressure = PromCounter(
+        self.per_tenant = TenantMetrics()
+        self.registry.register(self.per_tenant)
+        self.backpressure = LoopCounter(
             "tokenfair:stream_backpressure",
             "Times a streamed token found its client's socket full (the client reads slower "
             "than tokens come): the token waited in the server, the engine did not.",
-            ["tenant"],
-            registry=registry,
+            ("tenant",),
         )
-        self.ttft = LoopHistogram(
-            families.TIME_TO_FIRST_TOKEN.name,
-            families.TIME_TO_FIRST_TOKEN.documentation,
-            "tenant",
-            LATENCY_BUCKETS,
-        )
-        registry.register(self.ttft)
-        self.itl = LoopHistogram(
-            "tokenfair:inter_token_latency_seconds",
-            "Time between two tokens of one request.",
-            "tenant",
-            TOKEN_LATENCY_BUCKETS,
-        )
-        registry.register(self.itl)
-        self.e2e = LoopHistogram(
-            families.E2E_REQUEST_LATENCY.name,
-            families.E2E_REQUEST_LATENCY.documentation,
-            "tenant",
-            LATENCY_BUCKETS,
-        )
-        registry.register(self.e2e)
-        self.service: dict[str, float] = {}  # weighted tokens received, per tenant
-        self.known_tenants: set[str] = set()
+        self.registry.register(self.backpressure)
         self.tree = ShareTree()  # the tenants' groups, for the per-group series
         self.snapshot = Snapshot()
-        self._by_tenant: dict[str, tuple[Any, Any, Any, Any, Any]] = {}
-        self._finished_by: dict[tuple[str, str], Any] = {}
         self._last_token_s: dict[str, float] = {}  # request id -> engine time of its last token
         self._arrival_step: dict[str, int] = {}
         self._first_step: dict[str, tuple[int, float]] = {}  # step and hand-over time
+        self._timed_out: set[str] = set()  # aborted for their timeout: errors, not ends
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_REQUESTS)
-        registry.register(_SnapshotCollector(self))
+        self.registry.register(_SnapshotCollector(self))
 
     def tenants(self, names: Iterable[str]) -> None:
-        """Tenants to report even before they send anything (zeros, not absent series)."""
-        self.known_tenants.update(names)
+        """The tenants of the file in force: reported even before they send anything
+        (zeros, not absent series); those no longer in it are retired."""
+        self.per_tenant.tenants_now(names)
+
+    @property
+    def service(self) -> dict[str, float]:
+        """Weighted tokens received, per tenant."""
+        return self.per_tenant.service_of()
 
     def reject(self, tenant: str, reason: str) -> None:
-        self.rejected.labels(tenant, reason).inc()
+        self.per_tenant.of(tenant).rejected(reason)
 
-    def _children(self, tenant: str) -> tuple[Any, Any, Any, Any, Any]:
-        """The tenant's labelled series, looked up once (labels() takes a lock each call)."""
-        children = self._by_tenant.get(tenant)
-        if children is None:
-            self.known_tenants.add(tenant)
-            children = self._by_tenant[tenant] = (
-                self.ttft.labels(tenant),
-                self.itl.labels(tenant),
-                self.e2e.labels(tenant),
-                self.prompt_tokens.labels(tenant),
-                self.generation_tokens.labels(tenant),
-            )
-        return children
+    def fail(self, tenant: str, reason: str) -> None:
+        self.per_tenant.of(tenant).failed(reason)
 
-    def _finished_series(self, tenant: str, reason: str) -> Any:
-        series = self._finished_by.get((tenant, reason))
-        if series is None:
-            series = self._finished_by[tenant, reason] = self.finished.labels(tenant, reason)
-        return series
+    def timed_out(self, request_id: str) -> None:
+        """The request is aborted for its timeout: its end is an error (a 408)."""
+        self._timed_out.add(request_id)
 
     def arrived(self, request_id: str, step: int) -> None:
         """Note the engine's step count when a request was submitted."""
@@ -165,39 +129,48 @@ class ServerMetrics:
     def on_step(self, outputs: list[RequestOutput], now: float, step: int = 0) -> None:
         """Record one engine step's outputs (called on the loop before streams see them)."""
         last = self._last_token_s
-        generated: dict[str, int] = {}
-        w_in, w_out = self.cost.w_in, self.cost.w_out
-        service = self.service
+        generated: dict[str, TenantSeries] = {}
+        counts: dict[str, int] = {}
+        w_in = self.cost.w_in
+        per_tenant = self.per_tenant
         for output in outputs:
             request = output.request
             tenant = request.client
             rid = request.request_id
-            ttft, itl, e2e, prompt_tokens, _ = self._children(tenant)
+            series = per_tenant.of(tenant)
             n = len(output.new_token_ids)
             if n:
-                generated[tenant] = generated.get(tenant, 0) + n
+                generated[tenant] = series
+                counts[tenant] = counts.get(tenant, 0) + n
                 previous = last.get(rid)
                 if previous is None:
                     self._first_step[rid] = (step, now)
                     first = request.first_token_s if request.first_token_s is not None else now
-                    ttft.observe(first - request.arrival_s)
-                    prompt_tokens.inc(request.input_tokens)
-                    service[tenant] = service.get(tenant, 0.0) + w_in * request.input_tokens
+                    series.ttft.observe(first - request.arrival_s)
+                    if request.scheduled_s is not None:
+                        series.queue.observe(request.scheduled_s - request.arrival_s)
+                    series.prompt_tokens.inc(request.input_tokens)
+                    series.service.inc(w_in * request.input_tokens)
                 else:
-                    itl.observe(now - previous)
+                    series.itl.observe(now - previous)
                 last[rid] = now
             if output.finished:
                 last.pop(rid, None)
                 self._log_finished(request, now, step)
                 reason = request.finish_reason
+                if rid in self._timed_out:
+                    self._timed_out.discard(rid)
+                    series.failed("timeout")
+                elif reason is not FinishReason.REJECTED:
+                    series.succeeded(reason.value if reason is not None else "abort")
                 if reason is not FinishReason.REJECTED:
-                    label = reason.value if reason is not None else "abort"
-                    self._finished_series(tenant, label).inc()
                     finish = request.finish_s if request.finish_s is not None else now
-                    e2e.observe(finish - request.arrival_s)
-        for tenant, n in generated.items():
-            self._children(tenant)[4].inc(n)
-            service[tenant] = service.get(tenant, 0.0) + w_out * n
+                    series.e2e.observe(finish - request.arrival_s)
+        w_out = self.cost.w_out
+        for tenant, series in generated.items():
+            n = counts[tenant]
+            series.generation_tokens.inc(n)
+            series.service.inc(w_out * n)
 
     def _log_finished(self, request: Request, now: float, step: int) -> None:
         rid = request.request_id
@@ -232,6 +205,7 @@ class ServerMetrics:
 
     def render(self, snapshot: Snapshot) -> bytes:
         self.snapshot = snapshot
+        self.per_tenant.sweep({*snapshot.running, *snapshot.waiting, *snapshot.swapped})
         return generate_latest(self.registry)
 
 
@@ -248,20 +222,17 @@ class _SnapshotCollector:
         metrics = self.metrics
         snap = metrics.snapshot
         tenants = sorted(
-            metrics.known_tenants
-            | set(snap.running)
-            | set(snap.waiting)
-            | set(snap.counters)
-            | set(metrics.service)
+            metrics.per_tenant.known | set(snap.running) | set(snap.waiting) | set(snap.swapped)
         )
+        yield build_info("server")
+        weights = {t: snap.weights.get(t, 1.0) for t in tenants}
+        yield from tenant_gauges(tenants, snap.waiting, snap.running, snap.counters, weights)
 
         def per_tenant(family: GaugeMetricFamily | CounterMetricFamily, values: dict) -> Metric:
             for tenant in tenants:
                 family.add_metric([tenant], float(values.get(tenant, 0)))
             return family
 
-        yield per_tenant(families.NUM_REQUESTS_RUNNING.gauge(), snap.running)
-        yield per_tenant(families.NUM_REQUESTS_WAITING.gauge(), snap.waiting)
         yield per_tenant(
             GaugeMetricFamily(
                 "tokenfair:num_requests_swapped",
@@ -275,11 +246,6 @@ class _SnapshotCollector:
                 "tokenfair:num_preemptions", "Requests preempted.", labels=["tenant"]
             ),
             snap.preemptions,
-        )
-        yield per_tenant(families.VTC_COUNTER.gauge(), snap.counters)
-        yield per_tenant(families.TENANT_SERVICE.gauge(), metrics.service)
-        yield per_tenant(
-            families.TENANT_WEIGHT.gauge(), {t: snap.weights.get(t, 1.0) for t in tenants}
         )
         yield from _group_series(metrics, snap)
         usage = GaugeMetricFamily("tokenfair:kv_cache_usage_perc", "KV cache usage (1 = full).")
@@ -313,13 +279,5 @@ def _group_series(metrics: ServerMetrics, snap: Snapshot) -> Iterable[Metric]:
     for tenant, amount in metrics.service.items():
         for node in tree.path(tenant)[:-1]:
             service[node[1:]] += amount
-    series = (
-        (families.GROUP_VTC_COUNTER, snap.group_counters),
-        (families.GROUP_WEIGHT, {g: snap.weights.get(group_id(g), 1.0) for g in groups}),
-        (families.GROUP_SERVICE, service),
-    )
-    for definition, values in series:
-        family = definition.gauge()
-        for group in groups:
-            family.add_metric([group], float(values.get(group, 0.0)))
-        yield family
+    weights = {g: snap.weights.get(group_id(g), 1.0) for g in groups}
+    yield from group_series(groups, snap.group_counters, weights, service)

@@ -21,6 +21,7 @@ from starlette.types import Receive, Scope, Send
 from tokenfair.edge.body import read_body
 from tokenfair.edge.endpoints import COMPLETION_PATHS
 from tokenfair.edge.errors import APIError, ClientGone, ErrorCode, shutting_down, validation_message
+from tokenfair.edge.operator_port import on_port, only_operator_pages
 from tokenfair.engine.engine import RequestOutput
 from tokenfair.server.chunk_write import ChunkWriter, writer_of
 from tokenfair.server.generation import (
@@ -40,6 +41,7 @@ Body = CompletionRequest | ChatCompletionRequest
 log = logging.getLogger(__name__)
 router = APIRouter()
 CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it
+OPERATOR_PAGES = ("/metrics", "/health")  # all the metrics port serves
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -101,9 +103,13 @@ async def generate(
     """Run one generation request; the answer is a Response (an ASGI callable)."""
     headers = Headers(scope=scope)
     tenant = state.tenants.authenticate(headers.get("authorization"), headers)
-    body = parse(model, await read_json(receive, headers, state.config.max_body_bytes))
-    tenant = state.tenants.for_user(tenant, body.user)
-    prepared = prepare(state, body, tenant, kind)
+    try:
+        body = parse(model, await read_json(receive, headers, state.config.max_body_bytes))
+        tenant = state.tenants.for_user(tenant, body.user)
+        prepared = prepare(state, body, tenant, kind)
+    except APIError as error:  # a 4xx for this tenant's request: refused, not served
+        state.metrics.reject(tenant.name, error.code or f"http_{error.status_code}")
+        raise
     job = await start(state, prepared)
     if prepared.stream:
         return EventStreamResponse(job)
@@ -170,6 +176,15 @@ class FastPath:
         writer = writer_of(scope)
         if writer is not None:
             writer.handler_started()  # taken in: the loop's lower-priority work may go on
+        if (
+            scope["type"] == "http"
+            and scope["path"] not in OPERATOR_PAGES
+            and on_port(scope, self.state.config.metrics_port)
+        ):
+            await only_operator_pages(scope["path"], OPERATOR_PAGES).response()(
+                scope, receive, send
+            )
+            return
         if scope["type"] == "http" and scope["method"] == "POST":
             hot = HOT_PATHS.get(scope["path"])
             if hot is not None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tokenfair.core.share_tree import ShareTree, group_id
+from tokenfair.edge.body import DEFAULT_MAX_BODY_BYTES
 from tokenfair.edge.directory import TenantDirectory
 from tokenfair.edge.limits import Limits
 from tokenfair.edge.tenants import TenantsFileError, load_tenants
@@ -27,11 +28,13 @@ DEFAULT_MAX_TOKENS = 256
 @dataclass(slots=True)
 class ServerConfig:
     default_max_tokens: int = DEFAULT_MAX_TOKENS
-    max_body_bytes: int = 1 << 20  # 1 MiB
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_waiting_total: int = 4096  # across tenants, then 503
     request_timeout_s: float | None = 600.0  # per request; tenants may override
     tenants_path: Path | None = None
     tenant_from_user: bool = False
+    # The port serving /metrics and /health only, without a key (edge/operator_port.py).
+    metrics_port: int | None = None
 
     def __post_init__(self) -> None:
         if self.default_max_tokens < 1:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tokenfair.server.histogram import LoopHistogram
+from tokenfair.edge.histogram import LoopHistogram
 
 BUCKETS = (0.001, 0.01, 0.1, 1.0, 10.0)
 

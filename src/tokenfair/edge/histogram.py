@@ -2,7 +2,8 @@
 
 prometheus_client's Histogram takes a lock for each observation and then finds the
 bucket in a Python loop. The server observes an inter-token latency for every token of
-every stream, all on the event loop, so it counts into plain per-tenant lists instead
+every stream (the gateway for every chunk), all on the event loop, so they count into
+plain per-tenant lists instead
 (`bisect` finds the bucket) and builds the usual `_bucket`/`_sum`/`_count` series only
 when /metrics is scraped. Observe from one thread only; the scrape reads a consistent
 enough view (a count may lead its sum by one observation, as with any lock-free read).
@@ -52,6 +53,10 @@ class LoopHistogram:
         if series is None:
             series = self.series[value] = LoopHistogramSeries(self.bounds)
         return series
+
+    def remove(self, value: str) -> None:
+        """Drop one label value's series (a tenant removed from the tenants file)."""
+        self.series.pop(value, None)
 
     def describe(self) -> list[Metric]:
         return [HistogramMetricFamily(self.name, self.documentation, labels=[self.label])]

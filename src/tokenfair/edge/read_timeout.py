@@ -1,0 +1,81 @@
+"""uvicorn's httptools protocol with the read timeouts uvicorn lacks.
+
+uvicorn closes a keep-alive connection left idle between requests, but waits for ever
+for a request that has begun: a client that sends half its headers, or announces a
+body and never sends it, holds a connection (and, after the headers, a handler) as long
+as it likes, and a few hundred such clients exhaust the server (slowloris). As nginx's
+`client_header_timeout` and `client_body_timeout` do:
+
+- a request's headers must all arrive within `read_timeout_s` of its first byte (of
+  the connection's opening, for the first request): sending them a byte at a time
+  does not buy more time;
+- its body may pause for at most `read_timeout_s` between two pieces.
+
+Past either, the connection is closed: the handler, if one waits for the body, sees the
+client gone. One timer per connection, re-armed only when it fires, so a request costs
+a clock read or two, not a timer of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+DEFAULT_READ_TIMEOUT_S = 30.0
+
+
+class ReadTimeoutProtocol(HttpToolsProtocol):
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S
+    _timer: asyncio.TimerHandle | None = None
+    _reading = False  # a request has begun and not all of it has arrived
+    _since = 0.0  # loop time the current deadline counts from
+
+    def _begin(self) -> None:
+        self._reading = True
+        self._since = self.loop.time()
+        if self._timer is None:
+            self._timer = self.loop.call_later(self.read_timeout_s, self._check)
+
+    def _check(self) -> None:
+        self._timer = None
+        if not self._reading or self.transport.is_closing():
+            return
+        waited = self.loop.time() - self._since
+        if waited >= self.read_timeout_s:
+            self.transport.close()  # too slow: as uvicorn's own keep-alive timeout does
+        else:
+            self._timer = self.loop.call_later(self.read_timeout_s - waited, self._check)
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._begin()  # a connection that never sends a byte is a slow request too
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._begin()
+
+    def on_headers_complete(self) -> None:
+        self._since = self.loop.time()  # now the body, read by read
+        super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        self._since = self.loop.time()
+        super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        self._reading = False
+        super().on_message_complete()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        super().connection_lost(exc)
+
+
+def read_timeout_protocol(
+    read_timeout_s: float, base: type[ReadTimeoutProtocol] = ReadTimeoutProtocol
+) -> type[ReadTimeoutProtocol]:
+    """The protocol class (`base` or a subclass of it) with this timeout."""
+    return type(base.__name__, (base,), {"read_timeout_s": read_timeout_s})

@@ -1,0 +1,84 @@
+"""What the gateway can reach: each upstream's health endpoint and its Redis.
+
+`tokenfair gateway --check` prints it after validating the config (exit status 1 when
+something does not answer), and the gateway logs it as it starts, one line each, so an
+operator sees at once which upstreams and which Redis it found.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+
+import aiohttp
+
+from tokenfair.gateway.config import GatewayConfig, UpstreamConfig
+
+PROBE_TIMEOUT_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Reach:
+    what: str  # "upstream NAME (URL, models ...)" or "Redis URL"
+    ok: bool
+    detail: str  # "healthy", "answered 503", "ConnectionRefusedError" ...
+
+    def line(self) -> str:
+        return f"{self.what}: {self.detail}"
+
+
+def _capacity(upstream: UpstreamConfig, shared: bool) -> str:
+    parts = []
+    if upstream.max_concurrent is not None:
+        parts.append(f"max_concurrent {upstream.max_concurrent}")
+    if upstream.max_inflight_tokens is not None:
+        parts.append(f"max_inflight_tokens {upstream.max_inflight_tokens}")
+    where = "shared by the replicas through Redis" if shared else "this replica's alone"
+    return f"{', '.join(parts)}, {where}"
+
+
+async def _upstream(
+    session: aiohttp.ClientSession, upstream: UpstreamConfig, shared: bool
+) -> Reach:
+    what = (
+        f"upstream {upstream.name} ({upstream.url}, models {', '.join(upstream.models)}; "
+        f"{_capacity(upstream, shared)})"
+    )
+    try:
+        async with session.get(upstream.url + upstream.health_path) as response:
+            if response.status == 200:
+                return Reach(what, True, "healthy")
+            return Reach(what, False, f"{upstream.health_path} answered {response.status}")
+    except (aiohttp.ClientError, OSError, TimeoutError) as error:
+        return Reach(what, False, f"unreachable ({type(error).__name__})")
+
+
+async def _redis(config: GatewayConfig) -> Reach:
+    assert config.redis is not None
+    from redis.exceptions import RedisError
+
+    from tokenfair.gateway.redis_client import connect
+
+    r = config.redis
+    what = f"Redis {r.url} (namespace {r.namespace!r})"
+    client = connect(r.url, PROBE_TIMEOUT_S)
+    try:
+        await client.ping()
+        return Reach(what, True, "answers")
+    except (RedisError, OSError, TimeoutError) as error:
+        return Reach(what, False, f"unreachable ({type(error).__name__})")
+    finally:
+        with contextlib.suppress(RedisError, OSError):
+            await client.aclose()
+
+
+async def probe(config: GatewayConfig) -> list[Reach]:
+    """Every upstream and the Redis (if any), each asked once, together."""
+    shared = config.redis is not None and config.redis.share_capacity
+    timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        checks = [_upstream(session, u, shared) for u in config.upstreams]
+        if config.redis is not None:
+            checks.append(_redis(config))
+        return list(await asyncio.gather(*checks))

@@ -1,0 +1,139 @@
+"""Relaying an upstream's answer to the client while metering it: a body read whole
+(its usage settles the charge), or a stream passed on chunk by chunk. Each returns how
+the request ended, as the metrics count it."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from tokenfair.edge.errors import APIError, ErrorCode
+from tokenfair.gateway.meter import Meter
+from tokenfair.gateway.metrics import Outcome
+from tokenfair.gateway.requests import CompletionCall
+from tokenfair.gateway.response import ClientResponse
+from tokenfair.gateway.sse import (
+    SSEReader,
+    error_code_of,
+    finish_reason_of,
+    text_of_answer,
+    usage_of,
+)
+from tokenfair.gateway.upstream_client import UpstreamError, UpstreamResponse
+
+if TYPE_CHECKING:
+    from tokenfair.gateway.app import Gateway
+    from tokenfair.gateway.pool import Upstream
+
+# What the upstream client raises when an upstream cannot be reached or breaks off (its
+# connect timeout is a TimeoutError).
+UPSTREAM_ERRORS = (UpstreamError, OSError, TimeoutError)
+# A non-streaming answer is read whole before it is relayed (its usage settles the
+# charge): past this size it is a 502, not the gateway's memory spent on it.
+MAX_ANSWER_BYTES = 64 << 20
+UPSTREAM_FAILED = Outcome("error", ErrorCode.UPSTREAM_UNAVAILABLE.value)
+
+
+async def relay_body(
+    gw: Gateway,
+    call: CompletionCall,
+    upstream: Upstream,
+    up: UpstreamResponse,
+    headers: list[tuple[bytes, bytes]],
+    meter: Meter,
+    response: ClientResponse,
+    arrival: float,
+    tenant: str,
+) -> Outcome:
+    try:
+        body = await up.read(MAX_ANSWER_BYTES)
+    except UPSTREAM_ERRORS as error:
+        gw.pool.mark_failure(upstream, f"response broke off ({type(error).__name__})")
+        meter.on_unfinished(failed=True)
+        await response.error(
+            APIError(
+                502,
+                f"upstream {upstream.name} broke off its response ({error})",
+                type="upstream_error",
+                code=ErrorCode.UPSTREAM_UNAVAILABLE,
+            )
+        )
+        return UPSTREAM_FAILED
+    answer: Any = None
+    with contextlib.suppress(orjson.JSONDecodeError):
+        answer = orjson.loads(body)
+    if up.status == 200 and answer is not None:
+        usage = usage_of(answer)
+        if usage is not None:
+            meter.on_usage(*usage)
+            meter.streamed = usage[1]
+        else:  # no usage: the text the client got is what it pays for
+            counted = gw.token_counter(call.model).text(text_of_answer(answer))
+            meter.streamed = min(meter.output, counted)
+    if up.status != 200 or not meter.usage_seen:
+        meter.on_unfinished(failed=up.status != 200)
+    else:
+        gw.metrics.of(tenant).ttft.observe(time.perf_counter() - arrival)
+    await response.start(up.status, [*headers, (b"content-length", str(len(body)).encode())])
+    await response.body(body, more=False)
+    if up.status == 200:
+        return Outcome.finished(finish_reason_of(answer))
+    return Outcome.answered(up.status, error_code_of(answer))
+
+
+async def relay_stream(
+    gw: Gateway,
+    call: CompletionCall,
+    upstream: Upstream,
+    up: UpstreamResponse,
+    headers: list[tuple[bytes, bytes]],
+    meter: Meter,
+    response: ClientResponse,
+    arrival: float,
+    tenant: str,
+) -> Outcome:
+    counter = gw.token_counter(call.model)
+    series = gw.metrics.of(tenant)
+    last = [0.0]  # when the last chunk with tokens came (0: none yet)
+
+    def on_tokens(n: int) -> None:
+        now = time.perf_counter()
+        if last[0]:
+            series.itl.observe(now - last[0])
+        else:
+            series.ttft.observe(now - arrival)
+        last[0] = now
+        meter.on_chunk(n)
+
+    reader = SSEReader(
+        counter.chunk, on_tokens, meter.on_usage, hide_usage_chunk=not call.client_wants_usage
+    )
+    response.event_stream = True
+    await response.start(up.status, headers)
+    try:
+        async for chunk in up:
+            out = reader.feed(chunk)
+            if out:
+                await response.body(out)
+    except UPSTREAM_ERRORS as error:
+        gw.pool.mark_failure(upstream, f"stream broke off ({type(error).__name__})")
+        meter.on_unfinished(failed=True)
+        event = APIError(
+            502,
+            f"upstream {upstream.name} failed mid-stream ({type(error).__name__})",
+            type="upstream_error",
+            code=ErrorCode.UPSTREAM_UNAVAILABLE,
+        )
+        await response.body(b"data: " + orjson.dumps(event.body()) + b"\n\n", more=False)
+        return UPSTREAM_FAILED
+    await response.body(reader.tail(), more=False)
+    if not meter.usage_seen:
+        meter.on_unfinished(failed=False)
+    if up.status != 200:
+        return Outcome.answered(up.status, None)
+    if reader.error is not None:  # an error event in the stream
+        return Outcome("error", "upstream_error")
+    return Outcome.finished(reader.finish_reason)
