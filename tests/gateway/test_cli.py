@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from tests.gateway.processes import fake_upstream
@@ -90,7 +91,7 @@ def test_inline_tenants_are_checked_too(tmp_path: Path) -> None:
     )
     result = CliRunner().invoke(app, ["gateway", "--config", str(path), "--check"])
     assert result.exit_code == 2
-    assert "gateway.yaml: tenants: tenants.0.rpm" in result.output  # the file is named
+    assert "gateway.yaml:1: tenants.tenants.0.rpm" in result.output  # the file and line
 
 
 def test_check_loads_the_tokenizers_as_the_start_does(tmp_path: Path) -> None:
@@ -104,3 +105,32 @@ def test_check_loads_the_tokenizers_as_the_start_does(tmp_path: Path) -> None:
     assert "gateway.yaml: models.m.tokenizer: cannot load '/nonexistent/tokenizer'" in " ".join(
         result.output.split()
     )
+
+
+INLINE = """upstreams:
+  - {url: 'http://127.0.0.1:1', models: [m], max_concurrent: 2}
+tenants:
+  tenants:
+    - name: a
+      key_sha256: ['%s']
+    - name: %s
+      key_sha256: ['%s']
+"""
+
+
+@pytest.mark.parametrize(
+    "second,key,expected",
+    [
+        ("a", "b", ":7: tenants.tenants.1.name: duplicate tenant name 'a'"),
+        ("b", "a", ":8: tenants.tenants.1.key_sha256: key already belongs to tenant 'a'"),
+    ],
+    ids=["name", "key"],
+)
+def test_a_duplicate_in_inline_tenants_is_reported_at_its_line(
+    tmp_path: Path, second: str, key: str, expected: str
+) -> None:
+    text = INLINE % (hash_key("a"), second, hash_key(key))
+    path = _write(tmp_path, text)
+    result = CliRunner().invoke(app, ["gateway", "--config", str(path), "--check"])
+    assert result.exit_code == 2
+    assert f"{path}{expected}" in " ".join(result.output.split()), result.output

@@ -192,10 +192,14 @@ def _describe(error: ValidationError) -> tuple[tuple[int | str, ...], str]:
 
 
 def parse_tenants(
-    data: Any, source: str = "tenants file", root: yaml.Node | None = None
+    data: Any,
+    source: str = "tenants file",
+    root: yaml.Node | None = None,
+    key_prefix: tuple[str, ...] = (),
 ) -> TenantsFile:
-    """Validate already-parsed YAML/JSON data; errors name `source`, the key and, given
-    the YAML's node tree (`root`), the line."""
+    """Validate already-parsed YAML/JSON data; errors name `source`, the key (under
+    `key_prefix` when the data sits inside another file) and, given the YAML's node tree
+    (`root`, the data's own node), the line."""
     if data is None:
         raise TenantsFileError(f"{source}: the file is empty: it needs a 'tenants' list")
     if not isinstance(data, dict):
@@ -211,7 +215,7 @@ def parse_tenants(
         return file
     line = line_of(root, loc)
     where = f"{source}:{line}" if line else source
-    key = ".".join(str(p) for p in loc)
+    key = ".".join(str(p) for p in (*key_prefix, *loc))
     raise TenantsFileError(f"{where}: {key}: {message}" if key else f"{where}: {message}")
 
 

@@ -61,7 +61,10 @@ def build_directory(config: GatewayConfig) -> TenantDirectory:
         if isinstance(config.tenants, str):
             directory = TenantDirectory(load_tenants(config.base_dir / config.tenants))
         else:
-            directory = TenantDirectory(parse_tenants(config.tenants, "tenants"))
+            inline = parse_tenants(
+                config.tenants, config.source, config.tenants_node, key_prefix=("tenants",)
+            )
+            directory = TenantDirectory(inline)
     except TenantsFileError as error:
         raise GatewayConfigError(str(error)) from None
     if not directory.tree.flat and not config.shared_counters:

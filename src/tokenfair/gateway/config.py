@@ -11,7 +11,15 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from tokenfair.edge.body import DEFAULT_MAX_BODY_BYTES
 from tokenfair.edge.read_timeout import DEFAULT_READ_TIMEOUT_S
@@ -195,6 +203,14 @@ class GatewayConfig(_Strict):
 
     # Where relative paths (tenants, tokenizers) are resolved; set by load_config.
     base_dir: Path = Field(default=Path("."), exclude=True)
+    # The file it was read from, and the YAML node of inline tenants: a mistake in them
+    # is reported at its own line of this file.
+    source: str = Field(default="<config>", exclude=True)
+    _tenants_node: Any = PrivateAttr(default=None)
+
+    @property
+    def tenants_node(self) -> Any:
+        return self._tenants_node
 
     @field_validator("policy")
     @classmethod
@@ -268,6 +284,9 @@ def parse_config(
         message = first["msg"].removeprefix("Value error, ")
         raise GatewayConfigError(f"{where}: {key}: {message}") from None
     config.base_dir = base_dir or Path(".")
+    config.source = source
+    if isinstance(config.tenants, dict) and isinstance(root, yaml.MappingNode):
+        config._tenants_node = next((v for k, v in root.value if k.value == "tenants"), None)
     return config
 
 
