@@ -38,3 +38,28 @@ def test_a_body_that_is_not_json_is_a_400() -> None:
         with pytest.raises(APIError) as raised:
             parse_call(raw, "completions")
         assert raised.value.status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("body", "choices"),
+    [
+        ({"prompt": "x"}, 1),
+        ({"prompt": "x", "n": 3}, 3),
+        ({"prompt": [1, 2, 3], "n": 2}, 2),  # one prompt of token ids
+        ({"prompt": ["a", "b"], "n": 2}, 4),
+        ({"prompt": [[1], [2], [3]]}, 3),
+        ({"prompt": "x", "n": None}, 1),
+    ],
+)
+def test_the_gateway_reserves_output_for_every_choice(body: dict, choices: int) -> None:
+    """n per prompt, and a completions prompt may be a list of prompts: the upstream
+    generates max_tokens for each, so the gateway's reservation counts them all."""
+    call = parse_call(json.dumps({"model": "m", **body}).encode(), "completions")
+    assert call.choices == choices
+
+
+def test_n_must_be_a_positive_integer() -> None:
+    for n in (0, "2", 1.5):
+        with pytest.raises(APIError) as raised:
+            parse_call(json.dumps({"model": "m", "prompt": "x", "n": n}).encode(), "completions")
+        assert raised.value.param == "n"

@@ -64,7 +64,7 @@ def test_each_group_has_its_counter_weight_and_service_in_metrics(grouped: Serve
         assert answer.status_code == 200
     weights = group_series(grouped, "tokenfair:group_weight")
     assert weights["org-a"] == 2.0 and weights["org-a/search"] == 1.0 and weights["org-b"] == 1
-    service = group_series(grouped, "tokenfair:group_service")
+    service = group_series(grouped, "tokenfair:group_service_total")
     # Three tokens of prompt and four generated (w_out = 2) per request.
     assert service["org-a"] == service["org-a/search"] == 2 * service["org-b"] > 0
     counters = group_series(grouped, "tokenfair:group_vtc_counter")
@@ -125,14 +125,16 @@ def test_backlogged_groups_share_the_server_by_weight(tmp_path: Path) -> None:
         for loop in loops:
             loop.start()
         deadline = time.monotonic() + 60
-        while group_series(server, "tokenfair:group_service").get("org-b", 0) < 500:
+        while group_series(server, "tokenfair:group_service_total").get("org-b", 0) < 500:
             assert time.monotonic() < deadline
             time.sleep(0.2)
-        start = group_series(server, "tokenfair:group_service")
-        while group_series(server, "tokenfair:group_service")["org-b"] < start["org-b"] + 2000:
+        start = group_series(server, "tokenfair:group_service_total")
+        while (
+            group_series(server, "tokenfair:group_service_total")["org-b"] < start["org-b"] + 2000
+        ):
             assert time.monotonic() < deadline
             time.sleep(0.2)
-        end = group_series(server, "tokenfair:group_service")
+        end = group_series(server, "tokenfair:group_service_total")
     finally:
         stop.set()
         for loop in loops:

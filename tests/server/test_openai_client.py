@@ -143,8 +143,8 @@ def test_errors_come_in_openai_shape(sim_server):
     c = client(sim_server)
     name = model_of(sim_server)
     with pytest.raises(openai.BadRequestError) as caught:
-        c.completions.create(model=name, prompt="x", n=2)
-    assert caught.value.body["param"] == "n"  # type: ignore[index]
+        c.completions.create(model=name, prompt="x", extra_body={"echo": True})
+    assert caught.value.body["param"] == "echo"  # type: ignore[index]
     with pytest.raises(openai.NotFoundError):
         c.completions.create(model="gpt-17", prompt="x")
     bad = openai.OpenAI(base_url=f"{sim_server.url}/v1", api_key="nope", max_retries=0)

@@ -85,7 +85,9 @@ def test_openapi_describes_the_request_bodies(fuzz_server):
     assert {"prompt", "max_tokens", "stream", "stop", "seed", "priority", "n", "logprobs"} <= set(
         fields
     )
-    assert {"const": 1, "type": "integer"} in fields["n"]["anyOf"]  # or null: the default
+    assert {"maximum": 128, "minimum": 1, "type": "integer"} in fields["n"]["anyOf"]
+    # Fields known and refused unless off are in the schema, saying so.
+    assert "Refused unless off" in fields["echo"]["description"]
     assert fields["max_tokens"]["anyOf"][0]["type"] == "integer"
     chat = spec["components"]["schemas"]["ChatCompletionRequest"]["properties"]
     assert {"messages", "max_completion_tokens", "top_logprobs", "stream_options"} <= set(chat)

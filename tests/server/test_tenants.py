@@ -221,18 +221,28 @@ def test_any_key_round_trips(key):
 
 
 # --- the request models ---
-def test_completion_request_ignores_unknown_fields_and_unwraps_prompt():
+def test_completion_request_ignores_unknown_fields_and_lists_its_prompts():
     request = CompletionRequest.model_validate({"model": "m", "prompt": ["hi"], "frobnicate": 1})
-    assert request.prompt_value() == "hi"
-    assert CompletionRequest(model="m", prompt=[1, 2, 3]).prompt_value() == [1, 2, 3]
+    assert request.prompt_values() == ["hi"]
+    assert CompletionRequest(model="m", prompt=[1, 2, 3]).prompt_values() == [[1, 2, 3]]
+    batch = CompletionRequest(model="m", prompt=[[1, 2], [3]], n=2)
+    assert batch.prompt_values() == [[1, 2], [3]] and batch.choices == 2
     assert CompletionRequest(model="m", prompt="x", stop="END").stop_strings() == ("END",)
 
 
 @pytest.mark.parametrize(
     ("body", "field"),
     [
-        ({"model": "m", "prompt": "x", "n": 2}, "n"),
-        ({"model": "m", "prompt": ["a", "b"]}, "prompt"),
+        ({"model": "m", "prompt": "x", "n": 0}, "n"),
+        ({"model": "m", "prompt": ["a"] * 129}, "prompt"),
+        ({"model": "m", "prompt": "x", "n": 2, "best_of": 3}, "best_of"),
+        ({"model": "m", "prompt": "x", "top_k": -2}, "top_k"),
+        (
+            {"model": "m", "prompt": "x", "response_format": {"type": "json_object"}},
+            "response_format",
+        ),
+        ({"model": "m", "prompt": "x", "logit_bias": {"x": 1}}, "logit_bias"),
+        ({"model": "m", "prompt": "x", "presence_penalty": 3}, "presence_penalty"),
         ({"model": "m", "prompt": "x", "max_tokens": 0}, "max_tokens"),
         ({"model": "m", "prompt": "x", "temperature": -1}, "temperature"),
         ({"model": "m", "prompt": "x", "stop": [""]}, "stop"),

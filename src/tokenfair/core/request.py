@@ -39,6 +39,13 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top logprobs to return per token, or None
+    # Penalties on tokens already seen (vLLM's and OpenAI's definitions): presence and
+    # frequency over the output so far, repetition over prompt and output; 0, 0, 1: off.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0  # drop tokens less likely than min_p x the most likely one
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -51,6 +58,20 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
         if any(not stop for stop in self.stop):
             raise ValueError("stop strings must not be empty")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the logits are changed before sampling (greedy rows too)."""
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.logit_bias
+        )
 
 
 @dataclass(slots=True, eq=False)

@@ -113,23 +113,33 @@ class CompletionProxy:
             )
         return call, tenant
 
-    def _prompt_tokens(self, call: CompletionCall) -> int:
+    def _prompt_tokens(self, call: CompletionCall) -> tuple[int, int]:
+        """The prompt tokens of the call, and of its longest prompt (a completions
+        prompt may be a batch of prompts)."""
         counter = self.gw.token_counter(call.model)
         if call.kind == "chat":
-            return counter.messages(call.payload)
-        return counter.prompt(call.payload)
+            tokens = counter.messages(call.payload)
+            return tokens, tokens
+        if call.choices > 1 and isinstance(call.payload, list):
+            each = [counter.prompt(p) for p in call.payload if isinstance(p, str | list)]
+            if len(each) == len(call.payload):  # a batch, not one prompt of token ids
+                return sum(each), max(each)
+        tokens = counter.prompt(call.payload)
+        return tokens, tokens
 
     async def _serve(
         self, call: CompletionCall, tenant: Any, response: ClientResponse, arrival: float
     ) -> None:
         gw = self.gw
-        prompt = max(1, self._prompt_tokens(call))
-        max_tokens = call.max_tokens or gw.config.default_max_tokens
+        prompt, longest = self._prompt_tokens(call)
+        prompt, longest = max(1, prompt), max(1, longest)
+        per_choice = call.max_tokens or gw.config.default_max_tokens
+        max_tokens = per_choice * call.choices  # output reserved for every choice
         try:
-            if prompt + max_tokens > tenant.max_tokens_per_request:
+            if longest + per_choice > tenant.max_tokens_per_request:
                 raise APIError(
                     400,
-                    f"prompt ({prompt} tokens) + max_tokens ({max_tokens}) is over this "
+                    f"prompt ({longest} tokens) + max_tokens ({per_choice}) is over this "
                     f"tenant's limit of {tenant.max_tokens_per_request} tokens",
                     param="max_tokens",
                     code=ErrorCode.CONTEXT_LENGTH_EXCEEDED,

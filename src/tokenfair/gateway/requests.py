@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from tokenfair.edge.errors import APIError
+from tokenfair.edge.errors import APIError, ErrorCode
 
 
 @dataclass(slots=True)
@@ -30,10 +30,13 @@ class CompletionCall:
     user: str | None
     payload: Any  # messages or prompt
     body: bytes  # what is sent upstream
+    # Completions the upstream generates: n per prompt (a completions prompt may be a
+    # list of prompts). The gateway reserves max_tokens of output for each.
+    choices: int = 1
 
 
-def _bad(message: str, param: str | None) -> APIError:
-    return APIError(400, message, param=param, code="invalid_value")
+def _bad(message: str, param: str | None, code: str = ErrorCode.INVALID_VALUE) -> APIError:
+    return APIError(400, message, param=param, code=code)
 
 
 def _int_field(data: dict[str, Any], name: str, minimum: int | None) -> int | None:
@@ -64,7 +67,7 @@ def _loads(raw: bytes) -> tuple[Any, bool]:
     try:
         return json.loads(raw), True
     except (ValueError, RecursionError):
-        raise _bad("the request body is not valid JSON", None) from None
+        raise _bad("the request body is not valid JSON", None, ErrorCode.INVALID_JSON) from None
 
 
 def parse_call(raw: bytes, kind: str) -> CompletionCall:
@@ -72,8 +75,10 @@ def parse_call(raw: bytes, kind: str) -> CompletionCall:
     if not isinstance(data, dict):
         raise _bad("the request body must be a JSON object", None)
     model = data.get("model")
-    if not isinstance(model, str) or not model:
+    if model is None:
         raise _bad("missing required field 'model'", "model")
+    if not isinstance(model, str) or not model:
+        raise _bad("invalid field 'model': must be a non-empty string (a model's id)", "model")
     stream = data.get("stream", False)
     if stream is None:
         stream = False
@@ -89,6 +94,7 @@ def parse_call(raw: bytes, kind: str) -> CompletionCall:
     if max_tokens is None:
         max_tokens = _int_field(data, "max_tokens", 1)
     priority = _int_field(data, "priority", None)
+    n = _int_field(data, "n", 1) or 1
     user = data.get("user")
     if user is not None and not isinstance(user, str):
         raise _bad("invalid field 'user': must be a string", "user")
@@ -102,5 +108,14 @@ def parse_call(raw: bytes, kind: str) -> CompletionCall:
         # ASCII json: lone surrogates stay escapes.
         body = json.dumps(data).encode() if exact else orjson.dumps(data)
     return CompletionCall(
-        kind, model, stream, wants_usage, max_tokens, priority, user, payload, body
-    )
+        kind, model, stream, wants_usage, max_tokens, priority, user, payload, body,
+        choices=n * _prompt_count(kind, payload),
+    )  # fmt: skip
+
+
+def _prompt_count(kind: str, payload: Any) -> int:
+    """Prompts in a completions batch (a list of strings or of token-id lists); 1 else."""
+    batch = kind == "completions" and isinstance(payload, list) and payload
+    if batch and all(isinstance(p, str | list) for p in payload):
+        return len(payload)
+    return 1

@@ -14,11 +14,11 @@ import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from starlette.types import Receive, Scope
 
-from tokenfair.core.request import FinishReason, Request, SamplingParams
+from tokenfair.core.request import FinishReason, Request
 from tokenfair.edge.errors import APIError, ErrorCode
 from tokenfair.edge.limits import WaitingSlot
 from tokenfair.edge.tenants import Tenant
@@ -26,7 +26,8 @@ from tokenfair.engine.engine import RequestOutput
 from tokenfair.engine.engine_client import EngineDeadError
 from tokenfair.server.chunk_write import writer_of
 from tokenfair.server.model import NoChatTemplateError
-from tokenfair.server.protocol import ChatCompletionRequest, CompletionRequest
+from tokenfair.server.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest
+from tokenfair.server.sampling import sampling_params, stop_ids
 from tokenfair.server.state import ServerState
 
 Body = CompletionRequest | ChatCompletionRequest
@@ -42,7 +43,7 @@ class Prepared:
     logprobs: int | None
 
 
-def _prompt_ids(state: ServerState, body: Body) -> list[int]:
+def _prompt_ids(state: ServerState, body: Body, prompt: str | list[int] | None) -> list[int]:
     model = state.model
     if isinstance(body, ChatCompletionRequest):
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
@@ -57,7 +58,7 @@ def _prompt_ids(state: ServerState, body: Body) -> list[int]:
                 param="messages",
                 code=ErrorCode.INVALID_VALUE,
             ) from None
-    prompt = body.prompt_value()
+    assert prompt is not None
     if isinstance(prompt, str):
         return model.tokenizer.encode(prompt)
     vocab = model.vocab_size
@@ -73,29 +74,13 @@ def _prompt_ids(state: ServerState, body: Body) -> list[int]:
     return list(prompt)
 
 
-def prepare(state: ServerState, body: Body, tenant: Tenant, kind: str) -> Prepared:
-    """Build the engine request; APIError 400 for anything that can never run."""
+def _max_tokens(state: ServerState, body: Body, tenant: Tenant, prompt_tokens: int) -> int:
+    """The request's max_tokens, within the three bounds on prompt + max_tokens: the
+    tenant's, the model's context, and the KV pool (a request that can never fit in it
+    would wait forever); APIError 400 past them."""
     model = state.model
     param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
-    if body.model != model.name:
-        raise APIError(
-            404,
-            f"the model {body.model!r} does not exist; this server serves {model.name!r}",
-            param="model",
-            code="model_not_found",
-        )
-    ids = _prompt_ids(state, body)
-    if not ids:
-        raise APIError(
-            400,
-            "the prompt is empty: give at least one token",
-            param=param,
-            code=ErrorCode.INVALID_VALUE,
-        )
-    prompt_tokens = len(ids)
-    # The three bounds on prompt + max_tokens: the tenant's, the model's context, and
-    # the KV pool (a request that can never fit in it would wait forever).
-    bounds = sorted(
+    limit, limit_name = min(
         [
             (tenant.max_tokens_per_request, f"max_tokens_per_request of tenant {tenant.name!r}"),
             (model.max_context, "the model's context length"),
@@ -103,7 +88,6 @@ def prepare(state: ServerState, body: Body, tenant: Tenant, kind: str) -> Prepar
         ],
         key=lambda bound: bound[0],
     )
-    limit, limit_name = bounds[0]
     limit_name = f"{limit_name} ({limit} tokens)"
     if prompt_tokens >= limit:
         raise APIError(
@@ -129,39 +113,68 @@ def prepare(state: ServerState, body: Body, tenant: Tenant, kind: str) -> Prepar
             param=asked_by,
             code="context_length_exceeded",
         )
-    logprobs = body.num_logprobs() if isinstance(body, ChatCompletionRequest) else body.logprobs
-    try:
-        sampling = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=body.temperature if body.temperature is not None else 1.0,
-            top_p=body.top_p if body.top_p is not None else 1.0,
-            top_k=body.top_k or 0,
-            seed=body.seed,
-            stop=body.stop_strings(),
-            ignore_eos=bool(body.ignore_eos),
-            logprobs=logprobs,
+    return max_tokens
+
+
+def prepare(state: ServerState, body: Body, tenant: Tenant, kind: str) -> list[Prepared]:
+    """The engine requests of one HTTP request, prompt by prompt, `n` choices each; APIError
+    400 for anything that can never run."""
+    model = state.model
+    if body.model != model.name:
+        raise APIError(
+            404,
+            f"the model {body.model!r} does not exist; this server serves {model.name!r}",
+            param="model",
+            code="model_not_found",
         )
-    except ValueError as error:
-        raise APIError(400, str(error), code=ErrorCode.INVALID_VALUE) from None
-    request = Request(
-        request_id=state.new_request_id(kind),
-        client=tenant.name,
-        input_tokens=prompt_tokens,
-        arrival_s=state.engine.now(),
-        sampling=sampling,
-        prompt_token_ids=ids if model.keeps_token_ids else None,
-        priority=body.priority if body.priority is not None else tenant.priority,
-        eos_token_ids=model.tokenizer.eos_token_ids,
-        cache_salt=None if state.tenants.share_prefix_cache else tenant.name,
+    chat = isinstance(body, ChatCompletionRequest)
+    prompts: list[str | list[int] | None] = (
+        [None] if isinstance(body, ChatCompletionRequest) else list(body.prompt_values())
     )
-    return Prepared(
-        request,
-        tenant,
-        chat=isinstance(body, ChatCompletionRequest),
-        stream=bool(body.stream),
-        include_usage=body.include_usage,
-        logprobs=logprobs,
-    )
+    if len(prompts) * body.choices > MAX_CHOICES:
+        raise APIError(
+            400,
+            f"invalid field 'n': {len(prompts)} prompts x n = {len(prompts) * body.choices} "
+            f"choices; at most {MAX_CHOICES} per request",
+            param="n",
+            code=ErrorCode.INVALID_VALUE,
+        )
+    logprobs = body.num_logprobs() if isinstance(body, ChatCompletionRequest) else body.logprobs
+    eos = stop_ids(body, model.tokenizer.eos_token_ids)
+    prepared: list[Prepared] = []
+    for prompt in prompts:
+        ids = _prompt_ids(state, body, prompt)
+        if not ids:
+            raise APIError(
+                400,
+                "the prompt is empty: give at least one token",
+                param="messages" if chat else "prompt",
+                code=ErrorCode.INVALID_VALUE,
+            )
+        max_tokens = _max_tokens(state, body, tenant, len(ids))
+        for choice in range(body.choices):
+            request = Request(
+                request_id=state.new_request_id(kind),
+                client=tenant.name,
+                input_tokens=len(ids),
+                arrival_s=state.engine.now(),
+                sampling=sampling_params(body, max_tokens, logprobs, choice, model.vocab_size),
+                prompt_token_ids=ids if model.keeps_token_ids else None,
+                priority=body.priority if body.priority is not None else tenant.priority,
+                eos_token_ids=eos,
+                cache_salt=None if state.tenants.share_prefix_cache else tenant.name,
+            )
+            prepared.append(
+                Prepared(
+                    request,
+                    tenant,
+                    chat=chat,
+                    stream=bool(body.stream),
+                    include_usage=body.include_usage,
+                    logprobs=logprobs,
+                )
+            )
+    return prepared
 
 
 @dataclass(slots=True)
@@ -258,7 +271,11 @@ async def start(state: ServerState, prepared: Prepared) -> Job:
     return job
 
 
-def watch_disconnect(scope: Scope, receive: Receive, job: Job) -> Callable[[], object]:
+class Watched(Protocol):
+    def on_disconnect(self) -> None: ...
+
+
+def watch_disconnect(scope: Scope, receive: Receive, job: Watched) -> Callable[[], object]:
     """Abort the job when the client goes away (streaming or not); returns the function
     that stops watching. With the chunk writer (uvicorn under `tokenfair serve`) the
     connection itself reports the loss; elsewhere a task waits on `receive`."""
@@ -269,7 +286,7 @@ def watch_disconnect(scope: Scope, receive: Receive, job: Job) -> Callable[[], o
     return asyncio.ensure_future(_receive_disconnect(receive, job)).cancel
 
 
-async def _receive_disconnect(receive: Receive, job: Job) -> None:
+async def _receive_disconnect(receive: Receive, job: Watched) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":

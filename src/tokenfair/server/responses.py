@@ -19,15 +19,24 @@ DONE = b"data: [DONE]\n\n"
 
 
 def usage(job: Job) -> dict[str, Any]:
-    request = job.request
-    completion = len(request.output_token_ids)
+    return usage_of([job], 1)
+
+
+def usage_of(jobs: list[Job], per_prompt: int) -> dict[str, Any]:
+    """One answer's usage: each prompt counted once (its first choice's), as OpenAI
+    counts them, every choice's output."""
+    prompts = jobs[::per_prompt]
+    prompt = sum(job.request.input_tokens for job in prompts)
+    completion = sum(len(job.request.output_token_ids) for job in jobs)
     return {
-        "prompt_tokens": request.input_tokens,
+        "prompt_tokens": prompt,
         "completion_tokens": completion,
-        "total_tokens": request.input_tokens + completion,
+        "total_tokens": prompt + completion,
         # OpenAI's field: prompt tokens served from the prefix cache (a gateway in
         # front can charge them at its own rate).
-        "prompt_tokens_details": {"cached_tokens": request.cached_tokens},
+        "prompt_tokens_details": {
+            "cached_tokens": sum(job.request.cached_tokens for job in prompts)
+        },
     }
 
 
@@ -83,50 +92,63 @@ class LogprobsBuilder:
         }
 
 
-def completion_body(job: Job, text: str, logprobs: LogprobsBuilder | None) -> dict[str, Any]:
-    state, request = job.state, job.request
-    choice: dict[str, Any]
+def choice_body(
+    job: Job, index: int, text: str, logprobs: LogprobsBuilder | None
+) -> dict[str, Any]:
     lp = logprobs.body() if logprobs is not None else None
     if job.prepared.chat:
-        kind = "chat.completion"
-        choice = {
-            "index": 0,
+        return {
+            "index": index,
             "message": {"role": "assistant", "content": text},
             "logprobs": lp,
             "finish_reason": job.finish_reason,
         }
-    else:
-        kind = "text_completion"
-        choice = {"index": 0, "text": text, "logprobs": lp, "finish_reason": job.finish_reason}
+    return {"index": index, "text": text, "logprobs": lp, "finish_reason": job.finish_reason}
+
+
+def completion_body(job: Job, text: str, logprobs: LogprobsBuilder | None) -> dict[str, Any]:
+    return answer_body([(job, text, logprobs)], 1)
+
+
+def answer_body(
+    choices: list[tuple[Job, str, LogprobsBuilder | None]], per_prompt: int
+) -> dict[str, Any]:
+    """The whole answer: one choice per engine request, in order (index = position)."""
+    first = choices[0][0]
     return {
-        "id": request.request_id,
-        "object": kind,
-        "created": job.created,
-        "model": state.model.name,
-        "choices": [choice],
-        "usage": usage(job),
+        "id": first.request.request_id,
+        "object": "chat.completion" if first.prepared.chat else "text_completion",
+        "created": first.created,
+        "model": first.state.model.name,
+        "choices": [choice_body(job, i, text, lp) for i, (job, text, lp) in enumerate(choices)],
+        "usage": usage_of([job for job, _, _ in choices], per_prompt),
     }
 
 
 class ChunkEncoder:
-    """SSE events for one streaming request."""
+    """SSE events for one streaming engine request: choice `index` of an answer whose
+    chunks all carry the id of `first` (the request itself, unless it is not the first
+    choice)."""
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: Job, index: int = 0, first: Job | None = None) -> None:
         self.job = job
+        self.index = index
         chat = job.prepared.chat
+        lead = first or job
         head = {
-            "id": job.request.request_id,
+            "id": lead.request.request_id,
             "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": job.created,
+            "created": lead.created,
             "model": job.state.model.name,
         }
         self._head = head
         encoded = orjson.dumps(head)[:-1]  # without the closing brace
+        choice = b',"choices":[{"index":%d,' % index
         if chat:
-            self._prefix = b"data: " + encoded + b',"choices":[{"index":0,"delta":{"content":'
+            self._prefix = b"data: " + encoded + choice + b'"delta":{"content":'
             self._suffix = b'},"logprobs":null,"finish_reason":null}]}\n\n'
         else:
-            self._prefix = b"data: " + encoded + b',"choices":[{"index":0,"text":'
+            self._prefix = b"data: " + encoded + choice + b'"text":'
             self._suffix = b',"logprobs":null,"finish_reason":null}]}\n\n'
         self.logprobs = (
             LogprobsBuilder(job.state.model.tokenizer, job.prepared.logprobs or 0, chat)
@@ -146,7 +168,7 @@ class ChunkEncoder:
                 **self._head,
                 "choices": [
                     {
-                        "index": 0,
+                        "index": self.index,
                         "delta": {"role": "assistant", "content": ""},
                         "logprobs": None,
                         "finish_reason": None,
@@ -178,13 +200,22 @@ class ChunkEncoder:
         reason = job.finish_reason if output.finished else None
         if job.prepared.chat:
             delta = {"content": output.new_text} if output.new_text else {}
-            choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": reason}
+            choice = {"index": self.index, "delta": delta, "logprobs": lp, "finish_reason": reason}
         else:
-            choice = {"index": 0, "text": output.new_text, "logprobs": lp, "finish_reason": reason}
+            choice = {
+                "index": self.index,
+                "text": output.new_text,
+                "logprobs": lp,
+                "finish_reason": reason,
+            }
         return self._event({**self._head, "choices": [choice]})
 
     def usage(self) -> bytes:
-        return self._event({**self._head, "choices": [], "usage": usage(self.job)})
+        return self.event_with({"choices": [], "usage": usage(self.job)})
+
+    def event_with(self, fields: dict[str, Any]) -> bytes:
+        """An event of this answer's id, model and time with these fields."""
+        return self._event({**self._head, **fields})
 
     def error(self, status: int, body: dict[str, Any]) -> bytes:
         return self._event(body)

@@ -23,6 +23,7 @@ from tokenfair.edge.endpoints import COMPLETION_PATHS
 from tokenfair.edge.errors import APIError, ClientGone, ErrorCode, shutting_down, validation_message
 from tokenfair.edge.operator_port import on_port, only_operator_pages
 from tokenfair.engine.engine import RequestOutput
+from tokenfair.server.choices import ChoicesStream, collect, start_all
 from tokenfair.server.chunk_write import ChunkWriter, writer_of
 from tokenfair.server.generation import (
     Job,
@@ -110,10 +111,19 @@ async def generate(
     except APIError as error:  # a 4xx for this tenant's request: refused, not served
         state.metrics.reject(tenant.name, error.code or f"http_{error.status_code}")
         raise
-    job = await start(state, prepared)
-    if prepared.stream:
+    if len(prepared) > 1:  # n > 1, or several prompts
+        together = await start_all(state, prepared, body.choices)
+        if body.stream:
+            return ChoicesStream(together)
+        answer = await collect(scope, receive, together)
+        if answer is None:
+            return Response(status_code=CLIENT_CLOSED)
+        request_id = together.jobs[0].request.request_id
+        return json_response(answer, headers={"x-request-id": request_id})
+    job = await start(state, prepared[0])
+    if prepared[0].stream:
         return EventStreamResponse(job)
-    return await _collect(scope, receive, job, prepared)
+    return await _collect(scope, receive, job, prepared[0])
 
 
 async def _collect(scope: Scope, receive: Receive, job: Job, prepared: Prepared) -> Response:

@@ -132,3 +132,58 @@ def test_stop_string_ends_the_request_and_is_not_returned():
     run(make_hf_engine(loaded, kv_tokens=2048), [stopped])
     assert stopped.finish_reason.value == "stop"
     assert stopped.output_text == expected
+
+
+def _request(prompt: list[int], output: list[int], **params) -> Request:
+    request = sampled_request("p", prompt, **params)
+    request.output_token_ids.extend(output)
+    return request
+
+
+@pytest.mark.parametrize(
+    "params,output,prompt",
+    [
+        ({"presence_penalty": 2.0}, [5], [1]),  # 10 - 2 < 9
+        ({"frequency_penalty": 0.6}, [5, 5], [1]),  # 10 - 1.2 < 9
+        ({"repetition_penalty": 2.0}, [], [5]),  # a prompt token too: 10 / 2 < 9
+        ({"logit_bias": ((7, 1.5),)}, [], [1]),  # 9 + 1.5 > 10
+    ],
+    ids=["presence", "frequency", "repetition", "logit_bias"],
+)
+def test_penalties_and_biases_move_the_greedy_choice(params, output, prompt):
+    from tokenfair.engine.hf.sampler import Sampler
+
+    logits = torch.full((1, 16), -1.0)
+    logits[0, 5], logits[0, 7] = 10.0, 9.0
+    plain = _request(prompt, output, max_tokens=4)
+    tokens, _ = Sampler().sample(logits.clone(), [plain])
+    assert tokens == [5]
+    moved = _request(prompt, output, max_tokens=4, logprobs=0, **params)
+    tokens, logprobs = Sampler().sample(logits.clone(), [moved])
+    assert tokens == [7]
+    # Logprobs are the model's own, before penalties (vLLM's default).
+    assert logprobs is not None
+    assert logprobs["p"][0][7] == pytest.approx(float(torch.log_softmax(logits[0], -1)[7]))
+
+
+def test_repetition_penalty_multiplies_a_negative_logit():
+    from tokenfair.engine.hf.sampler import penalize
+
+    logits = torch.tensor([2.0, -2.0, 1.0])
+    request = _request([0, 1], [], max_tokens=2, repetition_penalty=2.0)
+    assert penalize(logits, request).tolist() == [1.0, -4.0, 1.0]
+
+
+def test_min_p_drops_the_unlikely():
+    from tokenfair.engine.hf.sampler import filter_logits
+
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    kept = filter_logits(logits, SamplingParams(temperature=1.0, min_p=0.2))
+    assert torch.isfinite(kept).tolist() == [True, True, True, False]  # 0.05 < 0.2 x 0.5
+
+
+def test_a_biased_token_is_every_greedy_token_of_a_real_model():
+    prompt = random_prompt(12, seed=3)
+    biased = sampled_request("b", prompt, max_tokens=6, logit_bias=((11, 100.0),))
+    run(engine_for("llama"), [biased])
+    assert biased.output_token_ids == [11] * 6

@@ -1,0 +1,228 @@
+"""The server and the gateway at their edge: the same answers to the same mistakes,
+/metrics kept from tenants, removed tenants gone from it, slow clients cut off.
+
+One `tokenfair serve --model sim:` server (a tenants file with an admin key, a metrics
+port) and one gateway in front of it (a tenants file without one, a metrics port), both
+with a read timeout of 1 s.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.gateway.processes import KEYS, Process, gateway, sim_upstream, tenants_file
+from tests.gateway.redis_server import free_port
+from tokenfair.edge.body import DEFAULT_MAX_BODY_BYTES
+from tokenfair.edge.tenants import hash_key
+
+pytestmark = pytest.mark.slow
+ADMIN = "admin-key"
+
+
+def _key(tenant: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {KEYS[tenant]}"}
+
+
+@pytest.fixture(scope="module")
+def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("edge")
+    server_tenants = tmp / "server-tenants.yaml"
+    data = yaml.safe_load(tenants_file(tmp).read_text())
+    data["admin_key_sha256"] = hash_key(ADMIN)
+    server_tenants.write_text(yaml.safe_dump(data))
+    metrics_port = free_port()
+    server = sim_upstream(
+        tmp, "server", "--tenants", str(server_tenants), "--metrics-port", str(metrics_port),
+        "--read-timeout", "1", profile="fixed:0.002",
+    )  # fmt: skip
+    server.metrics_port = metrics_port
+    upstream = {"url": server.url + "/v1", "models": ["sim"], "max_concurrent": 8}
+    gw = gateway(tmp, [{**upstream, "api_key": KEYS["other"]}], read_timeout_s=1)
+    try:
+        yield {"server": server, "gateway": gw, "tmp": tmp, "server_tenants": server_tenants}
+    finally:
+        gw.stop()
+        server.stop()
+
+
+def _answer(response: httpx.Response) -> tuple[int, Any, Any]:
+    error = response.json().get("error", {})
+    return response.status_code, error.get("code"), error.get("param")
+
+
+def test_the_same_mistakes_get_the_same_answers(edge: dict[str, Any]) -> None:
+    server, gw = edge["server"], edge["gateway"]
+    completions = "/v1/completions"
+    cases: list[tuple[str, str, dict[str, Any], tuple[int, Any, Any]]] = [
+        ("GET", completions, {}, (405, "method_not_allowed", None)),
+        ("POST", completions, {"content": b"{not json"}, (400, "invalid_json", None)),
+        ("POST", completions, {"json": "a string"}, (400, "invalid_value", None)),
+        ("POST", completions, {"json": {"model": 12, "prompt": "x"}}, (400, "invalid_value", "model")),
+        ("POST", completions, {"json": {"model": "nope", "prompt": "x"}}, (404, "model_not_found", "model")),
+        ("POST", completions, {"content": b"x" * (DEFAULT_MAX_BODY_BYTES + 1)}, (413, "body_too_large", None)),
+        ("GET", "/v1/models/nope", {}, (404, "model_not_found", "model")),
+        ("GET", "/v1/nothing", {}, (404, "not_found", None)),
+    ]  # fmt: skip
+    for method, path, body, expected in cases:
+        for process in (server, gw):
+            response = httpx.request(
+                method, process.url + path, headers=_key("light"), timeout=30, **body
+            )
+            assert _answer(response) == expected, (process.args[-1], method, path, response.text)
+    wrong_type = httpx.post(
+        gw.url + completions, json={"model": 12, "prompt": "x"}, headers=_key("light"), timeout=10
+    ).json()
+    assert "missing" not in wrong_type["error"]["message"]
+    # /v1/models: behind a tenant's key on both, and the served model by its id.
+    for process in (server, gw):
+        assert httpx.get(process.url + "/v1/models", timeout=10).status_code == 401
+        listed = httpx.get(process.url + "/v1/models", headers=_key("light"), timeout=10).json()
+        assert [m["id"] for m in listed["data"]] == ["sim"]
+        one = httpx.get(process.url + "/v1/models/sim", headers=_key("light"), timeout=10)
+        assert one.status_code == 200 and one.json()["id"] == "sim"
+
+
+def test_metrics_are_the_operators(edge: dict[str, Any]) -> None:
+    server, gw = edge["server"], edge["gateway"]
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    # The server's file has an admin key: on the API port, /metrics is the admin's alone.
+    assert httpx.get(server.url + "/metrics", timeout=10).status_code == 401
+    assert httpx.get(server.url + "/metrics", headers=_key("light"), timeout=10).status_code == 403
+    assert httpx.get(server.url + "/metrics", headers=admin, timeout=10).status_code == 200
+    # The gateway's has none: its operator pages are not served on the API port at all.
+    for page in ("/metrics", "/v1/gateway/state", "/v1/gateway/requests/recent"):
+        refused = httpx.get(gw.url + page, headers=_key("light"), timeout=10)
+        assert _answer(refused)[:2] == (404, "operator_only"), page
+        assert "metrics port" in refused.json()["error"]["message"]
+        assert httpx.get(gw.metrics_url + page, timeout=10).status_code == 200, page
+    # The metrics ports serve the operator's pages without a key, and nothing else.
+    assert "tokenfair:build_info" in httpx.get(server.metrics_url + "/metrics", timeout=10).text
+    for process in (server, gw):
+        assert httpx.get(process.metrics_url + "/health", timeout=10).status_code == 200
+        elsewhere = httpx.post(process.metrics_url + "/v1/completions", json={}, timeout=10)
+        assert _answer(elsewhere)[:2] == (404, "not_found")
+
+
+def _closed_by_peer(sock: socket.socket, deadline: float) -> bool:
+    sock.settimeout(0.5)
+    while time.monotonic() < deadline:
+        try:
+            if sock.recv(4096) == b"":
+                return True
+        except TimeoutError:
+            continue
+        except OSError:  # reset
+            return True
+    return False
+
+
+def test_slow_clients_are_cut_off(edge: dict[str, Any]) -> None:
+    """Half-sent headers, and a body announced but not sent: the connection is closed
+    after the read timeout (1 s here), and the process goes on serving."""
+    for process in (edge["server"], edge["gateway"]):
+        slow: list[socket.socket] = []
+        for i in range(30):
+            sock = socket.create_connection(("127.0.0.1", process.port))
+            if i % 3 == 0:
+                sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+            elif i % 3 == 1:
+                sock.sendall(
+                    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                    b'application/json\r\nContent-Length: 1000\r\n\r\n{"model": '
+                )
+            slow.append(sock)  # and the third kind sends nothing at all
+        deadline = time.monotonic() + 60  # a bound for a busy machine, not a speed
+        assert all(_closed_by_peer(sock, deadline) for sock in slow)
+        for sock in slow:
+            sock.close()
+        ok = httpx.post(
+            process.url + "/v1/completions",
+            json={"model": "sim", "prompt": "x", "max_tokens": 2},
+            headers=_key("light"),
+            timeout=30,
+        )
+        assert ok.status_code == 200
+
+
+def _tenants_in(process: Process, headers: dict[str, str] | None = None) -> set[str]:
+    text = httpx.get(process.metrics_url + "/metrics", headers=headers, timeout=10).text
+    return {
+        line.split('tenant="', 1)[1].split('"', 1)[0]
+        for line in text.splitlines()
+        if line.startswith("tokenfair:prompt_tokens_total{")
+    }
+
+
+def test_a_removed_tenant_leaves_metrics_on_reload(edge: dict[str, Any]) -> None:
+    server, gw, tmp = edge["server"], edge["gateway"], edge["tmp"]
+    for process in (server, gw):
+        sent = httpx.post(
+            process.url + "/v1/completions",
+            json={"model": "sim", "prompt": "x", "max_tokens": 1},
+            headers=_key("limited"),
+            timeout=30,
+        )
+        assert sent.status_code == 200
+        assert "limited" in _tenants_in(process)
+    files = {server: edge["server_tenants"], gw: tmp / "tenants.yaml"}
+    kept = {}
+    for process, path in files.items():
+        kept[process] = path.read_text()
+        data = yaml.safe_load(kept[process])
+        data["tenants"] = [t for t in data["tenants"] if t["name"] != "limited"]
+        path.write_text(yaml.safe_dump(data))
+        assert process.popen is not None
+        process.popen.send_signal(signal.SIGHUP)
+    try:
+        deadline = time.monotonic() + 60
+        for process in (server, gw):
+            while "limited" in _tenants_in(process):
+                assert time.monotonic() < deadline, "the removed tenant's series stayed"
+                time.sleep(0.1)
+            assert "light" in _tenants_in(process)  # the others stay
+    finally:
+        for process, path in files.items():
+            path.write_text(kept[process])
+            assert process.popen is not None
+            process.popen.send_signal(signal.SIGHUP)
+
+
+def test_fields_pass_through_the_gateway_unchanged(edge: dict[str, Any], tmp_path: Path) -> None:
+    """What the gateway does not schedule by reaches the upstream as the client sent it."""
+    from tests.gateway.processes import fake_upstream, stats
+
+    upstream = fake_upstream(tmp_path, "echo")
+    gw = gateway(tmp_path, [{"url": upstream.url, "models": ["fake"], "max_concurrent": 2}])
+    body = {
+        "model": "fake",
+        "prompt": ["first", "second"],
+        "n": 3,
+        "max_tokens": 2,
+        "presence_penalty": 0.5,
+        "frequency_penalty": -0.25,
+        "top_k": -1,
+        "logit_bias": {"50256": -100},
+        "response_format": {"type": "json_object"},
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        "echo": True,
+        "seed": 7,
+        "vendor_extension": {"anything": [1, 2, 3]},
+    }
+    try:
+        answer = httpx.post(
+            gw.url + "/v1/completions", json=body, headers=_key("light"), timeout=30
+        )
+        assert answer.status_code == 200
+        assert stats(upstream)["last_body"] == body
+    finally:
+        gw.stop()
+        upstream.stop()
