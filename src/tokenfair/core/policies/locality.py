@@ -12,8 +12,9 @@ Serving", Cao et al., 2025):
   positive may go next, and among all of their requests the one with the longest
   cached prefix goes first; when no backlogged client has a positive deficit, every
   one is refilled by the quantum. A client that was idle goes first with its new
-  request (within its deficit), as a sparse flow does in FQ-CoDel: holding a lone
-  request back would not let it share anything, only make it wait. Written with VTC's counters: a client's deficit is
+  request when the lift left it the least served (a tie VTC may break either way), as
+  a sparse flow does in FQ-CoDel: holding a lone request back would not let it share
+  anything, only make it wait. Written with VTC's counters: a client's deficit is
   `round_end - counter`, and a refill moves `round_end` to the smallest backlogged
   counter plus the quantum. So a client may run ahead of the smallest backlogged
   counter by at most the quantum while it keeps the cache warm, charges and the lift
@@ -215,12 +216,12 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
     def _choose(self) -> str | None:
         while True:
             returning = self._first_returning()
-            if returning is not None and self._counter[returning] < self._round_end:
+            if returning is not None and self._is_least_served(returning):
                 return returning
             best = self._longest_prefix_client()
             if returning is not None and best is not None:
-                # Back from idle but out of deficit while others have some: it waits
-                # its turn like everyone else.
+                # Back from idle but ahead of someone, or out of deficit, while others
+                # have some: it waits its turn like everyone else.
                 self._returning.popleft()
                 continue
             if best is not None:
@@ -228,6 +229,15 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
             if not self._queues:
                 return None
             self._refill()
+
+    def _is_least_served(self, client: str) -> bool:
+        """Within its deficit and at the smallest backlogged counter (where the lift put
+        it), so serving it first is one of VTC's own choices, a tie broken its way."""
+        counter = self._counter[client]
+        smallest = self._min_client()
+        return counter < self._round_end and (
+            smallest is None or counter <= self._counter[smallest]
+        )
 
     def _first_returning(self) -> str | None:
         returning = self._returning
