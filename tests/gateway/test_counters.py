@@ -111,7 +111,9 @@ async def _replay_in_redis(
     url: str, namespace: str, lift: str, grouped: bool, sequence: list[tuple[str, str, int]]
 ) -> None:
     shares = Shares(grouped)
-    store = RedisCounterStore(url, namespace=namespace, lift=lift, gateway_id="g1")
+    # A generous timeout: this checks the scripts' arithmetic, and on a busy machine a
+    # call can outlast the production default and send the store to its local fallback.
+    store = RedisCounterStore(url, namespace=namespace, lift=lift, gateway_id="g1", timeout_s=5.0)
     await store.start()
     local = LocalCounters(lift)
     try:
