@@ -46,7 +46,7 @@ class LongestPrefixQueue:
     """One client's waiting requests: priority (lower first), then a preempted request
     ahead of new ones, then the longest cached prefix, then arrival."""
 
-    __slots__ = ("_heap", "_index", "_live", "_seq")
+    __slots__ = ("_checked", "_heap", "_index", "_live", "_seq")
 
     def __init__(self, index: CachedPrefixIndex, seq: Iterator[int]) -> None:
         self._heap: list[tuple[int, int, int, int, Request]] = []
@@ -54,6 +54,9 @@ class LongestPrefixQueue:
         self._live: dict[str, tuple[int, int]] = {}
         self._index = index
         self._seq = seq
+        # The top entry as last checked, and the cache's wanted evictions then: it
+        # stands while it is still the top and nothing wanted was evicted since.
+        self._checked: tuple[tuple[int, int, int, int, Request], int] | None = None
 
     def _file(self, request: Request, band: int) -> None:
         seq = next(self._seq)
@@ -87,6 +90,9 @@ class LongestPrefixQueue:
     def _top(self) -> tuple[int, int, int, int, Request]:
         """The entry of the head: live, and its cached prefix checked."""
         heap, live, index = self._heap, self._live, self._index
+        checked = self._checked
+        if checked is not None and heap[0] is checked[0] and checked[1] == index.wanted_evictions:
+            return checked[0]
         while True:
             entry = heap[0]
             request = entry[4]
@@ -97,6 +103,7 @@ class LongestPrefixQueue:
                 heapq.heappop(heap)  # evictions shortened its prefix: file it again
                 self._file(request, filed[1])
             else:
+                self._checked = (entry, index.wanted_evictions)
                 return entry
 
     def head(self) -> Request:
@@ -116,6 +123,7 @@ class LongestPrefixQueue:
     def remove(self, request: Request) -> bool:
         if self._live.pop(request.request_id, None) is None:
             return False
+        self._checked = None  # it may have been the top
         self._index.untrack(request)  # its heap entry is dropped lazily
         return True
 
