@@ -8,10 +8,10 @@ ideal at each run's own capacity (tokenfair.experiments.locality).
 
 Gateway: the same suites replayed in real time at a compressed scale through
 `tokenfair gateway` in front of three `tokenfair serve --model sim:...` upstreams
-(prefix caching on, salted per tenant; each upstream's KV pool holds a third of the
-clients' prefixes: 6,144 tokens for `system-prompt`, 8,000 for `multiturn`, so the
-three together hold them all and one alone does not), under `routing: least-loaded`
-and `routing: prefix-affinity`, fresh upstreams for each.
+(prefix caching on, salted per tenant; KV pools of 6,144 tokens for `system-prompt`,
+a third of its clients' system prompts, so the three together hold them all and one
+alone does not, and 20,000 for `multiturn`, what an A10G holds for Llama-2-7B), under
+`routing: least-loaded` and `routing: prefix-affinity`, fresh upstreams for each.
 Compressed: the first `--gateway-seconds` of the suite, its arrivals and the
 upstreams' step times (the `a10g-llama-7b` profile) both divided by `--speedup`, so the
 engines see the same work at the same relative pace. Prompts are text whose tokens
@@ -58,9 +58,10 @@ from tests.gateway.processes import Process, gateway, metrics, sim_upstream  # n
 
 ROUTINGS = ("least-loaded", "prefix-affinity")
 UPSTREAMS = 3
-# Each upstream's KV pool: the three pools together hold every client's prefixes, one
-# alone does not (system-prompt: ten prompts of 1,000-2,000 tokens, 15,000 in all).
-GATEWAY_POOLS = {"system-prompt": 6144, "multiturn": 8000}
+# Each upstream's KV pool: for system-prompt, the three together hold every client's
+# prompt and one alone does not (ten prompts of 1,000-2,000 tokens, 15,000 in all); for
+# multiturn, an A10G's pool for Llama-2-7B.
+GATEWAY_POOLS = {"system-prompt": 6144, "multiturn": 20000}
 LETTERS = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz", dtype=np.uint8)
 
 

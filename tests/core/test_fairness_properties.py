@@ -131,6 +131,21 @@ def replay(workload: Workload, policy_name: str, config: SchedulerConfig, observ
     return scheduler
 
 
+def counter_spreads():
+    """(spreads, observe): `observe` records, at every step, how far apart the counters
+    of the clients with waiting requests are."""
+    spreads: list[float] = []
+
+    def observe(scheduler, made, step):
+        counters = scheduler.policy.counters()
+        waiting = {r.client for r in scheduler.policy.waiting_requests()}
+        if len(waiting) >= 2:
+            values = [counters[c] for c in waiting]
+            spreads.append(max(values) - min(values))
+
+    return spreads, observe
+
+
 def made_requests(workload: Workload) -> list[Request]:
     made = [
         make_request(client=c, input_tokens=i, output_tokens=o, arrival_s=t)
@@ -174,14 +189,7 @@ PROPERTY_SETTINGS = settings(
 @given(workloads(), st.booleans())
 def test_vtc_counters_of_waiting_clients_stay_within_bound(workload, charge_first):
     limit = bound(workload)
-    worst = []
-
-    def observe(scheduler, made, step):
-        counters = scheduler.policy.counters()
-        waiting = {r.client for r in scheduler.policy.waiting_requests()}
-        if len(waiting) >= 2:
-            values = [counters[c] for c in waiting]
-            worst.append(max(values) - min(values))
+    worst, observe = counter_spreads()
 
     config = engine_config(workload, admission="reserve", charge_first_token=charge_first)
     scheduler = replay(workload, "vtc", config, observe)
@@ -294,14 +302,7 @@ def test_dlpm_counters_of_waiting_clients_stay_within_bound_plus_quantum(
     workload, quantum, charge_first
 ):
     limit = bound(workload) + quantum
-    worst = []
-
-    def observe(scheduler, made, step):
-        counters = scheduler.policy.counters()
-        waiting = {r.client for r in scheduler.policy.waiting_requests()}
-        if len(waiting) >= 2:
-            values = [counters[c] for c in waiting]
-            worst.append(max(values) - min(values))
+    worst, observe = counter_spreads()
 
     config = engine_config(
         workload, admission="reserve", charge_first_token=charge_first, enable_prefix_caching=True
@@ -330,14 +331,7 @@ def test_locality_policies_keep_backlogged_service_within_twice_the_bound(worklo
 @given(workloads(), st.booleans())
 def test_dlpm_without_shared_prefixes_keeps_vtcs_bound(workload, caching):
     limit = bound(workload)
-    worst = []
-
-    def observe(scheduler, made, step):
-        counters = scheduler.policy.counters()
-        waiting = {r.client for r in scheduler.policy.waiting_requests()}
-        if len(waiting) >= 2:
-            values = [counters[c] for c in waiting]
-            worst.append(max(values) - min(values))
+    worst, observe = counter_spreads()
 
     config = engine_config(workload, admission="reserve", enable_prefix_caching=caching)
     replay(workload, "dlpm:64", config, observe)

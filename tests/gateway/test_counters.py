@@ -111,7 +111,20 @@ async def _replay_in_redis(
     url: str, namespace: str, lift: str, grouped: bool, sequence: list[tuple[str, str, int]]
 ) -> None:
     shares = Shares(grouped)
-    store = RedisCounterStore(url, namespace=namespace, lift=lift, gateway_id="g1")
+    # This checks the scripts' arithmetic, one call after another: no background flush
+    # (whose charges in flight a concurrent pick would not see yet, as in production
+    # for up to flush_interval_s), and a timeout a busy machine cannot outlast (which
+    # would send the store to its local fallback).
+    store = RedisCounterStore(
+        url,
+        namespace=namespace,
+        lift=lift,
+        gateway_id="g1",
+        timeout_s=5.0,
+        flush_interval_s=3600.0,
+        heartbeat_s=3600.0,
+        gateway_ttl_s=7200.0,
+    )
     await store.start()
     local = LocalCounters(lift)
     try:

@@ -8,7 +8,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.conftest import Server, launch, tenants_data
+from tests.server.conftest import ADMIN_KEY, Server, launch, tenants_data
 from tokenfair.server.sim_model import SimTokenizer
 
 SYSTEM = "You are the support assistant of a bicycle shop; answer briefly and politely. " * 8
@@ -97,3 +97,52 @@ def test_different_prompts_share_nothing(caching_sim: Server) -> None:
     complete("alpha " * 40 + "and more")
     hits2, _ = _hits_and_queries(caching_sim)
     assert hits2 - hits1 == 16 * 3  # 60 tokens of "alpha " text: 3 full blocks
+
+
+@pytest.fixture(scope="module")
+def dlpm_sim(server_dir: Path) -> Iterator[Server]:
+    server = launch(
+        server_dir,
+        "--model", "sim:zero", "--enable-prefix-caching", "--block-size", "16",
+        "--policy", "dlpm", "--charge-cached-tokens", "0",
+        tenants=tenants_data(),
+    )  # fmt: skip
+    yield server
+    server.stop()
+
+
+def test_dlpm_serves_and_cached_prompt_tokens_are_reported_and_priced(dlpm_sim: Server) -> None:
+    def counter() -> float:
+        rows = httpx.get(
+            f"{dlpm_sim.url}/admin/tenants",
+            headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+            timeout=30,
+        ).json()
+        return next(r["counter"] for r in rows["data"] if r["name"] == "team-a")
+
+    usages = []
+    for question in ("Do you repair tyres?", "When do you open on Sundays?"):
+        before = counter()
+        response = httpx.post(
+            f"{dlpm_sim.url}/v1/chat/completions",
+            json={
+                "model": "sim:zero",
+                "messages": [
+                    {"role": "system", "content": SYSTEM},
+                    {"role": "user", "content": question},
+                ],
+                "max_tokens": 2,
+            },
+            headers=dlpm_sim.headers("team-a"),
+            timeout=30,
+        )
+        assert response.status_code == 200, response.text
+        usage = response.json()["usage"]
+        usages.append(usage)
+        # Cached prompt tokens cost nothing at --charge-cached-tokens 0.
+        cached = usage["prompt_tokens_details"]["cached_tokens"]
+        expected = usage["prompt_tokens"] - cached + 2 * usage["completion_tokens"]
+        assert counter() - before == pytest.approx(expected)
+    assert usages[0]["prompt_tokens_details"]["cached_tokens"] == 0
+    system_blocks = len(SimTokenizer().encode(f"system: {SYSTEM}\n")) // 16
+    assert usages[1]["prompt_tokens_details"]["cached_tokens"] == 16 * system_blocks

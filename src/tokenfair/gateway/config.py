@@ -130,6 +130,9 @@ class ModelConfig(_Strict):
 class CostConfig(_Strict):
     w_in: float = Field(default=1.0, ge=0)
     w_out: float = Field(default=2.0, ge=0)
+    # What a prompt token the upstream served from its prefix cache (its usage's
+    # prompt_tokens_details.cached_tokens) costs, as a share of a computed one.
+    charge_cached_tokens: float = Field(default=1.0, ge=0, le=1)
 
 
 class HealthConfig(_Strict):

@@ -2,7 +2,9 @@
 
 At dispatch the tenant pays for the prompt (counted or estimated) and, for a request
 that does not stream, for its whole max_tokens. A stream pays for output chunk by
-chunk. The usage the upstream reports at the end replaces both estimates. A request
+chunk. The usage the upstream reports at the end replaces both estimates, its prompt
+tokens served from the upstream's prefix cache priced at `cached_share` of a computed
+one (the gateway's `cost.charge_cached_tokens`). A request
 whose upstream fails before any output is refunded in full; a non-streaming one that
 ends without usage (failure, client gone) gets its unused output reservation back.
 """
@@ -15,6 +17,8 @@ from tokenfair.gateway.counters import Charge, CounterStore
 
 class Meter:
     __slots__ = (
+        "cached",
+        "cached_share",
         "cost",
         "output",
         "prompt",
@@ -33,19 +37,26 @@ class Meter:
         prompt_tokens: int,
         max_tokens: int,
         stream: bool,
+        cached_share: float = 1.0,
     ) -> None:
         self.store = store
+        self.cached_share = cached_share
         # (node, weight) from the tenant's top-level group down to the tenant itself.
         self.weights = weights
         self.cost = cost
         self.stream = stream
         self.prompt = prompt_tokens  # input tokens charged so far
+        self.cached = 0  # of those, served from the upstream's prefix cache
         self.output = 0 if stream else max_tokens  # output tokens charged so far
         self.streamed = 0  # output tokens seen in chunks
         self.usage_seen = False
 
     def _service(self, prompt: float, output: float) -> float:
         return self.cost.w_in * prompt + self.cost.w_out * output
+
+    def _charged_prompt(self) -> float:
+        """The prompt as charged: cached tokens at their share."""
+        return self.prompt - (1.0 - self.cached_share) * self.cached
 
     def _weighted(self, service: float) -> Charge:
         """`service` as each node on the tenant's path pays it: divided by its weight."""
@@ -69,9 +80,13 @@ class Meter:
             self.output += tokens
             self._charge(self._service(0, tokens))
 
-    def on_usage(self, prompt_tokens: int, completion_tokens: int) -> None:
-        self._charge(self._service(prompt_tokens - self.prompt, completion_tokens - self.output))
-        self.prompt, self.output = prompt_tokens, completion_tokens
+    def on_usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> None:
+        before = self._charged_prompt()
+        self.prompt, self.cached = prompt_tokens, cached_tokens
+        self._charge(
+            self._service(self._charged_prompt() - before, completion_tokens - self.output)
+        )
+        self.output = completion_tokens
         self.usage_seen = True
 
     def on_unfinished(self, failed: bool) -> None:
@@ -82,12 +97,12 @@ class Meter:
         if self.usage_seen:
             return
         if failed and self.streamed == 0:  # nothing came back: nothing was served
-            self._charge(-self._service(self.prompt, self.output))
-            self.prompt = self.output = 0
+            self._charge(-self._service(self._charged_prompt(), self.output))
+            self.prompt = self.output = self.cached = 0
         elif not self.stream:
             self._charge(-self._service(0, self.output - self.streamed))
             self.output = self.streamed
 
     def service(self) -> float:
-        """Service received (unweighted), SPEC section 2."""
-        return self._service(self.prompt, self.output)
+        """Service received (unweighted), SPEC section 2, as charged."""
+        return self._service(self._charged_prompt(), self.output)

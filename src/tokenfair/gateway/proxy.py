@@ -163,6 +163,7 @@ class CompletionProxy:
             prompt,
             max_tokens,
             call.stream,
+            gw.config.cost.charge_cached_tokens,
         )
         ticket = Ticket(
             tenant=tenant.name,

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-UsageHook = Callable[[int, int], None]
+UsageHook = Callable[[int, int, int], None]  # prompt, completion, cached prompt tokens
 
 
 def choice_text(choice: Any) -> str:
@@ -34,14 +34,23 @@ def choice_text(choice: Any) -> str:
     return out
 
 
-def usage_of(data: Any) -> tuple[int, int] | None:
+def usage_of(data: Any) -> tuple[int, int, int] | None:
+    """(prompt, completion, cached prompt tokens) of a response's usage, or None.
+
+    The cached count is OpenAI's `prompt_tokens_details.cached_tokens` (vLLM reports it
+    with --enable-prompt-tokens-details, tokenfair's server always); 0 when absent.
+    """
     usage = data.get("usage") if isinstance(data, dict) else None
     if not isinstance(usage, dict):
         return None
     prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    if isinstance(prompt, int) and isinstance(completion, int):
-        return prompt, completion
-    return None
+    if not (isinstance(prompt, int) and isinstance(completion, int)):
+        return None
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if not isinstance(cached, int) or isinstance(cached, bool):
+        cached = 0
+    return prompt, completion, max(0, min(cached, prompt))
 
 
 def finish_reason_of(data: Any) -> Any:

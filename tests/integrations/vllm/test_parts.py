@@ -22,10 +22,10 @@ from tokenfair.integrations.vllm.scheduler import _check_version
 
 def test_defaults_without_a_tokenfair_entry():
     config = load_plugin_config({})
-    assert (config.policy, config.default_tenant, config.charge_prefix_hits) == (
+    assert (config.policy, config.default_tenant, config.cached_token_share) == (
         "vtc",
         "default",
-        True,
+        1.0,
     )
     assert load_plugin_config(None) == config
 

@@ -15,6 +15,7 @@ from tokenfair.core.request import SamplingParams as CoreSampling
 from tokenfair.core.scheduler import Scheduler as CoreScheduler
 from tokenfair.core.scheduler import SchedulerConfig
 from tokenfair.integrations.vllm import FairScheduler
+from tokenfair.integrations.vllm.config import PluginConfigError, load_plugin_config
 
 # (request id, tenant, prompt tokens, output tokens), in arrival order.
 WORKLOAD = [
@@ -292,14 +293,17 @@ def test_pop_and_put_back_is_not_charged(tiny_model_dir):
     assert ledger.tenants()["s"].prompt_tokens == 48
 
 
-@pytest.mark.parametrize("charge_hits", [True, False])
-def test_prefix_cache_hits_charged_by_option(tiny_model_dir, charge_hits):
-    fair = make_scheduler(
-        tiny_model_dir,
-        FairScheduler,
-        prefix_caching=True,
-        tokenfair={"charge_prefix_hits": charge_hits},
-    )
+@pytest.mark.parametrize(
+    ("setting", "share"),
+    [
+        ({}, 1.0),
+        ({"charge_prefix_hits": False}, 0.0),
+        ({"charge_cached_tokens": 0.5}, 0.5),
+        ({"charge_cached_tokens": 0.0, "charge_prefix_hits": False}, 0.0),
+    ],
+)
+def test_prefix_cache_hits_charged_at_the_chosen_share(tiny_model_dir, setting, share):
+    fair = make_scheduler(tiny_model_dir, FairScheduler, prefix_caching=True, tokenfair=setting)
     shared = list(range(100, 164))  # four full blocks
     first = make_request(fair, "p0", "a", [*shared, *range(200, 216)], 4)
     second = make_request(fair, "p1", "a", [*shared, *range(300, 316)], 4)
@@ -308,10 +312,43 @@ def test_prefix_cache_hits_charged_by_option(tiny_model_dir, charge_hits):
     add(fair, [second])
     run(fair)
     stats = fair.ledger.tenants()["a"]
-    assert stats.cached_prompt_tokens == 64
-    prompts = 160 if charge_hits else 160 - 64
-    assert stats.prompt_tokens == prompts
-    assert fair.ledger.counters()["a"] == prompts + 2 * 8
+    assert stats.cached_prompt_tokens == 64 and stats.prompt_tokens == 160
+    assert fair.ledger.counters()["a"] == 160 - (1 - share) * 64 + 2 * 8
+
+
+def test_charge_settings_that_disagree_are_refused():
+    with pytest.raises(PluginConfigError, match="charge_prefix_hits and charge_cached_tokens"):
+        load_plugin_config({"tokenfair": {"charge_prefix_hits": True, "charge_cached_tokens": 0}})
+
+
+def test_dlpm_inside_vllm_takes_the_cached_prefix_first(tiny_model_dir):
+    # vLLM's own prefix cache holds tenant a's prompt; b's requests are shorter, so VTC
+    # would take b's second request before a's, while dlpm lets a reuse its prefix
+    # within its quantum.
+    orders = {}
+    for policy in ("vtc", "dlpm"):
+        fair = make_scheduler(
+            tiny_model_dir,
+            FairScheduler,
+            max_num_seqs=1,
+            prefix_caching=True,
+            tokenfair={"policy": policy},
+        )
+        shared = list(range(100, 164))
+        add(fair, [make_request(fair, "warm", "a", [*shared, 900], 1)])
+        run(fair)
+        add(
+            fair,
+            [
+                make_request(fair, "b1", "b", 16, 1),
+                make_request(fair, "a1", "a", [*shared, 901], 1),
+                make_request(fair, "b2", "b", 16, 1),
+                make_request(fair, "a2", "a", [*shared, 902], 1),
+            ],
+        )
+        orders[policy] = [rid for output in run(fair) for rid in new_ids(output)]
+    assert orders["vtc"] == ["b1", "a1", "b2", "a2"]
+    assert orders["dlpm"] == ["b1", "a1", "a2", "b2"]
 
 
 def test_tenant_from_extra_args_and_the_default(tiny_model_dir):

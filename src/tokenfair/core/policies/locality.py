@@ -12,8 +12,9 @@ Serving", Cao et al., 2025):
   positive may go next, and among all of their requests the one with the longest
   cached prefix goes first; when no backlogged client has a positive deficit, every
   one is refilled by the quantum. A client that was idle goes first with its new
-  request (within its deficit), as a sparse flow does in FQ-CoDel: holding a lone
-  request back would not let it share anything, only make it wait. Written with VTC's counters: a client's deficit is
+  request when the lift left it the least served (a tie VTC may break either way), as
+  a sparse flow does in FQ-CoDel: holding a lone request back would not let it share
+  anything, only make it wait. Written with VTC's counters: a client's deficit is
   `round_end - counter`, and a refill moves `round_end` to the smallest backlogged
   counter plus the quantum. So a client may run ahead of the smallest backlogged
   counter by at most the quantum while it keeps the cache warm, charges and the lift
@@ -45,7 +46,7 @@ class LongestPrefixQueue:
     """One client's waiting requests: priority (lower first), then a preempted request
     ahead of new ones, then the longest cached prefix, then arrival."""
 
-    __slots__ = ("_heap", "_index", "_live", "_seq")
+    __slots__ = ("_checked", "_heap", "_index", "_live", "_seq")
 
     def __init__(self, index: CachedPrefixIndex, seq: Iterator[int]) -> None:
         self._heap: list[tuple[int, int, int, int, Request]] = []
@@ -53,6 +54,9 @@ class LongestPrefixQueue:
         self._live: dict[str, tuple[int, int]] = {}
         self._index = index
         self._seq = seq
+        # The top entry as last checked, and the cache's wanted evictions then: it
+        # stands while it is still the top and nothing wanted was evicted since.
+        self._checked: tuple[tuple[int, int, int, int, Request], int] | None = None
 
     def _file(self, request: Request, band: int) -> None:
         seq = next(self._seq)
@@ -86,6 +90,9 @@ class LongestPrefixQueue:
     def _top(self) -> tuple[int, int, int, int, Request]:
         """The entry of the head: live, and its cached prefix checked."""
         heap, live, index = self._heap, self._live, self._index
+        checked = self._checked
+        if checked is not None and heap[0] is checked[0] and checked[1] == index.wanted_evictions:
+            return checked[0]
         while True:
             entry = heap[0]
             request = entry[4]
@@ -96,6 +103,7 @@ class LongestPrefixQueue:
                 heapq.heappop(heap)  # evictions shortened its prefix: file it again
                 self._file(request, filed[1])
             else:
+                self._checked = (entry, index.wanted_evictions)
                 return entry
 
     def head(self) -> Request:
@@ -115,6 +123,7 @@ class LongestPrefixQueue:
     def remove(self, request: Request) -> bool:
         if self._live.pop(request.request_id, None) is None:
             return False
+        self._checked = None  # it may have been the top
         self._index.untrack(request)  # its heap entry is dropped lazily
         return True
 
@@ -215,12 +224,12 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
     def _choose(self) -> str | None:
         while True:
             returning = self._first_returning()
-            if returning is not None and self._counter[returning] < self._round_end:
+            if returning is not None and self._is_least_served(returning):
                 return returning
             best = self._longest_prefix_client()
             if returning is not None and best is not None:
-                # Back from idle but out of deficit while others have some: it waits
-                # its turn like everyone else.
+                # Back from idle but ahead of someone, or out of deficit, while others
+                # have some: it waits its turn like everyone else.
                 self._returning.popleft()
                 continue
             if best is not None:
@@ -228,6 +237,15 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
             if not self._queues:
                 return None
             self._refill()
+
+    def _is_least_served(self, client: str) -> bool:
+        """Within its deficit and at the smallest backlogged counter (where the lift put
+        it), so serving it first is one of VTC's own choices, a tie broken its way."""
+        counter = self._counter[client]
+        smallest = self._min_client()
+        return counter < self._round_end and (
+            smallest is None or counter <= self._counter[smallest]
+        )
 
     def _first_returning(self) -> str | None:
         returning = self._returning

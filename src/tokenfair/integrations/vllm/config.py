@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from tokenfair.core.cost import make_cost
 from tokenfair.core.policies import Policy, PolicyError, make_policy
@@ -43,6 +43,8 @@ SUPPORTED_POLICIES = (
     "wvtc",
     "vtc-artifact",
     "vtc-predict",
+    "vtc-lpm",
+    "dlpm",
 )
 
 
@@ -66,14 +68,34 @@ class PluginConfig(BaseModel):
     # (OpenAI requests: "vllm_xargs": {"tenant": "..."}).
     tenant_field: str = Field("tenant", min_length=1)
     default_tenant: str = Field("default", min_length=1)
-    # Charge prompt tokens served from the prefix cache (true: the prompt as sent).
-    charge_prefix_hits: bool = True
+    # What a prompt token served from vLLM's prefix cache costs a tenant, as a share of
+    # a computed one (1: the prompt as sent, the paper's cost; 0: only what is computed).
+    charge_cached_tokens: float | None = Field(None, ge=0, le=1)
+    # The older switch for the same: true is 1, false is 0.
+    charge_prefix_hits: bool | None = None
     # A per-tenant status line in vLLM's log every this many seconds while busy; 0: off.
     log_interval_s: float = Field(10.0, ge=0)
     # Serve per-tenant Prometheus metrics from the engine process on this port
     # (+ the data-parallel rank); null: off.
     metrics_port: int | None = Field(None, ge=1, le=65535)
     metrics_host: str = "127.0.0.1"
+
+    @model_validator(mode="after")
+    def _one_cached_token_charge(self) -> PluginConfig:
+        share, switch = self.charge_cached_tokens, self.charge_prefix_hits
+        if share is not None and switch is not None and share != float(switch):
+            raise ValueError(
+                "charge_prefix_hits and charge_cached_tokens disagree: set "
+                "charge_cached_tokens alone (charge_prefix_hits is its older switch)"
+            )
+        return self
+
+    @property
+    def cached_token_share(self) -> float:
+        """What a cached prompt token costs, as a share of a computed one."""
+        if self.charge_cached_tokens is not None:
+            return self.charge_cached_tokens
+        return 1.0 if self.charge_prefix_hits is None else float(self.charge_prefix_hits)
 
     @property
     def policy_name(self) -> str:
@@ -104,7 +126,13 @@ class PluginConfig(BaseModel):
         weights = {**group_weights(self.groups), **self.weights}
         try:
             cost = make_cost(self.cost, self.w_in, self.w_out)
-            return make_policy(self.policy, weights=weights or None, cost=cost, tree=tree)
+            return make_policy(
+                self.policy,
+                weights=weights or None,
+                cost=cost,
+                tree=tree,
+                charge_cached_tokens=self.cached_token_share,
+            )
         except (PolicyError, ValueError) as error:
             raise PluginConfigError(f"{CONFIG_KEY}.policy: {error}") from None
 

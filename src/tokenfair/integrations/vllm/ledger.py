@@ -18,9 +18,8 @@ Charging on `started` rather than on `pop` is what keeps a request that vLLM pop
 puts back in the same step (it did not fit) from being charged, and `ever_admitted`
 keeps a re-prefill after preemption from paying its prompt twice.
 
-With `charge_prefix_hits=False`, a request whose first N prompt tokens come from the
-prefix cache is billed as if its prompt were N tokens shorter (for the whole request,
-so the profiled cost prices its output on that prompt length too).
+A request whose first N prompt tokens come from the prefix cache starts with
+`cached_tokens = N`; the policy prices them at its `charge_cached_tokens` share.
 
 Output token ids are not copied: the policies only count them, so the shadow holds
 placeholders.
@@ -62,9 +61,8 @@ class _Entry(Generic[H]):
 
 
 class Ledger(Generic[H]):
-    def __init__(self, policy: Policy, *, charge_prefix_hits: bool = True):
+    def __init__(self, policy: Policy):
         self.policy = policy
-        self.charge_prefix_hits = charge_prefix_hits
         self._entries: dict[str, _Entry[H]] = {}
         self._tenants: dict[str, TenantStats] = {}
         self._admit_seq = itertools.count()
@@ -194,8 +192,7 @@ class Ledger(Generic[H]):
         first_time = not shadow.ever_admitted
         if first_time:
             cached = max(0, min(cached_tokens, shadow.input_tokens - 1))
-            if not self.charge_prefix_hits:
-                shadow.input_tokens -= cached
+            shadow.cached_tokens = cached
             stats.prompt_tokens += shadow.input_tokens
             stats.cached_prompt_tokens += cached
         shadow.ever_admitted = True
@@ -236,6 +233,10 @@ class Ledger(Generic[H]):
         self._stats(shadow.client).finished += 1
         if shadow.ever_admitted:
             self.policy.on_finish(shadow)  # predictors learn, predictions are refunded
+
+    def vllm_request(self, request_id: str) -> H:
+        """The vLLM request a shadow stands for."""
+        return self._entries[request_id].handle
 
     # --- preemption order and views ---
     def victim_key(self, request_id: str) -> tuple:

@@ -17,11 +17,9 @@ arrival and its `priority` puts them ahead of their equals; vLLM puts the last o
 pushed back first, and orders its priority queue by priority, arrival and request id
 only.) The other policies are tokenfair's core ones, with `running` in victim order.
 
-A new policy joins in `plugin_policy` (and config.SUPPORTED_POLICIES). One that orders
-by what the engine already holds (longest cached prefix first) needs a probe into
-vLLM's prefix cache: the scheduler would build it over its `kv_cache_manager` (the
-lookup vLLM makes at admission, `get_computed_blocks`) and hand it
-to the policy here, next to the policy object; nothing else changes.
+A new policy joins in `plugin_policy` (and config.SUPPORTED_POLICIES). The ones that
+order by what the engine already holds (`vtc-lpm`, `dlpm`) get the scheduler's view of
+vLLM's prefix cache (prefix_cache.py) at construction.
 
 No vLLM import here: plain Python over tokenfair's core, like the ledger.
 """

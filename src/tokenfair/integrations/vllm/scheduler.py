@@ -73,12 +73,14 @@ from vllm.v1.core.sched.request_queue import (  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
+from tokenfair.core.policies.locality import LocalityVTCPolicy  # noqa: E402
 from tokenfair.core.request import FinishReason  # noqa: E402
 from tokenfair.integrations.vllm.config import PluginConfig, load_plugin_config  # noqa: E402
 from tokenfair.integrations.vllm.fields import output_hint_of, tenant_of  # noqa: E402
 from tokenfair.integrations.vllm.ledger import Ledger  # noqa: E402
 from tokenfair.integrations.vllm.metrics import StatusLog, serve_prometheus  # noqa: E402
 from tokenfair.integrations.vllm.policies import PluginPolicy  # noqa: E402
+from tokenfair.integrations.vllm.prefix_cache import VllmPrefixCache  # noqa: E402
 
 logger = init_logger("vllm.tokenfair")
 
@@ -212,6 +214,8 @@ class FairSchedulerMixin:
     waiting: Any
     kv_holding_waiting: Any
     policy: SchedulingPolicy
+    kv_cache_manager: Any
+    block_size: int
     # False on a scheduler built without __init__ (vLLM's tests do): the overrides
     # then leave everything to vLLM.
     _tokenfair_ready = False
@@ -221,9 +225,12 @@ class FairSchedulerMixin:
         config = load_plugin_config(self.vllm_config.additional_config)
         self.tokenfair_config: PluginConfig = config
         self.plugin_policy: PluginPolicy = config.make_plugin_policy()
-        self.ledger: Ledger[Request] = Ledger(
-            self.plugin_policy.policy, charge_prefix_hits=config.charge_prefix_hits
-        )
+        self.ledger: Ledger[Request] = Ledger(self.plugin_policy.policy)
+        if isinstance(self.plugin_policy.policy, LocalityVTCPolicy):
+            # vtc-lpm and dlpm order by what vLLM's own prefix cache holds.
+            self.plugin_policy.policy.attach_prefix_cache(
+                VllmPrefixCache(self.kv_cache_manager, self.block_size, self.ledger.vllm_request)
+            )
         self._popped: list[Request] = []
         self._warned: set[str] = set()
         # vLLM's FCFS preemption path takes the tail of `running`, which schedule()
