@@ -47,3 +47,13 @@ def fake_step(scheduler: Scheduler, now: float = 0.0):
             )
     scheduler.update(out, ExecutorOutput(sampled=sampled), now)
     return out
+
+
+def batch_span(out) -> int:
+    """Tokens a step's batch holds over its requests' whole lives: each one's prompt and
+    max_tokens. Reserve admission keeps what the batch holds at any moment within the
+    pool, yet this can exceed the pool: its peak check lets a long request's later growth
+    use the space of short ones that finish first. Each scheduled request is in the
+    batch until it finishes, so its remaining output is charged at most this many
+    tokens (the M of the bound, as the paper's proof uses it)."""
+    return sum(s.request.input_tokens + s.request.max_tokens for s in out.scheduled)

@@ -23,7 +23,7 @@ from tokenfair.core.request import Request
 from tokenfair.core.scheduler import Scheduler, SchedulerConfig
 from tokenfair.core.share_tree import ROOT, ShareTree, ShareTreeError, group_id
 
-from .helpers import fake_step, make_request
+from .helpers import batch_span, fake_step, make_request
 from .test_fairness_properties import PROPERTY_SETTINGS, W_IN, W_OUT
 
 WEIGHTS = st.sampled_from([0.5, 1.0, 1.0, 2.0, 3.0])
@@ -37,6 +37,7 @@ class TreeWorkload:
     requests: list[tuple[float, str, int, int]]  # arrival, client, input, output
     max_num_seqs: int
     kv_tokens: int
+    span: int = 0  # the widest batch_span replayed so far (the bound's M, with the pool)
 
     def tree(self) -> ShareTree:
         return ShareTree.build(self.groups, {c: g for c, g in self.members.items() if g})
@@ -98,6 +99,7 @@ def replay(workload: TreeWorkload, scheduler: Scheduler, observe=None) -> list[t
         if observe is not None:
             observe(scheduler, made)
         out = fake_step(scheduler, now)
+        workload.span = max(workload.span, batch_span(out))
         if scheduler.has_unfinished():
             assert out.scheduled, "the server idled while requests were unfinished"
         step += 1
@@ -106,7 +108,9 @@ def replay(workload: TreeWorkload, scheduler: Scheduler, observe=None) -> list[t
 
 
 def bound(workload: TreeWorkload) -> float:
-    return max(W_IN * max(i for _, _, i, _ in workload.requests), W_OUT * workload.kv_tokens)
+    """The flat B (test_fairness_properties.bound): M the pool or the widest batch span."""
+    widest = max(workload.kv_tokens, workload.span)
+    return max(W_IN * max(i for _, _, i, _ in workload.requests), max(W_IN, W_OUT) * widest)
 
 
 def backlogged_siblings(policy: HierarchicalVTCPolicy, waiting: list[Request]):
@@ -137,12 +141,12 @@ def test_a_flat_tree_gives_plain_vtc_through_the_registry():
 @PROPERTY_SETTINGS
 @given(tree_workloads())
 def test_backlogged_siblings_counters_stay_within_the_bound_at_every_level(workload):
-    limit = bound(workload)
     policy = HierarchicalVTCPolicy(workload.tree(), weights=workload.weights)
     worst = [0.0]
 
     def observe(scheduler, made):
         counters = policy.node_counters()
+        limit = bound(workload)
         for siblings in backlogged_siblings(policy, list(policy.waiting_requests())).values():
             for a in siblings:
                 for b in siblings:
@@ -170,7 +174,6 @@ def weighted_service(made: list[Request], tree: ShareTree, weights) -> dict[str,
 @PROPERTY_SETTINGS
 @given(tree_workloads())
 def test_siblings_backlogged_together_receive_weighted_service_within_2b(workload):
-    limit = 2 * bound(workload)
     tree = workload.tree()
     policy = HierarchicalVTCPolicy(tree, weights=workload.weights)
     # For each pair of siblings: the service gap when both became backlogged together.
@@ -188,7 +191,7 @@ def test_siblings_backlogged_together_receive_weighted_service_within_2b(workloa
             if (a, b) not in start:
                 start[a, b] = gap
             w_min = min(workload.weights[a], workload.weights[b])
-            assert abs(gap - start[a, b]) * w_min <= limit + 1e-9, (a, b)
+            assert abs(gap - start[a, b]) * w_min <= 2 * bound(workload) + 1e-9, (a, b)
 
     replay(workload, Scheduler(config(workload), policy), observe)
 
