@@ -91,7 +91,8 @@ def serve(
     ] = None,
     kv_tokens: Annotated[
         int | None,
-        typer.Option(help="KV pool size in tokens (default: from free memory; sim: 1,000,000)."),
+        typer.Option(help="KV pool size in tokens (default: from free memory; builtin: 65,536; "
+            "sim: 1,000,000)."),
     ] = None,
     max_num_seqs: Annotated[int | None, typer.Option(help="Most requests running at once.")] = None,
     max_batched_tokens: Annotated[int | None, typer.Option(help="Most tokens per step.")] = None,

@@ -129,6 +129,7 @@ def build_served_model(
             **_engine_facts(engine),
         )
     try:
+        from tokenfair.engine.hf.builtin import BUILTIN_KV_TOKENS, BUILTIN_PREFIX
         from tokenfair.engine.hf.factory import make_hf_engine
         from tokenfair.engine.hf.loader import load_model
     except ImportError as error:
@@ -136,6 +137,8 @@ def build_served_model(
             f"real models need the model extra (pip install -e '.[model]'): {error}"
         ) from None
     loaded = load_model(spec, device, dtype)
+    if kv_tokens is None and spec.startswith(BUILTIN_PREFIX):
+        kv_tokens = BUILTIN_KV_TOKENS
     if loaded.tokenizer is None:
         raise ValueError(f"model {spec!r} has no tokenizer: the server needs one for text")
     built = make_hf_engine(

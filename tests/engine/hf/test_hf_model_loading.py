@@ -98,3 +98,24 @@ def test_load_model_from_a_saved_directory(tmp_path):
     assert completion.prompt_token_ids == [0, 1, 2]
     assert len(completion.token_ids) == 5
     assert llm.loaded.tokenizer.eos_token_ids == frozenset({26})
+
+
+def test_the_builtin_model_gets_a_small_pool_unless_asked():
+    from tokenfair.engine.hf.builtin import BUILTIN_KV_TOKENS
+    from tokenfair.server.model import build_served_model
+
+    served = build_served_model("builtin:tiny", device="cpu")
+    assert served.engine is not None
+    assert served.engine.scheduler.config.kv_tokens == BUILTIN_KV_TOKENS
+    asked = build_served_model("builtin:tiny", device="cpu", kv_tokens=4096)
+    assert asked.engine is not None and asked.engine.scheduler.config.kv_tokens == 4096
+
+
+def test_a_pool_sized_from_memory_holds_no_more_than_every_sequence_at_full_context():
+    from tokenfair.engine.hf.factory import kv_tokens_for_memory, make_hf_engine
+
+    loaded = load_model("builtin:tiny", "cpu", None)
+    loaded.model.config.max_position_embeddings = 100  # 7 blocks of 16
+    by_memory = kv_tokens_for_memory(loaded.model, 16)
+    engine = make_hf_engine(loaded, max_num_seqs=4)
+    assert engine.scheduler.config.kv_tokens == min(by_memory, 4 * 7 * 16)

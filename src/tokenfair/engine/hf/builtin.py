@@ -22,6 +22,11 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from tokenfair.engine.hf.tokenizer import ChatMessage
 
 BUILTIN_PREFIX = "builtin:"
+# The builtins' KV pool when none is asked for: room for 64 sequences of 1,024 tokens,
+# enough for every test and demo, built in a fraction of a second. Sized from free
+# memory instead, as a real model's is, it would reserve gigabytes it never fills and
+# take tens of seconds to page in before the server is healthy.
+BUILTIN_KV_TOKENS = 65_536
 SPECIAL_TOKENS = ("<|bos|>", "<|eos|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
 BOS, EOS = 256, 257
 

@@ -1,7 +1,9 @@
 """Build a ready Engine around a transformers model: scheduler, HFExecutor, detokenizer.
 
 The KV pool is sized in tokens (`kv_tokens`) or, when that is not given, from a share of
-the memory the device has free (`kv_memory_fraction`).
+the memory the device has free (`kv_memory_fraction`), capped at what it could ever
+hold: `max_num_seqs` sequences at the model's full context. A small model on a big
+machine would otherwise reserve (and page in) gigabytes it can never fill.
 """
 
 from __future__ import annotations
@@ -49,6 +51,26 @@ def kv_tokens_for_memory(
     return blocks_for_memory(shape, block_size, budget) * block_size
 
 
+def _context(model: torch.nn.Module) -> int:
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if config is not None else None
+    return int(getattr(text, "max_position_embeddings", 0) or 0)
+
+
+def _most_kv_tokens_usable(
+    model: torch.nn.Module, scheduler_options: dict[str, object], block_size: int
+) -> int | None:
+    """max_num_seqs sequences at the model's full context, in whole blocks; None when
+    the model states no context length."""
+    context = _context(model)
+    if context <= 0:
+        return None
+    default_seqs = next(f.default for f in fields(SchedulerConfig) if f.name == "max_num_seqs")
+    seqs = int(scheduler_options.get("max_num_seqs", default_seqs))  # type: ignore[call-overload]
+    blocks_per_sequence = -(-context // block_size)
+    return seqs * blocks_per_sequence * block_size
+
+
 def make_hf_engine(
     loaded: LoadedModel,
     *,
@@ -76,6 +98,17 @@ def make_hf_engine(
     block_size = int(scheduler_options.get("block_size", default_block_size))  # type: ignore[call-overload]
     if kv_tokens is None:
         kv_tokens = kv_tokens_for_memory(loaded.model, block_size, kv_memory_fraction)
+        ceiling = _most_kv_tokens_usable(loaded.model, scheduler_options, block_size)
+        if ceiling is not None and ceiling < kv_tokens:
+            log.info(
+                "KV pool: %d tokens (%d sequences at the full context of %d), not the %d "
+                "the memory share would hold",
+                ceiling,
+                ceiling // _context(loaded.model),
+                _context(loaded.model),
+                kv_tokens,
+            )
+            kv_tokens = ceiling
     config = SchedulerConfig.from_dict({**scheduler_options, "kv_tokens": kv_tokens})
     scheduler = Scheduler(config, make_policy(policy))
     executor = HFExecutor(
