@@ -267,3 +267,8 @@ def test_output_in_a_new_folder_is_made_before_the_work(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     assert out.is_file()
+
+
+def test_a_metrics_port_that_is_the_api_port_is_refused() -> None:
+    line = error_line(["serve", "--model", "sim:zero", "--port", "8123", "--metrics-port", "8123"])
+    assert "--metrics-port must differ from --port (8123)" in line

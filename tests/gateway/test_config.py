@@ -116,6 +116,14 @@ def test_a_good_config_loads() -> None:
             "routing:\n  index_size: 3\nupstreams:\n  - {url: 'http://x', models: [m], max_concurrent: 1}\n",
             "<config>:2: routing.index_size: Extra inputs are not permitted",
         ),
+        (
+            "listen: {port: 8080, metrics_port: 8080}\nupstreams:\n  - {url: 'http://x', models: [m], max_concurrent: 1}\n",
+            "<config>:1: listen: metrics_port must differ from port (8080)",
+        ),
+        (
+            "listen: {metrics_port: 0}\nupstreams:\n  - {url: 'http://x', models: [m], max_concurrent: 1}\n",
+            "listen.metrics_port: Input should be greater than or equal to 1",
+        ),
         ("[1, 2]", "<config>: expected a mapping"),
         ("upstreams: [", "<config>:1: not valid YAML"),
     ],

@@ -119,6 +119,10 @@ def test_the_server_and_the_gateway_speak_one_vocabulary(
         kinds = {scrape.types[family.name] for scrape in scrapes.values()}
         assert len(kinds) == 1, (family.name, kinds)
 
+    # No *_created series from either (vLLM exports none; they double the counters).
+    for role, scrape in scrapes.items():
+        assert not [name for name in scrape.samples if name.endswith("_created")], role
+
     # A 4xx is a refusal, never a success: light's two answers, its one refusal.
     at_gateway = scrapes["gateway"]
     assert at_gateway.value_count("tokenfair:request_success_total", tenant="light") >= 1

@@ -91,8 +91,10 @@ def serve(
     ] = None,
     kv_tokens: Annotated[
         int | None,
-        typer.Option(help="KV pool size in tokens (default: from free memory; builtin: 65,536; "
-            "sim: 1,000,000)."),
+        typer.Option(
+            help="KV pool size in tokens (default: from free memory; builtin: 65,536; "
+            "sim: 1,000,000)."
+        ),
     ] = None,
     max_num_seqs: Annotated[int | None, typer.Option(help="Most requests running at once.")] = None,
     max_batched_tokens: Annotated[int | None, typer.Option(help="Most tokens per step.")] = None,
@@ -159,6 +161,9 @@ def serve(
 
     Example: tokenfair serve --model sim:a10g-llama-7b --policy vtc --tenants tenants.yaml --port 8000
     """
+    if metrics_port is not None and metrics_port == port:
+        # The server tells the two apart by the port a request came in on.
+        raise _fail(f"--metrics-port must differ from --port ({port})")
     import uvicorn
 
     from tokenfair.core.scheduler import ConfigError

@@ -56,7 +56,7 @@ REQUEST_SUCCESS = Family(
 )
 REQUESTS_REJECTED = Family(
     "tokenfair:requests_rejected",
-    "Requests refused with a 4xx before they ran (bad input, limits, the policy), by error code.",
+    "Requests refused before they ran (bad input, limits, the policy: a 4xx; overload or no upstream: a 503), by error code.",
     ("tenant", "reason"),
 )
 REQUEST_ERRORS = Family(

@@ -6,9 +6,9 @@ body and never sends it, holds a connection (and, after the headers, a handler) 
 as it likes, and a few hundred such clients exhaust the server (slowloris). As nginx's
 `client_header_timeout` and `client_body_timeout` do:
 
-- a request's headers must all arrive within `read_timeout_s` of its first byte (of
-  the connection's opening, for the first request): sending them a byte at a time
-  does not buy more time;
+- a request's headers must all arrive within `read_timeout_s` of its first byte, and
+  a new connection's first byte within `read_timeout_s` of its opening: sending the
+  headers a byte at a time does not buy more time;
 - its body may pause for at most `read_timeout_s` between two pieces.
 
 Past either, the connection is closed: the handler, if one waits for the body, sees the

@@ -249,6 +249,12 @@ class Gateway:
             ", ".join(config.served_models()),
             metrics,
         )
+        if not metrics and not self.directory.open_mode:
+            log.warning(
+                "/metrics and the state pages are not served: they show every tenant's "
+                "usage, so they need listen.metrics_port, or an admin key "
+                "(admin_key_sha256) in the tenants file"
+            )
         for reach in await probe(config):
             log.log(logging.INFO if reach.ok else logging.WARNING, "%s", reach.line())
 

@@ -50,8 +50,15 @@ class ListenConfig(_Strict):
     # A second port serving /metrics, /health and the state pages only, without a key
     # (edge/operator_port.py); without it, those need the admin key on `port` when a
     # tenants file is given.
-    metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
     metrics_host: str | None = None  # default: host
+
+    @model_validator(mode="after")
+    def _two_ports(self) -> ListenConfig:
+        # The application tells the two apart by the port a request came in on.
+        if self.metrics_port is not None and self.metrics_port == self.port:
+            raise ValueError(f"metrics_port must differ from port ({self.port})")
+        return self
 
 
 class RedisConfig(_Strict):

@@ -14,7 +14,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -169,6 +174,7 @@ class GatewayMetrics:
         stores: Mapping[int, CounterStore],
         directory: TenantDirectory,
     ) -> None:
+        disable_created_metrics()  # no *_created series, as the server and vLLM
         self.registry = CollectorRegistry()
         self.admission = admission
         self.per_tenant = TenantMetrics()
