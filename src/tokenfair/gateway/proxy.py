@@ -295,19 +295,8 @@ class CompletionProxy:
                 if k.lower() not in _HOP_BY_HOP
             ]
             content_type = upstream_response.header(b"content-type") or b""
-            if content_type.startswith(b"text/event-stream"):
-                return await relay_stream(
-                    self.gw,
-                    call,
-                    upstream,
-                    upstream_response,
-                    headers,
-                    meter,
-                    response,
-                    arrival,
-                    tenant,
-                )
-            return await relay_body(
+            relay = relay_stream if content_type.startswith(b"text/event-stream") else relay_body
+            return await relay(
                 self.gw,
                 call,
                 upstream,
