@@ -71,7 +71,7 @@ def gateway(
         raise typer.Exit(code=2) from None
     import uvicorn
 
-    from tokenfair.commands.listeners import bind
+    from tokenfair.commands.listeners import Server, bind
     from tokenfair.edge.read_timeout import read_timeout_protocol
 
     logging.basicConfig(
@@ -89,7 +89,7 @@ def gateway(
         proxy_headers=False,  # the client address is never used; skip the middleware
         timeout_graceful_shutdown=shutdown_timeout,
     )
-    server = uvicorn.Server(uv_config)
+    server = Server(uv_config)
     sockets = bind(app, listen.host, listen.port, listen.metrics_host, listen.metrics_port)
     server.run(sockets)
 

@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 
 from tokenfair.commands.common import ShutdownTimeout
-from tokenfair.commands.listeners import bind
+from tokenfair.commands.listeners import Server, bind
 from tokenfair.edge.body import DEFAULT_MAX_BODY_BYTES
 from tokenfair.edge.read_timeout import DEFAULT_READ_TIMEOUT_S
 from tokenfair.server.intake import Intake
@@ -252,7 +252,7 @@ def serve(
         proxy_headers=False,
         timeout_graceful_shutdown=shutdown_timeout,
     )
-    server = uvicorn.Server(uv_config)
+    server = Server(uv_config)
     sockets = bind(uv_config.app, host, port, metrics_host, metrics_port)
 
     async def main() -> None:
