@@ -15,14 +15,18 @@ the client costs as little as possible. Scenarios:
 - short: 64 concurrent closed loops of 1-token non-streaming completions; requests/s.
 
 Targets: the upstream directly, one tokenfair gateway process (vtc, in-memory
-counters) routing by prefix affinity (the default) and one routing least-loaded, the
-first with counters in Redis, and LiteLLM's proxy with two workers when its environment
-exists (`pip install 'litellm[proxy]'` into a separate venv). Each model is listed
-twice, as two upstreams on the same server, so that routing has a choice to make.
-`--prompt-bytes N` gives every request a system prompt of N bytes, one per connection
-(a conversation repeating its prefix, as routing by prefix expects). Prints one JSON
-line per measurement and a summary line, with the prefix-affinity gateway's figures
-over the least-loaded one's.
+counters) routing by prefix affinity (the default) and one routing least-loaded, one
+with counters (and upstream capacity leases) in Redis, routing least-loaded so that its
+figures differ from the second's by Redis alone, and LiteLLM's proxy with two workers
+when its environment exists (`pip install 'litellm[proxy]'` into a separate venv). With
+`--baseline-src`, the same gateways (least-loaded, and with Redis) from another tree.
+Each model is listed twice, as two upstreams on the same server, so that routing has a
+choice to make. `--prompt-bytes N` gives every request a system prompt of N bytes, one
+per connection (a conversation repeating its prefix, as routing by prefix expects).
+Prints one JSON line per measurement and a summary line: the prefix-affinity gateway's
+figures over the least-loaded one's, this tree's over the baseline's, and how many
+times each gateway lost Redis during the run (its figures are then partly those of
+local counters).
 """
 
 from __future__ import annotations
@@ -328,7 +332,10 @@ def main() -> None:
         if not args.skip_redis and os.path.exists(REDIS_SERVER):
             redis_server = RedisServer(tmp)
             redis_server.start()
-            gateways["tokenfair+redis"] = {"redis": {"url": redis_server.url, "namespace": "bench"}}
+            gateways["tokenfair+redis"] = {
+                "redis": {"url": redis_server.url, "namespace": "bench"},
+                "routing": "least-loaded",  # the counters' cost alone, as the baseline's
+            }
         if args.baseline_src is not None:
             gateways["baseline"] = {}
             if redis_server is not None:
@@ -481,6 +488,30 @@ def main() -> None:
             summary["tokenfair_vs_litellm_requests_per_s"] = round(
                 summary["tokenfair"]["short_requests_per_s"] / lite["short_requests_per_s"], 1
             )
+        # A gateway that lost Redis during the run served on local counters: its figures
+        # are not those of shared counters (an older tree's pool of 64 connections
+        # failed under 64 concurrent requests, and then skipped Redis).
+        outages = {
+            name: (tmp / f"{name}.log").read_text(errors="replace").count("is unreachable")
+            for name in gateways
+            if "redis" in gateways[name]
+        }
+        summary["redis_outages_during_run"] = outages
+        if args.baseline_src is not None:
+            # This tree over the baseline tree, like for like (least-loaded routing, the
+            # baseline's only one), measured in the same rounds.
+            pairs = {"tokenfair least-loaded": "baseline", "tokenfair+redis": "baseline+redis"}
+            summary["over_baseline"] = {
+                mine: {
+                    field: round(summary[mine][field] / summary[theirs][field], 3)
+                    if summary[theirs][field]
+                    else None
+                    for field in ("added_ttft_p50_ms", "short_requests_per_s")
+                }
+                for mine, theirs in pairs.items()
+                if "error" not in summary.get(mine, {"error": 1})
+                and "error" not in summary.get(theirs, {"error": 1})
+            }
         if litellm_note:
             summary["litellm_note"] = litellm_note
         print(json.dumps(summary), flush=True)

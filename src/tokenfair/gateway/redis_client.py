@@ -11,11 +11,15 @@ health checks on idle ones, and a pool that queues instead of failing when busy.
   neither is a refused connection after that one retry. redis-py's own default, ten
   retries with backoff, would hold a request for seconds while Redis is away.
 - More callers than connections wait for one (up to the command timeout) rather than
-  get "too many connections", which would read as an outage.
+  get "too many connections", which would read as an outage. redis-py's own
+  BlockingConnectionPool does that with a condition and a timer on every call, some 8%
+  of a gateway's short requests/s; the pool here waits only when all connections are
+  in use (a semaphore's free path costs next to nothing).
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -27,12 +31,43 @@ HEALTH_CHECK_S = 5.0
 MAX_CONNECTIONS = 64
 
 
+class QueueingConnectionPool(aioredis.ConnectionPool):
+    """redis-py's pool, where a caller finding every connection in use waits up to
+    `wait_s` for one to come back (then ConnectionError, as a failed connect)."""
+
+    def __init__(self, *, wait_s: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.wait_s = wait_s
+        self._free = asyncio.Semaphore(self.max_connections)
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        if self._free.locked():
+            try:
+                async with asyncio.timeout(self.wait_s):
+                    await self._free.acquire()
+            except TimeoutError:
+                raise RedisConnectionError("no Redis connection came free in time") from None
+        else:
+            await self._free.acquire()  # free: returns at once
+        try:
+            return await super().get_connection(*args, **kwargs)
+        except BaseException:
+            self._free.release()
+            raise
+
+    async def release(self, connection: Any) -> None:
+        try:
+            await super().release(connection)
+        finally:
+            self._free.release()
+
+
 def connect(url: str, timeout_s: float) -> Any:
     """A client of the Redis at `url` (redis://, rediss:// or unix://)."""
-    pool = aioredis.BlockingConnectionPool.from_url(
+    pool = QueueingConnectionPool.from_url(
         url,
         max_connections=MAX_CONNECTIONS,
-        timeout=timeout_s,  # waiting for a free connection
+        wait_s=timeout_s,
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
         health_check_interval=HEALTH_CHECK_S,
