@@ -11,7 +11,15 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.processes import KEYS, Process, fake_upstream, gateway, state, stats
+from tests.gateway.processes import (
+    KEYS,
+    Process,
+    fake_upstream,
+    gateway,
+    state,
+    stats,
+    tenants_file,
+)
 
 
 @pytest.fixture(scope="module")
@@ -330,3 +338,34 @@ def tenant_service(gw: Process, tenant: str) -> float:
     text = httpx.get(gw.metrics_url + "/metrics", timeout=5).text
     prefix = f'tokenfair:tenant_service_total{{tenant="{tenant}"}} '
     return sum(float(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def test_a_trusted_tenant_header_names_the_tenant(
+    pool: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Behind a proxy that authenticates, the tenants file's trusted header names the
+    tenant; without it, the key does."""
+    import yaml
+
+    tmp = tmp_path_factory.mktemp("trusted")
+    tenants = yaml.safe_load(tenants_file(tmp).read_text())
+    path = tmp / "trusted.yaml"
+    path.write_text(yaml.safe_dump({**tenants, "trusted_tenant_header": "x-tenant"}))
+    configs = [
+        {"url": u.url + "/v1", "models": ["fake"], "max_concurrent": 4, "name": f"u{i}"}
+        for i, u in enumerate(pool["upstreams"])
+    ]
+    gw = gateway(tmp, configs, tenants=str(path))
+    try:
+        body = {"model": "fake", "prompt": "a b", "max_tokens": 2}
+        named = httpx.post(gw.url + "/v1/completions", json=body, headers={"x-tenant": "heavy"})
+        assert named.status_code == 200
+        unknown = httpx.post(gw.url + "/v1/completions", json=body, headers={"x-tenant": "nobody"})
+        assert unknown.status_code == 401 and "nobody" in unknown.json()["error"]["message"]
+        keyed = client(gw, "other").completions.create(model="fake", prompt="a", max_tokens=2)
+        assert keyed.choices[0].text == "tok " * 2
+        counters = state(gw)["counters"]  # each paid for its own request
+        assert counters.get("heavy", 0) > 0 and counters.get("other", 0) > 0
+        assert counters.get("light", 0) == 0
+    finally:
+        gw.stop()

@@ -91,8 +91,14 @@ class CompletionProxy:
             pass
 
     def _authenticate(self, scope: Scope) -> Any:
+        directory = self.gw.directory
+        if directory.open_mode or directory.file.trusted_tenant_header is None:
+            # Only the key is read: no mapping of every header per request.
+            authorization = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+            key = authorization.decode("latin-1") if authorization is not None else None
+            return directory.authenticate(key, {})
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        return self.gw.directory.authenticate(headers.get("authorization"), headers)
+        return directory.authenticate(headers.get("authorization"), headers)
 
     async def _admit_checks(
         self, scope: Scope, receive: Receive, tenant: Any
