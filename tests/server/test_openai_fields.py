@@ -153,3 +153,27 @@ def test_too_many_choices_are_refused_before_any_runs(sim_server: Server) -> Non
     with pytest.raises(openai.BadRequestError) as best_of:
         c.completions.create(model=model_of(sim_server), prompt="a", n=2, best_of=4)
     assert best_of.value.body["param"] == "best_of"  # type: ignore[index]
+
+
+def test_a_request_refused_for_its_last_choice_takes_no_rpm_place(server_dir) -> None:  # type: ignore[no-untyped-def]
+    """n choices take n places in the tenant's rpm window; when a later one is refused,
+    the request is refused whole and gives back the places its first choices took."""
+    from tests.server.conftest import launch
+    from tokenfair.edge.tenants import hash_key
+
+    tenants = {"tenants": [{"name": "capped", "key_sha256": [hash_key("key-capped")], "rpm": 3}]}
+    server = launch(server_dir, "--model", "sim:zero", tenants=tenants)
+    try:
+        capped = openai.OpenAI(base_url=server.url + "/v1", api_key="key-capped", max_retries=0)
+        model = capped.models.list().data[0].id
+        assert (
+            len(capped.completions.create(model=model, prompt="a", max_tokens=1, n=2).choices) == 2
+        )
+        with pytest.raises(openai.RateLimitError):  # its 2nd choice would be the 4th place
+            capped.completions.create(model=model, prompt="a", max_tokens=1, n=2)
+        # One place is left, not zero: the refused request took none.
+        assert len(capped.completions.create(model=model, prompt="a", max_tokens=1).choices) == 1
+        with pytest.raises(openai.RateLimitError):
+            capped.completions.create(model=model, prompt="a", max_tokens=1)
+    finally:
+        server.stop()

@@ -30,10 +30,11 @@ class WaitingSlot:
     """One accepted request's place among the waiting; `release()` once it stops
     waiting (idempotent)."""
 
-    __slots__ = ("_limits", "tenant", "waiting")
+    __slots__ = ("_limits", "_window", "tenant", "waiting")
 
-    def __init__(self, limits: Limits, tenant: str) -> None:
+    def __init__(self, limits: Limits, tenant: str, window: RateWindow | None) -> None:
         self._limits = limits
+        self._window = window  # the rpm window this request took a place in
         self.tenant = tenant
         self.waiting = True
 
@@ -41,6 +42,15 @@ class WaitingSlot:
         if self.waiting:
             self.waiting = False
             self._limits._released(self.tenant)
+
+    def refund(self) -> None:
+        """Release, and give back the request's place in its tenant's rpm window: it
+        was admitted, then refused as a whole (another choice of the same request was
+        refused), so it used none."""
+        if self._window is not None:
+            self._window.unaccept(self.tenant)
+            self._window = None
+        self.release()
 
 
 class Limits:
@@ -72,6 +82,7 @@ class Limits:
                 code=ErrorCode.TENANT_QUEUE_FULL,
                 headers={"Retry-After": str(RETRY_AFTER_FULL_S)},
             )
+        window = None
         if tenant.rpm is not None:
             window = self._windows.get(name)
             if window is None or window.limit != tenant.rpm:  # new, or changed by a reload
@@ -86,7 +97,7 @@ class Limits:
                 )
         self.waiting[name] = waiting + 1
         self.total_waiting += 1
-        return WaitingSlot(self, name)
+        return WaitingSlot(self, name, window)
 
     def _released(self, tenant: str) -> None:
         left = self.waiting[tenant] - 1

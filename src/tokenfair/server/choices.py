@@ -50,6 +50,7 @@ async def start_all(state: ServerState, prepared: list[Prepared], per_prompt: in
             jobs.append(await start(state, one))
     except BaseException:
         for job in jobs:
+            job.slot.refund()  # the request is refused whole: its choices took no rpm
             job.close()
         raise
     return Choices(jobs, per_prompt)
