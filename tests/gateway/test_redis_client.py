@@ -54,3 +54,21 @@ def test_a_caller_that_waits_too_long_gets_a_connection_error(
             await client.aclose()
 
     asyncio.run(run())
+
+
+def test_a_connection_that_fails_to_connect_gives_its_place_back_once() -> None:
+    """redis-py releases a connection that fails to connect inside get_connection; the
+    pool must count that place free once, not twice (or its bound would grow)."""
+    from tests.gateway.redis_server import free_port
+
+    async def run() -> int:
+        client = _client(f"redis://127.0.0.1:{free_port()}/0", connections=2, wait_s=0.5)
+        try:
+            for _ in range(3):
+                with pytest.raises(RedisConnectionError):
+                    await client.get("x")
+            return client.connection_pool._free._value  # type: ignore[no-any-return]
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(run()) == 2

@@ -39,6 +39,10 @@ class QueueingConnectionPool(aioredis.ConnectionPool):
         super().__init__(**kwargs)
         self.wait_s = wait_s
         self._free = asyncio.Semaphore(self.max_connections)
+        # Connections handed out, each holding a place of `_free`. (redis-py releases a
+        # connection that fails to connect inside get_connection itself: that one was
+        # never handed out, and its place is given back once, here.)
+        self._held: set[Any] = set()
 
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         if self._free.locked():
@@ -50,16 +54,20 @@ class QueueingConnectionPool(aioredis.ConnectionPool):
         else:
             await self._free.acquire()  # free: returns at once
         try:
-            return await super().get_connection(*args, **kwargs)
+            connection = await super().get_connection(*args, **kwargs)
         except BaseException:
             self._free.release()
             raise
+        self._held.add(connection)
+        return connection
 
     async def release(self, connection: Any) -> None:
         try:
             await super().release(connection)
         finally:
-            self._free.release()
+            if connection in self._held:
+                self._held.discard(connection)
+                self._free.release()
 
 
 def connect(url: str, timeout_s: float) -> Any:
