@@ -19,7 +19,10 @@ counters) routing by prefix affinity (the default) and one routing least-loaded,
 with counters (and upstream capacity leases) in Redis, routing least-loaded so that its
 figures differ from the second's by Redis alone, and LiteLLM's proxy with two workers
 when its environment exists (`pip install 'litellm[proxy]'` into a separate venv). With
-`--baseline-src`, the same gateways (least-loaded, and with Redis) from another tree.
+`--baseline-src`, the same gateways (least-loaded, and with Redis) from another tree,
+and that tree's gateway once more in a second process ("baseline twin"): the twin's
+figures over the baseline's show how far two identical targets differ in the run, the
+resolution of this tree's comparison with the baseline.
 Each model is listed twice, as two upstreams on the same server, so that routing has a
 choice to make. `--prompt-bytes N` gives every request a system prompt of N bytes, one
 per connection (a conversation repeating its prefix, as routing by prefix expects).
@@ -338,6 +341,9 @@ def main() -> None:
             }
         if args.baseline_src is not None:
             gateways["baseline"] = {}
+            # The same gateway again in a second process: how far two identical targets
+            # differ in this run, the resolution of every comparison in it.
+            gateways["baseline twin"] = {}
             if redis_server is not None:
                 redis = {"url": redis_server.url, "namespace": "bench-baseline"}
                 gateways["baseline+redis"] = {"redis": redis}
@@ -500,7 +506,11 @@ def main() -> None:
         if args.baseline_src is not None:
             # This tree over the baseline tree, like for like (least-loaded routing, the
             # baseline's only one), measured in the same rounds.
-            pairs = {"tokenfair least-loaded": "baseline", "tokenfair+redis": "baseline+redis"}
+            pairs = {
+                "tokenfair least-loaded": "baseline",
+                "tokenfair+redis": "baseline+redis",
+                "baseline twin": "baseline",
+            }
             summary["over_baseline"] = {
                 mine: {
                     field: round(summary[mine][field] / summary[theirs][field], 3)

@@ -21,6 +21,7 @@ class Meter:
         "cached_share",
         "cost",
         "output",
+        "per_output_token",
         "prompt",
         "store",
         "stream",
@@ -50,6 +51,9 @@ class Meter:
         self.output = 0 if stream else max_tokens  # output tokens charged so far
         self.streamed = 0  # output tokens seen in chunks
         self.usage_seen = False
+        # What one streamed output token costs each node: charged on every chunk, so
+        # worked out once here.
+        self.per_output_token = self._weighted(cost.w_out)
 
     def _service(self, prompt: float, output: float) -> float:
         return self.cost.w_in * prompt + self.cost.w_out * output
@@ -78,7 +82,12 @@ class Meter:
         self.streamed += tokens
         if self.stream and not self.usage_seen:
             self.output += tokens
-            self._charge(self._service(0, tokens))
+            if self.store is not None and self.cost.w_out:
+                per_token = self.per_output_token
+                if tokens == 1:  # the usual chunk
+                    self.store.charge(per_token)
+                else:
+                    self.store.charge(tuple((node, a * tokens) for node, a in per_token))
 
     def on_usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> None:
         before = self._charged_prompt()

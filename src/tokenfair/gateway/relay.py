@@ -97,16 +97,19 @@ async def relay_stream(
 ) -> Outcome:
     counter = gw.token_counter(call.model)
     series = gw.metrics.of(tenant)
-    last = [0.0]  # when the last chunk with tokens came (0: none yet)
+    # Called for every chunk of every stream: what it needs is looked up once here.
+    clock, observe_itl, on_chunk = time.perf_counter, series.itl.observe, meter.on_chunk
+    last = 0.0  # when the last chunk with tokens came (0: none yet)
 
     def on_tokens(n: int) -> None:
-        now = time.perf_counter()
-        if last[0]:
-            series.itl.observe(now - last[0])
+        nonlocal last
+        now = clock()
+        if last:
+            observe_itl(now - last)
         else:
             series.ttft.observe(now - arrival)
-        last[0] = now
-        meter.on_chunk(n)
+        last = now
+        on_chunk(n)
 
     reader = SSEReader(
         counter.chunk, on_tokens, meter.on_usage, hide_usage_chunk=not call.client_wants_usage

@@ -143,7 +143,9 @@ class SSEReader:
                     text = choice_text(choice)
                     if text:
                         tokens += self.count_text(text)
-                    reason = choice.get("finish_reason") if isinstance(choice, dict) else None
+                    elif not isinstance(choice, dict):
+                        continue
+                    reason = choice.get("finish_reason")
                     if reason is not None:
                         self.finish_reason = reason
             if tokens:
