@@ -68,34 +68,22 @@ class CompletionProxy:
             return
         except ClientGone:  # the client left while sending its body
             return
-        # The request is served in this task, so that it reaches its upstream in the
-        # same turn of the event loop as its body arrived (a task of its own would
-        # start a turn later, behind every chunk of every stream ready meanwhile). A
-        # watcher task reads the client's side and cancels this one if the client goes.
-        task = asyncio.current_task()
-        assert task is not None
-        gone = False
-
-        def client_gone(watcher: asyncio.Future[None]) -> None:
-            nonlocal gone
-            if not watcher.cancelled() and not response.complete:
-                gone = True
-                task.cancel()
-
+        work = asyncio.ensure_future(self._serve(call, tenant, response, arrival))
         watcher = asyncio.ensure_future(self._watch(receive))
-        watcher.add_done_callback(client_gone)
+        stopping = False
         try:
-            await self._serve(call, tenant, response, arrival)
-        except asyncio.CancelledError:
-            if gone:  # the client left: nobody to answer
-                task.uncancel()
-                return
-            # The shutdown's grace period ran out: end the answer with an error.
+            await asyncio.wait((work, watcher), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the shutdown's grace period ran out
+            stopping = True
+        finally:
+            watcher.cancel()
+            if not work.done():  # the client is gone, or the gateway stops: abandon it
+                work.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await work
+        if stopping:
             with contextlib.suppress(OSError):
                 await response.cut_short(shutting_down())
-        finally:
-            watcher.remove_done_callback(client_gone)
-            watcher.cancel()
 
     @staticmethod
     async def _watch(receive: Receive) -> None:

@@ -27,10 +27,8 @@ class ClientResponse:
         await self.send({"type": "http.response.start", "status": status, "headers": headers})
 
     async def body(self, data: bytes, more: bool = True) -> None:
-        # Complete once the last body is handed over: from then on the server reports
-        # the client as gone, which is then no longer a disconnect.
-        self.complete = not more
         await self.send({"type": "http.response.body", "body": data, "more_body": more})
+        self.complete = not more
 
     async def cut_short(self, error: APIError) -> None:
         """End the response with `error`: its whole answer, or a stream's last event."""
