@@ -82,12 +82,10 @@ class Meter:
         self.streamed += tokens
         if self.stream and not self.usage_seen:
             self.output += tokens
-            if self.store is not None and self.cost.w_out:
-                per_token = self.per_output_token
-                if tokens == 1:  # the usual chunk
-                    self.store.charge(per_token)
-                else:
-                    self.store.charge(tuple((node, a * tokens) for node, a in per_token))
+            if tokens != 1:
+                self._charge(self._service(0, tokens))
+            elif self.store is not None and self.cost.w_out:  # the usual chunk
+                self.store.charge(self.per_output_token)
 
     def on_usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> None:
         before = self._charged_prompt()

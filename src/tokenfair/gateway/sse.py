@@ -143,9 +143,7 @@ class SSEReader:
                     text = choice_text(choice)
                     if text:
                         tokens += self.count_text(text)
-                    elif not isinstance(choice, dict):
-                        continue
-                    reason = choice.get("finish_reason")
+                    reason = choice.get("finish_reason") if isinstance(choice, dict) else None
                     if reason is not None:
                         self.finish_reason = reason
             if tokens:
