@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tokenfair import __version__
-from tokenfair.commands.experiment import experiment_app
+from tokenfair.commands.experiment import SharedOption, experiment_app
 from tokenfair.commands.gateway import gateway as gateway_command
 from tokenfair.commands.metrics import metrics
 from tokenfair.commands.model import generate, profile
@@ -37,8 +37,6 @@ app.add_typer(experiment_app, name="experiment")
 app.command("gateway")(gateway_command)
 app.add_typer(tenants_app, name="tenants")
 app.command("serve")(serve)
-
-DEFAULT_SHARED = Path("../shared")
 
 
 def _print_version(value: bool) -> None:
@@ -89,9 +87,7 @@ def profiles() -> None:
 
 @app.command()
 def demo(
-    shared: Annotated[
-        Path, typer.Option(help="The shared/ folder holding traces/.")
-    ] = DEFAULT_SHARED,
+    shared: SharedOption = None,
     out: Annotated[Path, typer.Option(help="Where the report and figures go.")] = Path("out/demo"),
 ) -> None:
     """Run the paper experiment (quick): the arena trace under every policy, each paper
@@ -100,7 +96,7 @@ def demo(
     the report (markdown, HTML, PNG) is.
 
     \b
-    Example: tokenfair demo --shared ../shared --out out/demo
+    Example: tokenfair demo --out out/demo
     """
     from tokenfair.commands.experiment import run_demo
 

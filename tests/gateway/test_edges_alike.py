@@ -21,7 +21,7 @@ import yaml
 
 from tests.gateway.processes import KEYS, Process, gateway, sim_upstream, tenants_file
 from tests.gateway.redis_server import free_port
-from tokenfair.edge.body import DEFAULT_MAX_BODY_BYTES
+from tokenfair.edge.defaults import DEFAULT_MAX_BODY_BYTES
 from tokenfair.edge.tenants import hash_key
 
 pytestmark = pytest.mark.slow

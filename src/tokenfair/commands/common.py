@@ -9,6 +9,7 @@ score), as is a conversion that keeps no request.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
@@ -37,6 +38,33 @@ ShutdownTimeout = Annotated[
         "then they end with a 503 (an error event in a stream)."
     ),
 ]
+
+
+# What each extra brings that a command imports: the top-level modules to look for, so a
+# command that needs an extra says which one before it imports anything of it.
+EXTRA_MODULES: dict[str, tuple[str, ...]] = {
+    "server": ("fastapi", "uvicorn", "httpx", "aiohttp", "prometheus_client", "yaml", "orjson"),
+    "model": ("torch", "transformers", "safetensors"),
+    "redis": ("redis",),
+}
+
+
+def missing_modules(extra: str) -> list[str]:
+    """The modules of `extra` that cannot be imported here."""
+    return [name for name in EXTRA_MODULES[extra] if importlib.util.find_spec(name) is None]
+
+
+def require_extra(command: str, extra: str, hint: str = "") -> None:
+    """Leave with one line and status 2 when `extra` is not installed: `command` is what
+    the user ran (`tokenfair serve`), `hint` an alternative that needs no extra."""
+    missing = missing_modules(extra)
+    if not missing:
+        return
+    # A partial install names what it lacks; a missing extra is named as a whole.
+    lacking = (
+        f" ({', '.join(missing)} not installed)" if missing != list(EXTRA_MODULES[extra]) else ""
+    )
+    fail(f"{command} needs the {extra} extra: pip install 'tokenfair[{extra}]'{lacking}{hint}")
 
 
 def fail(message: str) -> NoReturn:

@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from tokenfair.bundled import data_dir
 from tokenfair.commands.common import (
     check_output_folder,
     check_weights,
@@ -46,7 +47,22 @@ experiment_app = typer.Typer(
     no_args_is_help=True,
 )
 
-DEFAULT_SHARED = Path("../shared")
+# The paper's data: shipped with the package (tokenfair/bundled.py), or another folder.
+SharedOption = Annotated[
+    Path | None,
+    typer.Option(
+        help="A folder laid out as shared/ (traces/arena_vtc_600s.jsonl, reference/); "
+        "default: the paper's data shipped with tokenfair."
+    ),
+]
+
+
+def paper_data(shared: Path | None) -> Path:
+    """The folder to read the arena trace from; one line and exit 2 when it lacks it."""
+    folder = data_dir(shared)
+    if not (folder / "traces" / "arena_vtc_600s.jsonl").exists():
+        fail(f"no arena trace under {folder}/traces: pass --shared DIR, a folder holding it")
+    return folder
 
 
 @contextmanager
@@ -173,21 +189,18 @@ def paper(
             help="Suites and ablation under fewer policies (the arena table stays complete)."
         ),
     ] = False,
-    shared: Annotated[
-        Path, typer.Option(help="The shared/ folder holding traces/arena_vtc_600s.jsonl.")
-    ] = DEFAULT_SHARED,
+    shared: SharedOption = None,
     workers: Annotated[int, typer.Option(help="Simulations run in parallel.")] = DEFAULT_WORKERS,
 ) -> None:
     """Run the paper's experiments: every synthetic suite and the arena trace under FCFS, LCF, VTC (+predict, +oracle), RPM(5/20/30), vtc-preempt and weighted VTC, plus the KV pool / request length ablation; write OUT/report.md and OUT/report.html with figures.
 
     \b
-    Example: tokenfair experiment paper --quick --out experiments/paper --shared ../shared
+    Example: tokenfair experiment paper --quick --out experiments/paper
     """
     check_output_folder(out)
-    if not (shared / "traces" / "arena_vtc_600s.jsonl").exists():
-        fail(f"no arena trace under {shared}/traces: pass --shared DIR")
+    folder = paper_data(shared)
     with progress_bar("paper experiment") as advance:
-        result = run_paper_experiment(out, quick, shared, advance, workers=workers)
+        result = run_paper_experiment(out, quick, folder, advance, workers=workers)
     publish(result)
     print_summary(result, ARENA)
 
@@ -281,12 +294,11 @@ def locality(
     print(f"Report: {report} (and report.html), {result.wall_s:.0f} s")
 
 
-def run_demo(shared_dir: Path, out_dir: Path) -> None:
+def run_demo(shared: Path | None, out_dir: Path) -> None:
     """What `make demo` runs: the quick paper experiment, the arena table, the report path."""
     check_output_folder(out_dir)
-    if not (shared_dir / "traces" / "arena_vtc_600s.jsonl").exists():
-        fail(f"no arena trace under {shared_dir}/traces: pass --shared DIR")
+    folder = paper_data(shared)
     with progress_bar("paper experiment (quick)") as advance:
-        result = run_paper_experiment(out_dir, True, shared_dir, advance)
+        result = run_paper_experiment(out_dir, True, folder, advance)
     publish(result)
     print_summary(result, ARENA)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from tokenfair.commands.common import ShutdownTimeout
+from tokenfair.commands.common import ShutdownTimeout, require_extra
 
 if TYPE_CHECKING:
     from tokenfair.gateway.config import GatewayConfig
@@ -40,10 +40,13 @@ def gateway(
     shutdown_timeout: ShutdownTimeout = 5,
 ) -> None:
     """Fair-share admission gateway in front of vLLM, SGLang or tokenfair servers."""
+    require_extra("tokenfair gateway", "server")
     from tokenfair.gateway.config import GatewayConfigError, load_config
 
     try:
         settings = load_config(config)
+        if settings.redis is not None:
+            require_extra(f"tokenfair gateway with redis in {config}", "redis")
         if host is not None:
             settings.listen.host = host
         if port is not None:

@@ -13,18 +13,14 @@ from typing import Annotated
 
 import typer
 
-from tokenfair.commands.common import check_device, check_output_file, fail, user_errors
+from tokenfair.commands.common import (
+    check_device,
+    check_output_file,
+    require_extra,
+    user_errors,
+)
 
-NEEDS_MODEL_EXTRA = "real models need the model extra (pip install -e '.[model]')"
 MODEL_HELP = "builtin:tiny or a local transformers model directory."
-
-
-def _require_torch() -> None:
-    try:
-        import torch  # noqa: F401
-        import transformers  # noqa: F401
-    except ImportError as error:
-        fail(f"{NEEDS_MODEL_EXTRA}: {error}")
 
 
 def generate(
@@ -49,7 +45,7 @@ def generate(
     \b
     Example: tokenfair generate --model builtin:tiny --prompt "Hello" --max-tokens 32 --seed 1
     """
-    _require_torch()
+    require_extra("tokenfair generate", "model")
     check_device(device)
     from tokenfair.llm import generate_command
 
@@ -77,7 +73,7 @@ def profile(
     then: tokenfair simulate --trace t.jsonl --profile tiny-cpu.json --preset engine --kv-tokens 20000
     """
     check_output_file(out)
-    _require_torch()
+    require_extra("tokenfair profile", "model")
     check_device(device)
     from tokenfair.engine.hf.profile import measure_profile
     from tokenfair.engine.sim.profile import save_profile

@@ -7,16 +7,16 @@ import importlib.util
 import logging
 import signal
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 
-from tokenfair.commands.common import ShutdownTimeout
-from tokenfair.commands.listeners import Server, bind
-from tokenfair.edge.body import DEFAULT_MAX_BODY_BYTES
-from tokenfair.edge.read_timeout import DEFAULT_READ_TIMEOUT_S
-from tokenfair.server.intake import Intake
+from tokenfair.commands.common import ShutdownTimeout, require_extra
+from tokenfair.edge.defaults import DEFAULT_MAX_BODY_BYTES, DEFAULT_READ_TIMEOUT_S
+
+if TYPE_CHECKING:
+    from tokenfair.server.intake import Intake
 
 console = Console(stderr=True)
 log = logging.getLogger("tokenfair.serve")
@@ -164,8 +164,18 @@ def serve(
     if metrics_port is not None and metrics_port == port:
         # The server tells the two apart by the port a request came in on.
         raise _fail(f"--metrics-port must differ from --port ({port})")
+    require_extra("tokenfair serve", "server")
+    from tokenfair.server.sim_model import SIM_PREFIX
+
+    if not model.startswith(SIM_PREFIX):
+        require_extra(
+            f"tokenfair serve --model {model}",
+            "model",
+            hint="; or serve a simulated model: --model sim:a10g-llama-7b",
+        )
     import uvicorn
 
+    from tokenfair.commands.listeners import Server, bind
     from tokenfair.core.scheduler import ConfigError
     from tokenfair.edge.directory import TenantDirectory
     from tokenfair.edge.tenants import TenantsFileError, load_tenants
@@ -229,6 +239,8 @@ def serve(
             served = runner.card
     except (TenantsFileError, ConfigError, ValueError, OSError) as error:
         raise _fail(str(error)) from None
+    from tokenfair.server.intake import Intake
+
     app = create_app(served, directory, config, runner)
     intake = Intake()
     app.state.server.engine.urgent_work = intake.pending

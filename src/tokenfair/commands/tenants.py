@@ -11,6 +11,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from tokenfair.commands.common import require_extra
+
 tenants_app = typer.Typer(
     help="API keys and tenants files for `tokenfair serve`.", no_args_is_help=True
 )
@@ -36,6 +38,7 @@ def hash_key_command(
 
     Example: tokenfair tenants hash-key   or   echo -n "$KEY" | tokenfair tenants hash-key -
     """
+    require_extra("tokenfair tenants hash-key", "server")
     from tokenfair.edge.tenants import hash_key
 
     made = key is None
@@ -58,6 +61,7 @@ def check_command(path: Annotated[Path, typer.Argument(help="The tenants file (Y
 
     Example: tokenfair tenants check tenants.yaml
     """
+    require_extra("tokenfair tenants check", "server")
     from tokenfair.edge.tenants import TenantsFileError, load_tenants
 
     try:

@@ -7,9 +7,6 @@ from typing import Any
 from tokenfair.edge.errors import APIError, ClientGone, ErrorCode
 
 Receive = Any
-# The largest request body, by default, of the server and the gateway alike: a 128k-token
-# prompt as token ids is about 1 MiB of JSON, a long chat several.
-DEFAULT_MAX_BODY_BYTES = 4 << 20
 
 
 def body_too_large(limit: int) -> APIError:

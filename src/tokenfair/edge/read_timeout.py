@@ -22,7 +22,7 @@ import asyncio
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-DEFAULT_READ_TIMEOUT_S = 30.0
+from tokenfair.edge.defaults import DEFAULT_READ_TIMEOUT_S
 
 
 class ReadTimeoutProtocol(HttpToolsProtocol):

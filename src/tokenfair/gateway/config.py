@@ -21,8 +21,7 @@ from pydantic import (
     model_validator,
 )
 
-from tokenfair.edge.body import DEFAULT_MAX_BODY_BYTES
-from tokenfair.edge.read_timeout import DEFAULT_READ_TIMEOUT_S
+from tokenfair.edge.defaults import DEFAULT_MAX_BODY_BYTES, DEFAULT_READ_TIMEOUT_S
 from tokenfair.yaml_lines import line_of, load_with_nodes
 
 # Policies whose counters can be shared between gateway replicas (the store's VTC).

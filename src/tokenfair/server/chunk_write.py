@@ -24,7 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
-from tokenfair.edge.read_timeout import DEFAULT_READ_TIMEOUT_S, ReadTimeoutProtocol
+from tokenfair.edge.defaults import DEFAULT_READ_TIMEOUT_S
+from tokenfair.edge.read_timeout import ReadTimeoutProtocol
 from tokenfair.server.intake import Intake
 
 EXTENSION = "tokenfair.chunk_write"

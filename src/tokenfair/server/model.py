@@ -134,7 +134,7 @@ def build_served_model(
         from tokenfair.engine.hf.loader import load_model
     except ImportError as error:
         raise ValueError(
-            f"real models need the model extra (pip install -e '.[model]'): {error}"
+            f"real models need the model extra: pip install 'tokenfair[model]' ({error})"
         ) from None
     loaded = load_model(spec, device, dtype)
     if kv_tokens is None and spec.startswith(BUILTIN_PREFIX):

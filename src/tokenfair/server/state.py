@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tokenfair.core.share_tree import ShareTree, group_id
-from tokenfair.edge.body import DEFAULT_MAX_BODY_BYTES
+from tokenfair.edge.defaults import DEFAULT_MAX_BODY_BYTES
 from tokenfair.edge.directory import TenantDirectory
 from tokenfair.edge.limits import Limits
 from tokenfair.edge.tenants import TenantsFileError, load_tenants
