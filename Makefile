@@ -1,15 +1,15 @@
 # Two commands: `make demo` and `make test`. Each creates .venv when missing and installs
 # what it needs, so both work on a fresh clone: the demo only the package itself (the
-# simulator, metrics and report need no extra), the tests every extra and redis-server.
+# simulator, metrics and report need no extra, and the paper's trace ships inside it),
+# the tests every extra and redis-server.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 CHECKSUM := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 DEMO_STAMP := $(VENV)/.installed-demo-$(CHECKSUM)
 STAMP := $(VENV)/.installed-all-$(CHECKSUM)
-SHARED ?= ../shared
 
-.PHONY: demo test lint format bench clean install vllm-env vllm-conformance redis
+.PHONY: demo test lint format bench clean install vllm-env vllm-conformance redis package-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -90,24 +90,51 @@ redis:
 	  exit 1; }
 
 demo: $(DEMO_STAMP)
-	$(BIN)/tokenfair demo --shared $(SHARED)
+	$(BIN)/tokenfair demo
 
-# vLLM's own scheduler tests (their own interpreters, mostly one core) run beside the
-# test suite, which waits on its servers much of the time: the two together take about
-# the suite's time alone. The conformance report is printed when both are done.
+# What `pip install tokenfair` gets: the sdist and the wheel built from it, the wheel
+# installed alone (no extra) in a new environment, and from a folder outside the
+# checkout its commands' help, a command that needs an extra refusing in one line, and
+# the demo. The environment is made anew each time so nothing of an earlier install helps.
+PACKAGE_VENV := .cache/wheel-venv
+
+package-check: $(STAMP)
+	rm -rf dist $(PACKAGE_VENV); mkdir -p .cache
+	$(BIN)/python -m build --outdir dist . > .cache/build.log 2>&1 || { cat .cache/build.log; exit 1; }
+	$(PYTHON) -m venv $(PACKAGE_VENV)
+	$(PACKAGE_VENV)/bin/pip install --quiet dist/tokenfair-*.whl
+	bin=$(abspath $(PACKAGE_VENV))/bin; where=$$(mktemp -d); cd $$where && \
+	$$bin/tokenfair --help > /dev/null && \
+	{ $$bin/tokenfair serve 2> refusal.txt; test $$? = 2; } && cat refusal.txt && \
+	grep -q "needs the server extra" refusal.txt && \
+	$$bin/tokenfair demo --out demo && test -s demo/report.md && \
+	echo "package-check: the wheel's demo ran in $$where, outside the checkout" && \
+	rm -rf $$where
+
+# vLLM's own scheduler tests (their own interpreters, mostly one core), then the
+# package check, run beside the test suite, which waits on its servers much of the time:
+# together they take about the suite's time alone. Their reports are printed when all
+# are done.
 CONFORMANCE_LOG := .cache/vllm-conformance.log
+PACKAGE_LOG := .cache/package-check.log
 
 test: redis $(STAMP) $(VLLM_STAMP) $(VLLM_NEXT_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy src
-	@mkdir -p .cache
-	@$(MAKE) --no-print-directory vllm-conformance > $(CONFORMANCE_LOG) 2>&1 & conformance=$$!; \
+	@mkdir -p .cache; rm -f .cache/*.rc
+	@{ $(MAKE) --no-print-directory vllm-conformance > $(CONFORMANCE_LOG) 2>&1; \
+	  echo $$? > .cache/vllm-conformance.rc; \
+	  $(MAKE) --no-print-directory package-check > $(PACKAGE_LOG) 2>&1; \
+	  echo $$? > .cache/package-check.rc; } & beside=$$!; \
 	$(BIN)/python -m pytest -q; suite=$$?; \
-	wait $$conformance; vllm=$$?; \
+	wait $$beside; vllm=$$(cat .cache/vllm-conformance.rc); package=$$(cat .cache/package-check.rc); \
 	echo "== vLLM's own scheduler tests with tokenfair's scheduler ($(CONFORMANCE_LOG))"; \
 	tail -n 12 $(CONFORMANCE_LOG); \
 	[ $$vllm = 0 ] || echo "vllm-conformance failed: see $(CONFORMANCE_LOG)"; \
-	[ $$suite = 0 ] && [ $$vllm = 0 ]
+	echo "== the wheel, installed alone outside the checkout ($(PACKAGE_LOG))"; \
+	tail -n 3 $(PACKAGE_LOG); \
+	[ $$package = 0 ] || echo "package-check failed: see $(PACKAGE_LOG)"; \
+	[ $$suite = 0 ] && [ $$vllm = 0 ] && [ $$package = 0 ]
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -120,4 +147,4 @@ bench: $(STAMP)
 	for b in benchmarks/*.py; do $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .ruff_cache $(PACKAGE_VENV)
