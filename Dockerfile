@@ -58,9 +58,9 @@ ENTRYPOINT ["vllm", "serve"]
 # runtime: the gateway (and `tokenfair serve`); the last stage, so the default target.
 FROM python:3.11-slim AS runtime
 
-# MPLCONFIGDIR: the CLI imports matplotlib (for its report commands), which wants a
-# writable config folder; under /tmp the image also runs with a read-only root filesystem
-# (deploy/ mounts an emptyDir there).
+# MPLCONFIGDIR: the report commands (`tokenfair demo`, `experiment`) draw with matplotlib,
+# which wants a writable config folder; under /tmp the image also runs them with a
+# read-only root filesystem (deploy/ mounts an emptyDir there).
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     MPLCONFIGDIR=/tmp/matplotlib \

@@ -129,3 +129,13 @@ def test_the_gateway_with_redis_needs_the_redis_extra(tmp_path: Path) -> None:
     )
     result = tokenfair("gateway", "--config", str(config), "--check", block="redis", cwd=tmp_path)
     _one_line_refusal(result, "needs the redis extra: pip install 'tokenfair[redis]'")
+
+
+def test_the_cli_starts_without_matplotlib() -> None:
+    """Only the report commands draw: `serve` and `gateway` start without matplotlib
+    (a quarter of a second, and a writable config folder it wants)."""
+    probe = "import sys, tokenfair.cli; print(sorted(m for m in sys.modules if m.startswith('matplotlib')))"
+    shown = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert shown.stdout.strip() == "[]"

@@ -39,8 +39,6 @@ from tokenfair.experiments.paper_table import PAPER_ARENA_TABLE, PAPER_LABEL
 from tokenfair.experiments.runner import DEFAULT_PROFILE, DEFAULT_WORKERS, ProgressFn
 from tokenfair.experiments.summary import ratio
 from tokenfair.experiments.workloads import ARENA
-from tokenfair.report.experiment_report import publish
-from tokenfair.report.locality_report import write_locality_report
 
 experiment_app = typer.Typer(
     help="Reproduce the paper's experiments and compare policies on a trace (simulated).",
@@ -55,6 +53,15 @@ SharedOption = Annotated[
         "default: the paper's data shipped with tokenfair."
     ),
 ]
+
+
+def publish(result: ExperimentResult) -> None:
+    """Write the report (markdown, HTML, figures). matplotlib is imported here, not when
+    the CLI starts: every other command, `serve` and `gateway` among them, starts
+    without it."""
+    from tokenfair.report.experiment_report import publish as write_report
+
+    write_report(result)
 
 
 def paper_data(shared: Path | None) -> Path:
@@ -289,6 +296,8 @@ def locality(
         result = run_locality_experiment(
             out, seeds=range(seeds), policies=chosen, workers=workers, progress=advance
         )
+    from tokenfair.report.locality_report import write_locality_report
+
     report = write_locality_report(result, out)
     Console(width=None if Console().is_terminal else 132).print(locality_table(result))
     print(f"Report: {report} (and report.html), {result.wall_s:.0f} s")
