@@ -4,7 +4,7 @@
 #
 #   docker build -t tokenfair:0.1.0 .                     # gateway / server image (default target)
 #   docker build --build-arg EXTRAS=server,redis,model -t tokenfair-model:0.1.0 .
-#   docker build --target vllm -t tokenfair-vllm:0.1.0 .  # vLLM with the scheduler plugin
+#   docker build --target vllm -t tokenfair-vllm:0.1.0 .  # vLLM 0.34 with the scheduler plugin
 #
 # The default image runs `tokenfair gateway --config /etc/tokenfair/gateway/gateway.yaml`;
 # any other sub-command replaces the CMD (`docker run tokenfair:0.1.0 serve --model sim:a10g-llama-7b
@@ -35,12 +35,13 @@ RUN pip wheel --no-cache-dir --wheel-dir /wheels \
 
 # ---------------------------------------------------------------------------------------
 # vllm: vLLM's OpenAI server image with tokenfair's scheduler plugin installed next to vLLM
-# (core only, never the model extra: vLLM pins its own transformers). The plugin admits
-# vLLM 0.32.x and 0.33.x and refuses any other at import; change the tag with care.
-FROM vllm/vllm-openai:v0.33.0 AS vllm
+# (core only, never the model extra: vLLM pins its own transformers). The plugin was tested
+# with vLLM 0.32 to 0.34; at import it checks that vLLM's scheduler has what it uses, and
+# a newer minor that has it runs with one warning (docs/vllm.md, "Supported versions").
+FROM vllm/vllm-openai:v0.34.0 AS vllm
 
 # The builder's requirements file names the wheel with the [vllm] extra, which makes pip
-# check that the vLLM already in the image is a supported minor (it keeps that vLLM rather
+# check that the vLLM already in the image is 0.32 or newer (it keeps that vLLM rather
 # than installing another).
 RUN --mount=type=bind,from=builder,source=/dist,target=/dist \
     python3 -m pip install --no-cache-dir --requirement /dist/vllm-requirements.txt \

@@ -44,38 +44,55 @@ $(VLLM_STAMP):
 	$(VLLM_VENV)/bin/python -c "import vllm, pytest"
 	touch $@
 
-# vLLM 0.33, the next supported minor, has no CPU build: its GPU wheel, whose scheduler
-# is plain Python and runs on CPU (VLLM_TARGET_DEVICE=cpu picks vLLM's CPU platform),
-# for the plugin's scheduler-level tests and the conformance suite. The wheel pins a
-# CUDA torch 2.14 and GPU kernels (several GB of CUDA libraries, useless here), so it is
-# installed without its dependencies over the CPU torch 2.13, plus every requirement of
-# its that is not GPU-only (tests/integrations/vllm_cpu_requirements.py). About 3
-# minutes and 3.5 GB the first time; kept until the version or that list changes.
+# vLLM 0.33 and 0.34 have no CPU build: their GPU wheels, whose scheduler is plain
+# Python and runs on CPU (VLLM_TARGET_DEVICE=cpu picks vLLM's CPU platform), for the
+# plugin's scheduler-level tests and the conformance suite. A wheel pins a CUDA torch and
+# GPU kernels (several GB of CUDA libraries, useless here), so it is installed without
+# its dependencies over the CPU torch 2.13, plus every requirement of its that is not
+# GPU-only (tests/integrations/vllm_cpu_requirements.py). About 3 minutes and 3.5 GB
+# each the first time; kept until the version or that list changes. triton comes in
+# with xgrammar; 0.34 also needs CUDA_VISIBLE_DEVICES="" in the processes that build a
+# config (docs/vllm.md, "Supported versions").
+VLLM_CPU_REQS := tests/integrations/vllm_cpu_requirements.py
+VLLM_REQS_SUM := $(shell cksum < $(VLLM_CPU_REQS) | cut -d' ' -f1)
 VLLM_NEXT_VENV := .venv-vllm-0.33
 VLLM_NEXT_VERSION := 0.33.0
-VLLM_NEXT_REQS := tests/integrations/vllm_cpu_requirements.py
-VLLM_NEXT_STAMP := $(VLLM_NEXT_VENV)/.installed-vllm-$(VLLM_NEXT_VERSION)-$(shell cksum < $(VLLM_NEXT_REQS) | cut -d' ' -f1)
+VLLM_NEXT_STAMP := $(VLLM_NEXT_VENV)/.installed-vllm-$(VLLM_NEXT_VERSION)-$(VLLM_REQS_SUM)
+VLLM_NEWEST_VENV := .venv-vllm-0.34
+VLLM_NEWEST_VERSION := 0.34.0
+VLLM_NEWEST_STAMP := $(VLLM_NEWEST_VENV)/.installed-vllm-$(VLLM_NEWEST_VERSION)-$(VLLM_REQS_SUM)
 
-$(VLLM_NEXT_STAMP): $(VLLM_NEXT_REQS)
-	test -x $(VLLM_NEXT_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_NEXT_VENV)
-	$(VLLM_NEXT_VENV)/bin/pip install --quiet torch==2.13.0 packaging
-	$(VLLM_NEXT_VENV)/bin/pip install --quiet --no-deps vllm==$(VLLM_NEXT_VERSION)
-	$(VLLM_NEXT_VENV)/bin/python $(VLLM_NEXT_REQS) > $(VLLM_NEXT_VENV)/requirements-cpu.txt
-	$(VLLM_NEXT_VENV)/bin/pip install --quiet -r $(VLLM_NEXT_VENV)/requirements-cpu.txt \
-		pytest pytest-timeout hypothesis
-	VLLM_TARGET_DEVICE=cpu $(VLLM_NEXT_VENV)/bin/python -c "import vllm.v1.core.sched.scheduler, pytest"
-	rm -f $(VLLM_NEXT_VENV)/.installed-vllm-*
+# $(call vllm_gpu_wheel_env,VENV,VERSION)
+define vllm_gpu_wheel_env
+	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
+	$(1)/bin/pip install --quiet torch==2.13.0 packaging
+	$(1)/bin/pip install --quiet --no-deps vllm==$(2)
+	$(1)/bin/python $(VLLM_CPU_REQS) > $(1)/requirements-cpu.txt
+	$(1)/bin/pip install --quiet -r $(1)/requirements-cpu.txt pytest pytest-timeout hypothesis
+	VLLM_TARGET_DEVICE=cpu $(1)/bin/python -c "import vllm.v1.core.sched.scheduler, pytest"
+	rm -f $(1)/.installed-vllm-*
+endef
+
+$(VLLM_NEXT_STAMP): $(VLLM_CPU_REQS)
+	$(call vllm_gpu_wheel_env,$(VLLM_NEXT_VENV),$(VLLM_NEXT_VERSION))
 	touch $@
 
-vllm-env: $(VLLM_STAMP) $(VLLM_NEXT_STAMP)
+$(VLLM_NEWEST_STAMP): $(VLLM_CPU_REQS)
+	$(call vllm_gpu_wheel_env,$(VLLM_NEWEST_VENV),$(VLLM_NEWEST_VERSION))
+	touch $@
 
-# vLLM's own scheduler tests, from each supported minor's sdist (downloaded once into
+VLLM_STAMPS := $(VLLM_STAMP) $(VLLM_NEXT_STAMP) $(VLLM_NEWEST_STAMP)
+
+vllm-env: $(VLLM_STAMPS)
+
+# vLLM's own scheduler tests, from each tested minor's sdist (downloaded once into
 # .cache/vllm-sdist), run with tokenfair's scheduler in place of vLLM's: see
-# tests/integrations/vllm_conformance/run.py. The two minors run side by side.
-vllm-conformance: $(STAMP) $(VLLM_STAMP) $(VLLM_NEXT_STAMP)
+# tests/integrations/vllm_conformance/run.py. The minors run side by side.
+vllm-conformance: $(STAMP) $(VLLM_STAMPS)
 	$(BIN)/python tests/integrations/vllm_conformance/run.py \
 		--env $(VLLM_VENV)/bin/python=$(VLLM_CPU_VERSION) \
-		--env $(VLLM_NEXT_VENV)/bin/python=$(VLLM_NEXT_VERSION)
+		--env $(VLLM_NEXT_VENV)/bin/python=$(VLLM_NEXT_VERSION) \
+		--env $(VLLM_NEWEST_VENV)/bin/python=$(VLLM_NEWEST_VERSION)
 
 # The gateway's tests start a real redis-server. When none is on the PATH, the Debian
 # package is installed (as root, or through sudo without a password), so that `make test`
@@ -118,7 +135,7 @@ package-check: $(STAMP)
 CONFORMANCE_LOG := .cache/vllm-conformance.log
 PACKAGE_LOG := .cache/package-check.log
 
-test: redis $(STAMP) $(VLLM_STAMP) $(VLLM_NEXT_STAMP)
+test: redis $(STAMP) $(VLLM_STAMPS)
 	$(BIN)/ruff check .
 	$(BIN)/mypy src
 	@mkdir -p .cache; rm -f .cache/*.rc

@@ -1,6 +1,6 @@
 """The vLLM plugin on a GPU: stock vLLM against FairAsyncScheduler, in one run.
 
-For a machine with one NVIDIA GPU and vLLM 0.33 (GPU build) installed; tokenfair on
+For a machine with one NVIDIA GPU and vLLM 0.33 or 0.34 (GPU build) installed; tokenfair on
 PYTHONPATH (`PYTHONPATH=src`) or installed. Nothing is downloaded: by default the model
 is a random-weight Llama of about 1.1B parameters (TinyLlama's shape, bf16) that the
 script builds on the GPU with a word-level tokenizer; `--model` serves a real one.
@@ -287,14 +287,14 @@ def main() -> None:
         import torch
         import vllm
     except ImportError as error:
-        print(f"vllm_plugin_gpu: needs vLLM (0.33, GPU build) and torch: {error}")
+        print(f"vllm_plugin_gpu: needs vLLM (0.33 or 0.34, GPU build) and torch: {error}")
         sys.exit(2)
     if not args.cpu_smoke:
         if not torch.cuda.is_available():
             print("vllm_plugin_gpu: no CUDA device (use --cpu-smoke to check the script on CPU)")
             sys.exit(2)
-        if not vllm.__version__.startswith("0.33."):
-            print(f"vllm_plugin_gpu: made for vLLM 0.33, found {vllm.__version__}")
+        if not vllm.__version__.startswith(("0.33.", "0.34.")):
+            print(f"vllm_plugin_gpu: made for vLLM 0.33 or 0.34, found {vllm.__version__}")
             sys.exit(2)
     else:
         args.flood, args.greedy, args.max_num_seqs = min(args.flood, 8), min(args.greedy, 4), 4

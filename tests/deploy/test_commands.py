@@ -159,9 +159,9 @@ def test_the_class_lookup_fails_for_a_name_the_plugin_lacks():
 
 
 # vLLM's own parser, when the environment for the plugin's tests is there (`make
-# vllm-env`): vLLM 0.33, the minor of the image's vllm/vllm-openai tag.
+# vllm-env`): vLLM 0.34, the minor of the image's vllm/vllm-openai tag.
 VLLM_PYTHON = Path(
-    os.environ.get("TOKENFAIR_VLLM_NEXT_PYTHON", ROOT / ".venv-vllm-0.33" / "bin" / "python")
+    os.environ.get("TOKENFAIR_VLLM_0_34_PYTHON", ROOT / ".venv-vllm-0.34" / "bin" / "python")
 )
 VLLM_CHECK = """
 import json, sys
@@ -194,7 +194,12 @@ def test_vllm_parses_the_manifests_arguments(rendered):
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "PYTHONPATH": str(SRC), "VLLM_TARGET_DEVICE": "cpu"},
+        env={
+            **os.environ,
+            "PYTHONPATH": str(SRC),
+            "VLLM_TARGET_DEVICE": "cpu",
+            "CUDA_VISIBLE_DEVICES": "",  # vLLM 0.34 on an x86 CPU (docs/vllm.md)
+        },
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])

@@ -71,15 +71,52 @@ def test_a_listed_test_that_passes_makes_the_list_stale():
     assert problems == [f"vtc: {LISTED} is listed as differing but passes"]
 
 
+def test_a_run_that_runs_too_little_of_vllms_tests_fails():
+    # 4 of 5 run here (80%); one more that cannot run puts it at 4 of 6 (67%).
+    figures, problems = run.compare(results())
+    assert figures["runnable_share"] == 0.8 and problems == []
+    few = results()
+    for mode in few:
+        few[mode]["f.py::test_d"] = {"outcome": "skipped", "policies": ["fcfs"]}
+    figures, problems = run.compare(few)
+    assert figures["runnable_share"] == 0.667
+    assert problems == [
+        "stock: only 4 of the 6 tests run here (67%), below the floor of 75%: "
+        "the comparison would say little"
+    ]
+
+
+def test_a_pass_that_ran_nothing_fails_every_test():
+    empty = results()
+    empty["priority"] = {}
+    figures, problems = run.compare(empty)
+    assert figures["priority"]["unexplained"] == 4
+    assert all("not run in this pass" in problem for problem in problems)
+
+
 def test_a_test_that_fails_on_stock_is_left_out():
     _, problems = run.compare(results(fcfs={"f.py::test_c": "failed"}, vtc={"f.py::test_c": "x"}))
     assert problems == []
 
 
-def test_docs_list_the_tests_vtc_is_expected_to_differ_on():
+@pytest.mark.parametrize(
+    ("mode", "listed"), [("vtc", expected.VTC_DIFFERS), ("priority", expected.PRIORITY_DIFFERS)]
+)
+def test_docs_list_the_tests_each_mode_is_expected_to_differ_on(mode, listed):
     text = (ROOT / "docs" / "vllm.md").read_text()
-    table = re.search(r"<!-- vtc-differs: start -->(.*?)<!-- vtc-differs: end -->", text, re.S)
+    pattern = rf"<!-- {mode}-differs: start -->(.*?)<!-- {mode}-differs: end -->"
+    table = re.search(pattern, text, re.S)
     assert table is not None
     documented = re.findall(r"^\| `(test_[a-z0-9_]+)` \| (.+) \|$", table.group(1), re.M)
-    assert [name for name, _ in documented] == list(expected.VTC_DIFFERS)
+    assert [name for name, _ in documented] == list(listed)
     assert all(reason.strip() for _, reason in documented)
+
+
+def test_a_listed_priority_difference_is_explained():
+    name = next(iter(expected.PRIORITY_DIFFERS))
+    outcomes = results(priority={f"f.py::{name}": "failed"})
+    for mode in outcomes:
+        outcomes[mode].setdefault(f"f.py::{name}", {"outcome": "passed", "policies": ["fcfs"]})
+    outcomes["stock"][f"f.py::{name}"] = {"outcome": "passed", "policies": ["fcfs"]}
+    figures, problems = run.compare(outcomes)
+    assert problems == [] and figures["priority"]["differ_as_documented"] == 1

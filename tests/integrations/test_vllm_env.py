@@ -6,9 +6,10 @@ through PYTHONPATH, never by being installed there:
 
 - `.venv-vllm`: vLLM's CPU build, 0.32: every test, the offline engine and the
   OpenAI server included;
-- `.venv-vllm-0.33`: vLLM 0.33's GPU wheel (0.33 has no CPU build). Its scheduler
-  runs on CPU, its model runner does not (no CPU kernels in that wheel), so only the
-  scheduler-level tests run there (the offline and server tests skip, saying so).
+- `.venv-vllm-0.33` and `.venv-vllm-0.34`: vLLM's GPU wheels (no CPU build after
+  0.32). Their scheduler runs on CPU, their model runner does not (no CPU kernels in
+  those wheels), so only the scheduler-level tests run there (the offline and server
+  tests skip, saying so).
 
 From the main environment each environment's suite is one test that passes or fails
 with it; it skips, saying why, when the environment is missing, and fails when it is
@@ -41,6 +42,17 @@ ENVIRONMENTS = {
         ["tests/integrations/vllm"],  # the model tests skip, saying why
         # The GPU wheel finds no GPU: vLLM's CPU platform, by name.
         {"VLLM_TARGET_DEVICE": "cpu"},
+    ),
+    "0.34": (
+        Path(
+            os.environ.get(
+                "TOKENFAIR_VLLM_0_34_PYTHON", ROOT / ".venv-vllm-0.34" / "bin" / "python"
+            )
+        ),
+        ["tests/integrations/vllm"],  # the model tests skip, saying why
+        # As 0.33; and 0.34 refuses to build a config on an x86 CPU without Triton
+        # drivers unless CUDA_VISIBLE_DEVICES is set and empty (docs/vllm.md).
+        {"VLLM_TARGET_DEVICE": "cpu", "CUDA_VISIBLE_DEVICES": ""},
     ),
 }
 

@@ -26,6 +26,7 @@ from vllm.v1.structured_output import StructuredOutputManager
 
 BLOCK = 16
 TOKEN = 7  # every fabricated sample
+_HAS_INDEX = "req_id_to_index" in getattr(ModelRunnerOutput, "__dataclass_fields__", {})
 
 
 @functools.cache
@@ -35,8 +36,12 @@ def _config(
     max_batched_tokens: int,
     prefix_caching: bool,
     scheduling_policy: str,
+    cache_aware_window: int = 0,
 ) -> Any:
+    # vLLM 0.34's --cache-aware-admission-window, only when asked (older minors lack it).
+    window = {"cache_aware_admission_window": cache_aware_window} if cache_aware_window else {}
     args = EngineArgs(
+        **window,
         model=model_dir,
         dtype="float32",
         enforce_eager=True,
@@ -61,11 +66,19 @@ def make_scheduler(
     prefix_caching: bool = False,
     scheduling_policy: str = "fcfs",
     tokenfair: dict[str, Any] | None = None,
+    cache_aware_window: int = 0,
 ) -> Any:
     # One engine config per shape (building one takes a second); each scheduler gets
     # a copy with its own tokenfair settings and KV pool size.
     config = copy.copy(
-        _config(model_dir, max_num_seqs, max_batched_tokens, prefix_caching, scheduling_policy)
+        _config(
+            model_dir,
+            max_num_seqs,
+            max_batched_tokens,
+            prefix_caching,
+            scheduling_policy,
+            cache_aware_window,
+        )
     )
     config.additional_config = {"tokenfair": {"log_interval_s": 0, **(tokenfair or {})}}
     config.cache_config = copy.copy(config.cache_config)
@@ -125,11 +138,9 @@ def runner_output(scheduler: Any, output: Any) -> ModelRunnerOutput:
     for request_id in ids:
         request = scheduler.requests[request_id]
         sampled.append([] if request.is_prefill_chunk else [TOKEN])
-    return ModelRunnerOutput(
-        req_ids=ids,
-        req_id_to_index={rid: i for i, rid in enumerate(ids)},
-        sampled_token_ids=sampled,
-    )
+    # vLLM 0.34 indexes outputs by req_ids alone; before it, also by req_id_to_index.
+    index = {"req_id_to_index": {rid: i for i, rid in enumerate(ids)}} if _HAS_INDEX else {}
+    return ModelRunnerOutput(req_ids=ids, sampled_token_ids=sampled, **index)
 
 
 def step(scheduler: Any) -> Any:
@@ -148,5 +159,6 @@ def run(scheduler: Any, max_steps: int = 10_000) -> list[Any]:
 
 
 def new_ids(output: Any) -> list[str]:
-    """Requests the step started for the first time (new to the model runner)."""
+    """Requests the step sent to the model runner in full: started for the first time,
+    or (vLLM 0.34) resumed after a preemption."""
     return [new.req_id for new in output.scheduled_new_reqs]

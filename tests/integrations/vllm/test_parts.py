@@ -1,8 +1,9 @@
 """The plugin's pure parts (settings, request fields, status line, metrics endpoint,
-version gate) and the async-scheduling variant."""
+the check of vLLM's surface) and the async-scheduling variant."""
 
 from __future__ import annotations
 
+import abc
 import json
 import socket
 
@@ -17,7 +18,7 @@ from tokenfair.integrations.vllm.fields import output_hint_of, tenant_of
 from tokenfair.integrations.vllm.ledger import Ledger
 from tokenfair.integrations.vllm.metrics import format_status, serve_prometheus
 from tokenfair.integrations.vllm.policies import VllmFCFS, VllmPriority
-from tokenfair.integrations.vllm.scheduler import _check_version
+from tokenfair.integrations.vllm.scheduler import check_vllm, surface_problems
 
 
 def test_defaults_without_a_tokenfair_entry():
@@ -88,23 +89,102 @@ def test_tenant_and_hint_fields():
     assert output_hint_of({"predicted_output_tokens": True}) is None
 
 
-@pytest.mark.parametrize(
-    ("version", "minor"),
-    [("0.32.0", (0, 32)), ("0.32.1+cpu", (0, 32)), ("0.33.0rc1", (0, 33)), ("0.33.2", (0, 33))],
-)
-def test_version_gate_accepts_the_supported_minors(version, minor):
-    assert _check_version(version) == minor
+@pytest.mark.parametrize("version", ["0.32.0", "0.32.1+cpu", "0.33.0rc1", "0.33.2", "0.34.0"])
+def test_a_tested_minor_runs_silently(version):
+    assert check_vllm(version, []) is None
 
 
-@pytest.mark.parametrize("version", ["0.34.0", "0.31.2", "1.0.0", "dev"])
-def test_version_gate_refuses_other_minors(version):
+@pytest.mark.parametrize("version", ["0.35.0", "1.0.0", "0.31.2", "dev"])
+def test_an_untested_minor_with_the_surface_runs_with_one_warning(version):
+    warning = check_vllm(version, [])
+    assert warning is not None and "\n" not in warning
+    assert warning.startswith(f"tokenfair was tested with vLLM 0.32 to 0.34; vLLM {version}'s")
+
+
+def test_a_missing_surface_is_refused_in_one_line_naming_it():
     with pytest.raises(ImportError) as error:
-        _check_version(version)
+        check_vllm("0.35.0", ["Scheduler._free_request()", "Request.block_hashes"])
     message = str(error.value)
-    assert message.startswith(
-        f"tokenfair.integrations.vllm supports vLLM 0.32.x and 0.33.x, found {version}: "
+    assert message == (
+        "tokenfair.integrations.vllm cannot run on vLLM 0.35.0: its scheduler lacks "
+        "Scheduler._free_request(); Request.block_hashes (tested with vLLM 0.32 to 0.34)"
     )
-    assert "\n" not in message
+
+
+def test_this_vllm_has_the_surface():
+    from vllm.v1.core.block_pool import BlockPool
+
+    assert surface_problems() == []
+    assert surface_problems(block_pool=BlockPool) == []
+
+
+def test_the_surface_check_sees_through_a_wrapped_init():
+    # Test harnesses and profilers wrap vLLM's __init__ (vLLM's conformance run does).
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    class Wrapped(Scheduler):
+        pass
+
+    original = Scheduler.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+
+    Wrapped.__init__ = init
+    assert surface_problems(Wrapped) == []
+
+
+def test_the_surface_check_names_what_a_scheduler_lacks():
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.sched.request_queue import RequestQueue
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    class Renamed(Scheduler):
+        _free_request = None  # type: ignore[assignment]
+
+        def update_from_output(self, output, runner_output):  # type: ignore[override]
+            return None
+
+    class BareRequest:
+        def __init__(self):
+            self.request_id = "r"
+
+    class WiderQueue(RequestQueue):
+        @abc.abstractmethod
+        def drain(self): ...
+
+    class OtherPool(BlockPool):
+        def cache_full_blocks(self, request, blocks, block_size):  # type: ignore[override]
+            return None
+
+    problems = surface_problems(Renamed, BareRequest, WiderQueue, OtherPool)
+    assert "Scheduler._free_request()" in problems
+    assert (
+        "Scheduler.update_from_output(scheduler_output, model_runner_output, ...) "
+        "(found (output, runner_output))" in problems
+    )
+    assert "Request.block_hashes" in problems and "Request.request_id" not in problems
+    assert "RequestQueue.drain (not implemented here)" in problems
+    assert any(
+        p.startswith("BlockPool.cache_full_blocks(request, blocks, num_cached_blocks")
+        for p in problems
+    )
+
+
+def test_a_scheduler_with_an_unknown_waiting_queue_is_refused(tiny_model_dir):
+    from vllm.v1.core.sched.request_queue import SchedulingPolicy, create_request_queue
+
+    from tokenfair.integrations.vllm import FairScheduler
+
+    class WithAnotherQueue(FairScheduler):
+        def __init__(self, *args, **kwargs):
+            self.side_waiting = create_request_queue(SchedulingPolicy.FCFS)
+            super().__init__(*args, **kwargs)
+
+    with pytest.raises(
+        RuntimeError, match=r"a waiting queue the plugin does not know \(side_waiting\)"
+    ):
+        make_scheduler(tiny_model_dir, WithAnotherQueue)
 
 
 def make_core_request(request_id: str, *, priority: int = 0, arrival: float = 0.0):

@@ -102,10 +102,35 @@ def _qwen3_next(snapshot: Path) -> None:
     )
 
 
+def _qwen3(snapshot: Path) -> None:
+    from transformers import Qwen3Config
+
+    # Qwen3-0.6B's published shapes (vLLM 0.34's tests use it as a plain decoder).
+    config = Qwen3Config(
+        architectures=["Qwen3ForCausalLM"],
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        max_position_embeddings=40960,
+        tie_word_embeddings=True,
+        torch_dtype="bfloat16",
+    )
+    config.save_pretrained(snapshot)
+    raw, fast_cls = _tokenizer(config.vocab_size, {"<unk>": 0, "<|endoftext|>": 1})
+    fast_cls(tokenizer_object=raw, eos_token="<|endoftext|>", unk_token="<unk>").save_pretrained(
+        snapshot
+    )
+
+
 MODELS: dict[str, Callable[[Path], None]] = {
     "facebook/opt-125m": _opt,
     "llava-hf/llava-1.5-7b-hf": _llava,
     "Qwen/Qwen3-Next-80B-A3B-Instruct": _qwen3_next,
+    "Qwen/Qwen3-0.6B": _qwen3,
 }
 
 

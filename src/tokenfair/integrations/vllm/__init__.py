@@ -6,15 +6,17 @@
 
 On a GPU (async scheduling), use `FairAsyncScheduler` with `--async-scheduling`.
 Requests name their tenant in `vllm_xargs` (OpenAI) or `SamplingParams.extra_args`
-(offline): `{"tenant": "team-a"}`. Supported: vLLM 0.32.x and 0.33.x (importing this
-package under another version raises ImportError saying so). See docs/vllm.md.
+(offline): `{"tenant": "team-a"}`. Tested with vLLM 0.32, 0.33 and 0.34; importing
+this package checks that vLLM's scheduler has what the plugin uses (ImportError, in one
+line, naming what is missing), and a newer minor that has it runs with one warning.
+See docs/vllm.md.
 """
 
 from tokenfair.integrations.vllm.scheduler import (
-    SUPPORTED_VLLM,
+    TESTED_VLLM,
     FairAsyncScheduler,
     FairScheduler,
     FairSchedulerMixin,
 )
 
-__all__ = ["SUPPORTED_VLLM", "FairAsyncScheduler", "FairScheduler", "FairSchedulerMixin"]
+__all__ = ["TESTED_VLLM", "FairAsyncScheduler", "FairScheduler", "FairSchedulerMixin"]

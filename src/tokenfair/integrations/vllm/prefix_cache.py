@@ -2,90 +2,72 @@
 
 `vtc-lpm` and `dlpm` order waiting requests by how much of their prompt is cached
 (core/prefix_cache.py). Inside vLLM that is vLLM's cache: this view answers the
-policy's questions with vLLM's own lookup and hears of its changes.
+policy's questions from a `CacheAccess`, which the scheduler module builds over vLLM's
+KV cache manager (that module holds every line that touches vLLM; this one imports
+nothing of it):
 
-- a waiting request's block hashes are vLLM's (`Request.block_hashes`, computed by
-  vLLM as tokens arrive), found through the ledger's shadow -> vLLM request mapping;
-- how much of a request is cached: the lookup vLLM makes at admission
-  (`coordinator.find_longest_cache_hit`, without the hit-rate statistics that
-  `get_computed_blocks` records), in blocks;
-- a block becoming findable: `BlockPool.cache_full_blocks` is wrapped to tell the
-  policy the hashes it cached (a waiting request sharing them sees its prefix grow);
-- an eviction: `BlockPool._maybe_evict_cached_block` is wrapped to count evictions.
-  vLLM evicts as it likes, so every eviction counts as one the policy may care about,
-  and a policy checks its choice again after any (`want`/`unwant` do nothing here).
-
-Both wrapped methods exist with these signatures in vLLM 0.32 and 0.33; the module
-touches nothing else of vLLM, and imports nothing of it.
+- a waiting request's block hashes and length are vLLM's, found by request id;
+- how much of a request is cached: vLLM's own lookup, without side effects;
+- a block becoming findable: the access calls `blocks_cached` with the hashes it
+  cached (a waiting request sharing them sees its prefix grow);
+- an eviction: the access calls `block_evicted`. vLLM evicts as it likes, so every
+  eviction counts as one the policy may care about, and a policy checks its choice
+  again after any (`want`/`unwant` do nothing here).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from tokenfair.core.request import Request
 
 
-class VllmPrefixCache:
-    """The `PrefixCache` view of a vLLM scheduler's KV cache manager."""
+class CacheAccess(Protocol):
+    """What the view needs of vLLM's KV cache manager, by request id."""
 
-    def __init__(
-        self,
-        kv_cache_manager: Any,
-        block_size: int,
-        vllm_request: Callable[[str], Any],
-    ) -> None:
-        """`vllm_request(request_id)`: the vLLM request a shadow request stands for."""
-        self.enable_prefix_caching = bool(kv_cache_manager.enable_caching)
+    enabled: bool
+
+    def block_hashes(self, request_id: str) -> Sequence[Any]: ...
+
+    def num_tokens(self, request_id: str) -> int: ...
+
+    def cached_tokens(self, request_id: str) -> int: ...
+
+    def follow(self, cached: Callable[[list[Any]], None], evicted: Callable[[], None]) -> None:
+        """Call `cached(hashes)` as blocks become findable and `evicted()` per eviction."""
+
+
+class VllmPrefixCache:
+    """The `PrefixCache` view of a vLLM scheduler's KV cache."""
+
+    def __init__(self, access: CacheAccess, block_size: int) -> None:
+        self.enable_prefix_caching = bool(access.enabled)
         self.on_cached: list[Callable[[list[Any]], None]] = []
         self.wanted_evictions = 0
-        self._manager = kv_cache_manager
+        self._access = access
         self._block_size = block_size
-        self._vllm_request = vllm_request
         if self.enable_prefix_caching:
-            self._follow(kv_cache_manager.block_pool)
+            access.follow(self._blocks_cached, self._block_evicted)
 
-    def _follow(self, pool: Any) -> None:
-        cache_full_blocks = pool.cache_full_blocks
-        maybe_evict = pool._maybe_evict_cached_block
+    def _blocks_cached(self, keys: list[Any]) -> None:
+        for listener in self.on_cached:
+            listener(keys)
 
-        def cached(request: Any, blocks: Any, num_cached_blocks: int, num_full_blocks: int,
-                   block_size: int, kv_cache_group_id: int, *args: Any, **kwargs: Any) -> Any:  # fmt: skip
-            result = cache_full_blocks(
-                request, blocks, num_cached_blocks, num_full_blocks, block_size,
-                kv_cache_group_id, *args, **kwargs,
-            )  # fmt: skip
-            # One group is enough to follow: a prefix is cached in all or none.
-            if kv_cache_group_id == 0 and self.on_cached and num_full_blocks > num_cached_blocks:
-                keys = list(request.block_hashes[num_cached_blocks:num_full_blocks])
-                for listener in self.on_cached:
-                    listener(keys)
-            return result
-
-        def evict(block: Any) -> bool:
-            evicted = maybe_evict(block)
-            if evicted:
-                self.wanted_evictions += 1
-            return bool(evicted)
-
-        pool.cache_full_blocks = cached
-        pool._maybe_evict_cached_block = evict
+    def _block_evicted(self) -> None:
+        self.wanted_evictions += 1
 
     def block_hashes(self, request: Request, count: int) -> list[Any]:
-        return list(self._vllm_request(request.request_id).block_hashes[:count])
+        return list(self._access.block_hashes(request.request_id)[:count])
 
     def matchable_blocks(self, request: Request) -> int:
         # At least one token is always computed, as vLLM's own lookup requires.
-        return max(0, self._vllm_request(request.request_id).num_tokens - 1) // self._block_size
+        return max(0, self._access.num_tokens(request.request_id) - 1) // self._block_size
 
     def cached_run(self, request: Request, keys: list[Any], start: int = 0) -> int:
         if not keys:
             return start
-        handle = self._vllm_request(request.request_id)
-        _, tokens, *_ = self._manager.coordinator.find_longest_cache_hit(
-            handle.block_hashes, handle.num_tokens - 1
-        )
+        tokens = self._access.cached_tokens(request.request_id)
         return min(len(keys), tokens // self._block_size)
 
     def want(self, keys: list[Any]) -> None:
