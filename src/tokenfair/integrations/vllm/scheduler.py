@@ -167,6 +167,17 @@ def _parameters_problem(owner: str, method: Any, expected: tuple[str, ...]) -> s
     return None
 
 
+def _method_problems(owner: str, cls: type, methods: dict[str, tuple[str, ...]]) -> list[str]:
+    problems = []
+    for name, parameters in methods.items():
+        method = getattr(cls, name, None)
+        if not callable(method):
+            problems.append(f"{owner}.{name}()")
+        elif (problem := _parameters_problem(owner, method, parameters)) is not None:
+            problems.append(problem)
+    return problems
+
+
 def surface_problems(
     scheduler: type = Scheduler,
     request: type = Request,
@@ -174,13 +185,7 @@ def surface_problems(
     block_pool: type | None = None,
 ) -> list[str]:
     """What of the surface this module needs the given vLLM classes lack, one item each."""
-    problems: list[str] = []
-    for name, parameters in SCHEDULER_METHODS.items():
-        method = getattr(scheduler, name, None)
-        if not callable(method):
-            problems.append(f"Scheduler.{name}()")
-        elif (problem := _parameters_problem("Scheduler", method, parameters)) is not None:
-            problems.append(problem)
+    problems = _method_problems("Scheduler", scheduler, SCHEDULER_METHODS)
     problems += [
         f"Scheduler.{n}" for n in SCHEDULER_ATTRIBUTES if not _sets_attribute(scheduler, n)
     ]
@@ -192,12 +197,7 @@ def surface_problems(
         f"RequestQueue.{n} (not implemented here)" for n in abstract if n not in QUEUE_METHODS
     ]
     if block_pool is not None:
-        for name, parameters in BLOCK_POOL_METHODS.items():
-            method = getattr(block_pool, name, None)
-            if not callable(method):
-                problems.append(f"BlockPool.{name}()")
-            elif (problem := _parameters_problem("BlockPool", method, parameters)) is not None:
-                problems.append(problem)
+        problems += _method_problems("BlockPool", block_pool, BLOCK_POOL_METHODS)
     return problems
 
 
@@ -306,50 +306,63 @@ class PolicyQueue(RequestQueue):
         return list(self._ledger.waiting())[index]
 
 
-class HoldingQueue(RequestQueue):
+class ForwardingQueue(RequestQueue):
+    """A `RequestQueue` that passes every call to another one (`inner`)."""
+
+    def __init__(self, inner: RequestQueue):
+        self._inner = inner
+
+    def add_request(self, request: Request) -> None:
+        self._inner.add_request(request)
+
+    def pop_request(self) -> Request:
+        return self._inner.pop_request()
+
+    def peek_request(self) -> Request:
+        return self._inner.peek_request()
+
+    def prepend_request(self, request: Request) -> None:
+        self._inner.prepend_request(request)
+
+    def prepend_requests(self, requests: Iterable[Request]) -> None:
+        self._inner.prepend_requests(requests)
+
+    def remove_request(self, request: Request) -> None:
+        self._inner.remove_request(request)
+
+    def remove_requests(self, requests: Iterable[Request]) -> None:
+        self._inner.remove_requests(requests)
+
+    def __bool__(self) -> bool:
+        return bool(self._inner)
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(self._inner)
+
+
+class HoldingQueue(ForwardingQueue):
     """vLLM's own queue for block-holding waiters (FCFS or priority, as vLLM's loop
     runs), telling the ledger what it holds and what schedule() takes from it."""
 
     def __init__(self, policy: SchedulingPolicy, arrive: Arrive, popped: list[Request]):
-        self._queue = create_request_queue(policy)
+        super().__init__(create_request_queue(policy))
         self._arrive = arrive
         self._popped = popped
 
     def add_request(self, request: Request) -> None:
         self._arrive(request, False)
-        self._queue.add_request(request)
+        super().add_request(request)
 
     def pop_request(self) -> Request:
-        request = self._queue.pop_request()
+        request = super().pop_request()
         self._popped.append(request)
         return request
 
-    def peek_request(self) -> Request:
-        return self._queue.peek_request()
 
-    def prepend_request(self, request: Request) -> None:
-        self._queue.prepend_request(request)
-
-    def prepend_requests(self, requests: Iterable[Request]) -> None:
-        self._queue.prepend_requests(requests)
-
-    def remove_request(self, request: Request) -> None:
-        self._queue.remove_request(request)
-
-    def remove_requests(self, requests: Iterable[Request]) -> None:
-        self._queue.remove_requests(requests)
-
-    def __bool__(self) -> bool:
-        return bool(self._queue)
-
-    def __len__(self) -> int:
-        return len(self._queue)
-
-    def __iter__(self) -> Iterator[Request]:
-        return iter(self._queue)
-
-
-class AsyncLoadQueue(RequestQueue):
+class AsyncLoadQueue(ForwardingQueue):
     """vLLM's queue of requests that may load their KV asynchronously (vLLM 0.34's
     `async_kv_waiting`, with a KV connector and --max-num-inflight-kv-loads), as a
     second door to the fair queue.
@@ -362,33 +375,6 @@ class AsyncLoadQueue(RequestQueue):
     vLLM's waiting count (which adds the queues) counts each request once.
     """
 
-    def __init__(self, fair: PolicyQueue):
-        self._fair = fair
-
-    def add_request(self, request: Request) -> None:
-        self._fair.add_request(request)
-
-    def pop_request(self) -> Request:
-        return self._fair.pop_request()
-
-    def peek_request(self) -> Request:
-        return self._fair.peek_request()
-
-    def prepend_request(self, request: Request) -> None:
-        self._fair.prepend_request(request)
-
-    def prepend_requests(self, requests: Iterable[Request]) -> None:
-        self._fair.prepend_requests(requests)
-
-    def remove_request(self, request: Request) -> None:
-        self._fair.remove_request(request)
-
-    def remove_requests(self, requests: Iterable[Request]) -> None:
-        self._fair.remove_requests(requests)
-
-    def __bool__(self) -> bool:
-        return bool(self._fair)
-
     def __len__(self) -> int:
         return 0  # its requests are counted in `waiting`
 
@@ -396,9 +382,11 @@ class AsyncLoadQueue(RequestQueue):
         return iter(())
 
 
+# The queue methods the plugin's queues implement (each one's class or a base of it).
 QUEUE_METHODS = frozenset(
     name
-    for klass in (PolicyQueue, HoldingQueue, AsyncLoadQueue)
+    for queue in (PolicyQueue, HoldingQueue, AsyncLoadQueue)
+    for klass in queue.__mro__[: queue.__mro__.index(RequestQueue)]
     for name, value in vars(klass).items()
     if callable(value)
 )
