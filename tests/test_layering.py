@@ -126,13 +126,17 @@ def test_no_import_cycle_between_modules() -> None:
 
 # Modules allowed over MAX_LINES while being split (none now).
 LONG_MODULES_BEING_SPLIT: dict[str, int] = {}
+# Modules long by design, with the bound they keep: the vLLM plugin's scheduler module
+# is every line that touches vLLM's internals (the queues, the overrides, the surface
+# it checks at import, the access to vLLM's prefix cache), kept in one module so that a
+# new vLLM minor is read against one file and docs/vllm.md's list of it.
+LONG_BY_DESIGN: dict[str, int] = {"tokenfair.integrations.vllm.scheduler": 700}
 
 
 def test_no_module_over_400_lines() -> None:
     lengths = {name: len(path.read_text().splitlines()) for name, path in MODULES.items()}
-    long = {
-        name: n for name, n in lengths.items() if n > LONG_MODULES_BEING_SPLIT.get(name, MAX_LINES)
-    }
+    allowed = {**LONG_MODULES_BEING_SPLIT, **LONG_BY_DESIGN}
+    long = {name: n for name, n in lengths.items() if n > allowed.get(name, MAX_LINES)}
     assert not long
 
 
