@@ -146,7 +146,8 @@ test: redis $(STAMP) $(VLLM_STAMPS)
 	$(BIN)/python -m pytest -q; suite=$$?; \
 	wait $$beside; vllm=$$(cat .cache/vllm-conformance.rc); package=$$(cat .cache/package-check.rc); \
 	echo "== vLLM's own scheduler tests with tokenfair's scheduler ($(CONFORMANCE_LOG))"; \
-	tail -n 12 $(CONFORMANCE_LOG); \
+	grep -E "^vLLM |^  (stock|fcfs|priority|vtc) |^  runnable here|UNEXPLAINED|^vllm-conformance:" \
+		$(CONFORMANCE_LOG) || tail -n 20 $(CONFORMANCE_LOG); \
 	[ $$vllm = 0 ] || echo "vllm-conformance failed: see $(CONFORMANCE_LOG)"; \
 	echo "== the wheel, installed alone outside the checkout ($(PACKAGE_LOG))"; \
 	tail -n 3 $(PACKAGE_LOG); \
