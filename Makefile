@@ -50,9 +50,10 @@ $(VLLM_STAMP):
 # GPU kernels (several GB of CUDA libraries, useless here), so it is installed without
 # its dependencies over the CPU torch 2.13, plus every requirement of its that is not
 # GPU-only (tests/integrations/vllm_cpu_requirements.py). About 3 minutes and 3.5 GB
-# each the first time; kept until the version or that list changes. triton comes in
-# with xgrammar; 0.34 also needs CUDA_VISIBLE_DEVICES="" in the processes that build a
-# config (docs/vllm.md, "Supported versions").
+# each the first time; kept until the version or that list changes. 0.34 refuses to
+# build a config on an x86 CPU without triton (named here, though xgrammar brings it
+# too) and, with no GPU, needs CUDA_VISIBLE_DEVICES="" in the processes that build one
+# (docs/vllm.md, "Supported versions").
 VLLM_CPU_REQS := tests/integrations/vllm_cpu_requirements.py
 VLLM_REQS_SUM := $(shell cksum < $(VLLM_CPU_REQS) | cut -d' ' -f1)
 VLLM_NEXT_VENV := .venv-vllm-0.33
@@ -68,7 +69,7 @@ define vllm_gpu_wheel_env
 	$(1)/bin/pip install --quiet torch==2.13.0 packaging
 	$(1)/bin/pip install --quiet --no-deps vllm==$(2)
 	$(1)/bin/python $(VLLM_CPU_REQS) > $(1)/requirements-cpu.txt
-	$(1)/bin/pip install --quiet -r $(1)/requirements-cpu.txt pytest pytest-timeout hypothesis
+	$(1)/bin/pip install --quiet -r $(1)/requirements-cpu.txt pytest pytest-timeout hypothesis triton
 	VLLM_TARGET_DEVICE=cpu $(1)/bin/python -c "import vllm.v1.core.sched.scheduler, pytest"
 	rm -f $(1)/.installed-vllm-*
 endef
