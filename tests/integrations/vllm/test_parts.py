@@ -164,7 +164,7 @@ def test_the_surface_check_names_what_a_scheduler_lacks():
         "(found (output, runner_output))" in problems
     )
     assert "Request.block_hashes" in problems and "Request.request_id" not in problems
-    assert "RequestQueue.drain (not implemented here)" in problems
+    assert "RequestQueue.drain (not implemented by PolicyQueue)" in problems
     assert any(
         p.startswith("BlockPool.cache_full_blocks(request, blocks, num_cached_blocks")
         for p in problems

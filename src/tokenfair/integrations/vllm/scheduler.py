@@ -167,6 +167,11 @@ def _parameters_problem(owner: str, method: Any, expected: tuple[str, ...]) -> s
     return None
 
 
+def _defined_below(cls: type, base: type) -> set[str]:
+    """The names `cls` and its bases up to `base` (not included) define."""
+    return {name for klass in cls.__mro__[: cls.__mro__.index(base)] for name in vars(klass)}
+
+
 def _method_problems(owner: str, cls: type, methods: dict[str, tuple[str, ...]]) -> list[str]:
     problems = []
     for name, parameters in methods.items():
@@ -191,11 +196,15 @@ def surface_problems(
     ]
     problems += [f"Request.{n}" for n in REQUEST_ATTRIBUTES if not _sets_attribute(request, n)]
     problems += [f"RequestStatus.{n}" for n in REQUEST_STATUSES if not hasattr(RequestStatus, n)]
-    # A queue method vLLM requires that the plugin's queues do not implement.
+    # A queue method vLLM requires that one of the plugin's queues does not implement.
     abstract = sorted(getattr(queue, "__abstractmethods__", ()))
-    problems += [
-        f"RequestQueue.{n} (not implemented here)" for n in abstract if n not in QUEUE_METHODS
-    ]
+    for plugin_queue in (PolicyQueue, HoldingQueue, AsyncLoadQueue):
+        implemented = _defined_below(plugin_queue, RequestQueue)
+        problems += [
+            f"RequestQueue.{n} (not implemented by {plugin_queue.__name__})"
+            for n in abstract
+            if n not in implemented
+        ]
     if block_pool is not None:
         problems += _method_problems("BlockPool", block_pool, BLOCK_POOL_METHODS)
     return problems
@@ -382,16 +391,6 @@ class AsyncLoadQueue(ForwardingQueue):
         return iter(())
 
 
-# The queue methods the plugin's queues implement (each one's class or a base of it).
-QUEUE_METHODS = frozenset(
-    name
-    for queue in (PolicyQueue, HoldingQueue, AsyncLoadQueue)
-    for klass in queue.__mro__[: queue.__mro__.index(RequestQueue)]
-    for name, value in vars(klass).items()
-    if callable(value)
-)
-
-
 class VllmCacheAccess:
     """The prefix-cache view's access to vLLM's KV cache manager (prefix_cache.py)."""
 
@@ -400,6 +399,9 @@ class VllmCacheAccess:
         self.enabled = bool(kv_cache_manager.enable_caching)
         self._manager = kv_cache_manager
         self._find = find
+        # vLLM 0.34+: its own side-effect-free probe (it also honours a request that
+        # may not read the cache); before it, None.
+        self._num_cached_tokens = getattr(kv_cache_manager, "get_num_cached_tokens", None)
 
     def block_hashes(self, request_id: str) -> Any:
         return self._find(request_id).block_hashes
@@ -409,15 +411,11 @@ class VllmCacheAccess:
 
     def cached_tokens(self, request_id: str) -> int:
         request = self._find(request_id)
-        manager = self._manager
-        lookup = getattr(manager, "get_num_cached_tokens", None)
-        if lookup is not None:
-            # vLLM 0.34+: its own side-effect-free probe (it also honours a request
-            # that may not read the cache).
-            return int(lookup(request))
+        if self._num_cached_tokens is not None:
+            return int(self._num_cached_tokens(request))
         # Before 0.34: the lookup vLLM makes at admission, without the hit-rate
         # statistics `get_computed_blocks` records.
-        _, tokens, *_ = manager.coordinator.find_longest_cache_hit(
+        _, tokens, *_ = self._manager.coordinator.find_longest_cache_hit(
             request.block_hashes, request.num_tokens - 1
         )
         return int(tokens)
@@ -482,11 +480,11 @@ class FairSchedulerMixin:
         if isinstance(self.plugin_policy.policy, LocalityVTCPolicy):
             # vtc-lpm and dlpm order by what vLLM's own prefix cache holds.
             access = VllmCacheAccess(self.kv_cache_manager, self.ledger.vllm_request)
-            if access.enabled:
-                problems = surface_problems(
-                    Scheduler, Request, RequestQueue, type(self.kv_cache_manager.block_pool)
+            if access.enabled:  # the rest of the surface was checked at import
+                pool = type(self.kv_cache_manager.block_pool)
+                check_vllm(
+                    vllm.__version__, _method_problems("BlockPool", pool, BLOCK_POOL_METHODS)
                 )
-                check_vllm(vllm.__version__, problems)
             self.plugin_policy.policy.attach_prefix_cache(VllmPrefixCache(access, self.block_size))
         self._popped: list[Request] = []
         self._warned: set[str] = set()
