@@ -90,7 +90,7 @@ def decision_us(
         policy.add(fresh[i], 0.0)
         charged = running[i % 32]
         charged.output_token_ids.append(1)
-        policy.on_output(charged)
+        policy.on_output(charged, 1)
         if cache_events and i % 10 == 0:
             cache_system_prompt(kv, names[rng.randrange(clients)])
     return (time.perf_counter() - started) / decisions * 1e6

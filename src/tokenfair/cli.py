@@ -59,14 +59,20 @@ def main_options(
 
 @app.command()
 def policies() -> None:
-    """List the scheduling policies by name.
+    """List the scheduling policies by name: the built-in ones, then those installed
+    under the `tokenfair.policies` entry point group. Any policy class can also be
+    named as package.module:ClassName(key=value, ...) (docs/policies.md).
 
     \b
     Example: tokenfair policies
     """
+    from tokenfair.core.policies.loading import installed_policies
+
     table = Table("policy", "what it does")
     for name, text in POLICY_HELP.items():
         table.add_row(name, text)
+    for name, text in installed_policies().items():
+        table.add_row(f"{name} (installed)", text)
     Console().print(table)
 
 

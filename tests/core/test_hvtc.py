@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tokenfair.core.policies import PolicyError, make_policy
-from tokenfair.core.policies.hvtc import HierarchicalVTCPolicy
+from tokenfair.core.policies.settings import PolicySettings
 from tokenfair.core.policies.vtc import VTCPolicy
 from tokenfair.core.request import Request
 from tokenfair.core.scheduler import Scheduler, SchedulerConfig
@@ -113,7 +113,7 @@ def bound(workload: TreeWorkload) -> float:
     return max(W_IN * max(i for _, _, i, _ in workload.requests), max(W_IN, W_OUT) * widest)
 
 
-def backlogged_siblings(policy: HierarchicalVTCPolicy, waiting: list[Request]):
+def backlogged_siblings(policy: VTCPolicy, waiting: list[Request]):
     """parent -> the set of its children with a waiting request below them."""
     by_parent: dict[str, set[str]] = {}
     for request in waiting:
@@ -125,12 +125,18 @@ def backlogged_siblings(policy: HierarchicalVTCPolicy, waiting: list[Request]):
 
 @PROPERTY_SETTINGS
 @given(tree_workloads(flat=True))
-def test_a_flat_tree_decides_exactly_as_weighted_vtc(workload):
-    flat = Scheduler(config(workload), VTCPolicy(name="wvtc", weights=workload.weights))
-    tree = Scheduler(config(workload), HierarchicalVTCPolicy(ShareTree(), weights=workload.weights))
+def test_one_group_of_everyone_decides_exactly_as_flat_weighted_vtc(workload):
+    """The descent through a group that holds every client, with its own lift and
+    charges, must make the flat case's decisions among the clients."""
+    flat = Scheduler(config(workload), VTCPolicy(PolicySettings(weights=workload.weights)))
+    everyone = ShareTree.build({"all": None}, dict.fromkeys(workload.members, "all"))
+    weights = {**workload.weights, group_id("all"): 3.0}
+    grouped = VTCPolicy(PolicySettings(weights=weights, tree=everyone))
+    tree = Scheduler(config(workload), grouped)
     # Fresh request objects per run: the scheduler mutates them.
     assert replay(workload, flat) == replay(workload, tree)
     assert flat.policy.counters() == tree.policy.counters()
+    assert grouped.node_counters()[group_id("all")] > 0
 
 
 def test_a_flat_tree_gives_plain_vtc_through_the_registry():
@@ -141,7 +147,7 @@ def test_a_flat_tree_gives_plain_vtc_through_the_registry():
 @PROPERTY_SETTINGS
 @given(tree_workloads())
 def test_backlogged_siblings_counters_stay_within_the_bound_at_every_level(workload):
-    policy = HierarchicalVTCPolicy(workload.tree(), weights=workload.weights)
+    policy = VTCPolicy(PolicySettings(weights=workload.weights, tree=workload.tree()))
     worst = [0.0]
 
     def observe(scheduler, made):
@@ -175,7 +181,7 @@ def weighted_service(made: list[Request], tree: ShareTree, weights) -> dict[str,
 @given(tree_workloads())
 def test_siblings_backlogged_together_receive_weighted_service_within_2b(workload):
     tree = workload.tree()
-    policy = HierarchicalVTCPolicy(tree, weights=workload.weights)
+    policy = VTCPolicy(PolicySettings(weights=workload.weights, tree=tree))
     # For each pair of siblings: the service gap when both became backlogged together.
     start: dict[tuple[str, str], float] = {}
 
@@ -199,7 +205,7 @@ def test_siblings_backlogged_together_receive_weighted_service_within_2b(workloa
 def test_an_idle_group_leaves_its_share_to_its_busy_siblings():
     """Org a (weight 2) idle at first: org b gets every seat; once a is busy, 2:1."""
     tree = ShareTree.build({"a": None, "b": None}, {"x": "a", "y": "b"})
-    policy = HierarchicalVTCPolicy(tree, weights={group_id("a"): 2.0})
+    policy = VTCPolicy(PolicySettings(weights={group_id("a"): 2.0}, tree=tree))
     scheduler = Scheduler(SchedulerConfig(kv_tokens=10_000, block_size=1, max_num_seqs=1), policy)
     for _ in range(300):
         scheduler.add_request(make_request("y", 10, 10, arrival_s=0.0), 0.0)
@@ -224,7 +230,7 @@ def test_each_level_shares_by_its_own_weights():
         {"a": None, "b": None, "a/s": "a", "a/t": "a"},
         {"heavy": "a/s", "light": "a/s", "t": "a/t", "b1": "b"},
     )
-    policy = HierarchicalVTCPolicy(tree, weights={group_id("a"): 2.0})
+    policy = VTCPolicy(PolicySettings(weights={group_id("a"): 2.0}, tree=tree))
     scheduler = Scheduler(SchedulerConfig(kv_tokens=10_000, block_size=1, max_num_seqs=1), policy)
     for client in ("heavy", "light", "t", "b1"):
         for _ in range(400):
@@ -254,7 +260,8 @@ def test_policies_that_cannot_share_by_groups_are_refused():
     with pytest.raises(PolicyError, match="does not share by groups"):
         make_policy("vtc-predict", tree=tree)
     assert make_policy("wvtc", tree=tree).name == "wvtc"
-    assert isinstance(make_policy("lcf", tree=tree), HierarchicalVTCPolicy)
+    lcf = make_policy("lcf", tree=tree)
+    assert isinstance(lcf, VTCPolicy) and lcf.ledger.lift == "none" and not lcf.tree.flat
 
 
 def test_groups_pay_a_cached_prompt_token_at_the_share_the_policy_is_given():

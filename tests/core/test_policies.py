@@ -121,7 +121,7 @@ def test_vtc_admits_smallest_counter_and_charges_input_then_output():
     assert policy.pop() is b1
     policy.on_admit(b1, True, 0)
     b1.output_token_ids = [1, 1, 1]
-    policy.on_output(b1)
+    policy.on_output(b1, 3)
     assert policy.counters()["b"] == 10 + 3 * 2
     assert policy.pop() is a2
 
@@ -130,12 +130,12 @@ def test_vtc_lift_to_min_waiting_counter_on_return():
     policy = make_policy("vtc")
     for client in ("a", "b"):
         policy.add(make_request(client=client), 0)
-    policy._counter.update({"a": 500.0, "b": 300.0})  # served since (counters only grow)
+    policy.ledger._counter.update({"a": 500.0, "b": 300.0})  # served since (counters only grow)
     newcomer = make_request(client="c")
     policy.add(newcomer, 0)
     assert policy.counters()["c"] == 300.0  # lifted to the smallest waiting counter
     # A client that is already waiting is not lifted again.
-    policy._counter["c"] = 10.0
+    policy.ledger._counter["c"] = 10.0
     policy.add(make_request(client="c"), 0)
     assert policy.counters()["c"] == 10.0
 
@@ -161,7 +161,7 @@ def test_vtc_a_pop_put_back_admits_nobody():
     light = make_request(client="light", input_tokens=400)
     policy.add(light, 0)
     policy.on_admit(policy.pop(), True, 0)  # light: last admitted, counter 400
-    policy._counter["heavy"] = 5000.0  # served long ago
+    policy.ledger._counter["heavy"] = 5000.0  # served long ago
     tried = make_request(client="heavy")
     policy.add(tried, 1)
     assert policy.pop() is tried
@@ -189,17 +189,17 @@ def test_vtc_predict_charges_prediction_then_excess_and_refunds():
     policy.on_admit(policy.pop(), True, 0)
     assert policy.counters()["a"] == 10 + 2 * 20
     r.output_token_ids = [1] * 5
-    policy.on_output(r)
+    policy.on_output(r, 5)
     assert policy.counters()["a"] == 50  # within the prediction: nothing more
     r.output_token_ids = [1] * 25
-    policy.on_output(r)
+    policy.on_output(r, 20)
     assert policy.counters()["a"] == 10 + 2 * 25
     short = make_request(client="a", input_tokens=10, output_tokens=5, predicted=20)
     policy.add(short, 0)
     policy.on_admit(policy.pop(), True, 0)
     short.output_token_ids = [1] * 5
     short.finish_reason = FinishReason.STOP
-    policy.on_output(short)
+    policy.on_output(short, 5)
     policy.on_finish(short)
     assert policy.counters()["a"] == 60 + 10 + 2 * 5  # unused prediction refunded
 
@@ -224,7 +224,7 @@ def test_vtc_readmission_after_recompute_does_not_charge_prompt_again():
 
 def test_vtc_victim_and_preempt_threshold():
     policy = make_policy("vtc-preempt:100")
-    policy._counter.update({"heavy": 1000.0, "light": 0.0})
+    policy.ledger._counter.update({"heavy": 1000.0, "light": 0.0})
     old, new = make_request(client="heavy"), make_request(client="heavy")
     old.admit_seq, new.admit_seq = 1, 2
     light_running = make_request(client="light")
@@ -232,7 +232,7 @@ def test_vtc_victim_and_preempt_threshold():
     assert policy.victim([old, new, light_running]) is new
     head = make_request(client="light")
     assert policy.preempt_for(head, [old, new]) is new
-    policy._counter["light"] = 950.0
+    policy.ledger._counter["light"] = 950.0
     assert policy.preempt_for(head, [old, new]) is None  # within the threshold
     assert make_policy("vtc").preempt_for(head, [old, new]) is None
 
@@ -305,7 +305,7 @@ def test_vtc_heap_agrees_with_brute_force_under_random_operations():
         elif op < 0.9 and admitted:
             r = rng.choice(admitted)
             r.output_token_ids.append(1)
-            policy.on_output(r)
+            policy.on_output(r, 1)
         elif admitted:
             r = admitted.pop(rng.randrange(len(admitted)))
             r.finish_reason = FinishReason.STOP
@@ -336,7 +336,7 @@ def test_waiting_requests_are_listed_in_pop_order(name):
         elif op < 0.9 and admitted:
             request = rng.choice(admitted)
             request.output_token_ids.append(1)
-            policy.on_output(request)
+            policy.on_output(request, 1)
         elif admitted:
             policy.requeue(admitted.pop(rng.randrange(len(admitted))))  # preempted
         if step % 40 == 39:

@@ -160,3 +160,40 @@ def test_groups_need_a_policy_that_shares_by_groups() -> None:
         build_directory(config)
     grouped = build_directory(GatewayConfig(policy="vtc", tenants=tenants, upstreams=upstreams))
     assert grouped.tree.path("t") == ("@org-a", "t")
+
+
+USER_POLICY = (
+    "policy: '{spec}'\nupstreams:\n  - {{url: 'http://x', models: [m], max_concurrent: 1}}\n"
+)
+
+
+def test_a_users_keyed_policy_runs_in_the_gateway(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.user_policies import install_module
+    from tokenfair.gateway.flow.fairness import PolicyFairness
+
+    module = install_module(tmp_path, monkeypatch)
+    spec = f"{module}:Newest(scale=2)"
+    config = parse_config(USER_POLICY.format(spec=spec))
+    assert config.policy == spec  # kept as written: class names are case-sensitive
+    assert not config.shared_counters
+    fairness = PolicyFairness(config.policy)
+    assert type(fairness.policy).__name__ == "Newest" and fairness.policy.scale == 2
+
+
+def test_a_users_policy_without_a_sort_key_is_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.user_policies import install_module
+
+    module = install_module(tmp_path, monkeypatch)
+    with pytest.raises(GatewayConfigError) as error:
+        parse_config(USER_POLICY.format(spec=f"{module}:Plain"))
+    assert str(error.value) == (
+        f"<config>:1: policy: policy '{module}:Plain': Plain is not a KeyedPolicy; the "
+        "gateway runs a policy of your own only if it orders by a static sort_key (it "
+        "honours sort_key, accept and on_admit, nothing else)"
+    )
+    with pytest.raises(GatewayConfigError, match=r"<config>:1: policy: policy 'tf_nope\.x:P': "):
+        parse_config(USER_POLICY.format(spec="tf_nope.x:P"))

@@ -100,7 +100,7 @@ def test_local_counters_follow_the_core_vtc(
         elif op == "out" and running[tenant]:
             request = running[tenant][0]
             request.output_token_ids.extend([0] * n)
-            core.on_output(request)
+            core.on_output(request, n)
             local.charge(shares.charge(tenant, 2.0 * n))
         expected = core.node_counters() if grouped else core.counters()
         for node in {*expected, *local.counter}:

@@ -28,6 +28,7 @@ from tokenfair.commands.common import (
     read_weights_file,
 )
 from tokenfair.core.policies import PolicyError, make_policy
+from tokenfair.core.policies.loading import split_policies
 from tokenfair.experiments.experiment import ExperimentResult, run_compare, run_paper_experiment
 from tokenfair.experiments.locality import (
     DEFAULT_SEEDS,
@@ -216,7 +217,11 @@ def paper(
 def compare(
     trace: Annotated[Path, typer.Option(help="Trace file (JSONL, one request a line).")],
     policies: Annotated[
-        str, typer.Option(help="Comma-separated policies, e.g. fcfs,vtc,rpm:20.")
+        str,
+        typer.Option(
+            help="Comma-separated policies, e.g. fcfs,vtc,rpm:20 (or your own: "
+            "mypkg.mod:MyPolicy(key=value))."
+        ),
     ] = "fcfs,vtc",
     out: Annotated[Path, typer.Option(help="Folder for the report, figures and results.")] = Path(
         "out/compare"
@@ -239,7 +244,7 @@ def compare(
     \b
     Example: tokenfair experiment compare --trace ../shared/traces/arena_vtc_600s.jsonl --policies fcfs,vtc,rpm:20 --out cmp
     """
-    chosen = [p.strip() for p in policies.split(",") if p.strip()]
+    chosen = split_policies(policies)
     if not chosen:
         fail("--policies is empty: name at least one policy, e.g. fcfs,vtc")
     _check_policies(chosen)
@@ -287,7 +292,7 @@ def locality(
     \b
     Example: tokenfair experiment locality --out out/locality --seeds 3
     """
-    chosen = [p.strip() for p in policies.split(",") if p.strip()]
+    chosen = split_policies(policies)
     if not chosen:
         fail("--policies is empty: name at least one policy, e.g. vtc,dlpm")
     _check_policies(chosen)

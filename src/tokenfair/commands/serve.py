@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from tokenfair.commands.common import ShutdownTimeout, require_extra
 from tokenfair.edge.defaults import DEFAULT_MAX_BODY_BYTES, DEFAULT_READ_TIMEOUT_S
@@ -18,7 +19,8 @@ from tokenfair.edge.defaults import DEFAULT_MAX_BODY_BYTES, DEFAULT_READ_TIMEOUT
 if TYPE_CHECKING:
     from tokenfair.server.intake import Intake
 
-console = Console(stderr=True)
+# One line however long (a policy spec, a path), never read as markup.
+console = Console(stderr=True, soft_wrap=True)
 log = logging.getLogger("tokenfair.serve")
 
 
@@ -52,7 +54,7 @@ def engine_arrangement(choice: str, model: str) -> str:
 
 
 def _fail(message: str) -> typer.Exit:
-    console.print(f"[red]error:[/red] {message}")
+    console.print(f"[red]error:[/red] {escape(message)}")
     return typer.Exit(code=2)
 
 
@@ -62,7 +64,11 @@ def serve(
         typer.Option(help="builtin:tiny, a local transformers model directory, or sim:PROFILE."),
     ] = "builtin:tiny",
     policy: Annotated[
-        str, typer.Option(help="Scheduling policy: vtc, fcfs, priority, rpm:N, ...")
+        str,
+        typer.Option(
+            help="Scheduling policy: vtc, fcfs, priority, rpm:N, ..., or your own: "
+            "mypkg.mod:MyPolicy(key=value)"
+        ),
     ] = "vtc",
     tenants: Annotated[
         Path | None, typer.Option(help="Tenants file (YAML); without it one open tenant.")

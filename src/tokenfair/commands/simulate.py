@@ -141,7 +141,13 @@ def prefix_hit_rate(served: Sequence[ResultRecord]) -> float:
 
 def simulate(
     trace: Annotated[Path, typer.Option(help="Trace file (JSONL, one request a line).")],
-    policy: Annotated[str, typer.Option(help="Scheduling policy, e.g. fcfs, vtc, rpm:20.")] = "vtc",
+    policy: Annotated[
+        str,
+        typer.Option(
+            help="Scheduling policy, e.g. fcfs, vtc, rpm:20, or your own: "
+            "mypkg.mod:MyPolicy(key=value) (tokenfair policies lists them)."
+        ),
+    ] = "vtc",
     profile: Annotated[
         str, typer.Option(help="Step-time profile: a shipped name (tokenfair profiles) or JSON.")
     ] = "a10g-llama-7b",

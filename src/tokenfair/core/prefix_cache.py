@@ -21,9 +21,11 @@ tells the cache which blocks those requests want, so it evicts them last):
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from tokenfair.core.request import Request
+if TYPE_CHECKING:  # the policies package imports this module
+    from tokenfair.core.kv_cache import KVCacheManager
+    from tokenfair.core.policies.view import RequestView
 
 
 class PrefixCache(Protocol):
@@ -36,15 +38,15 @@ class PrefixCache(Protocol):
         """How many wanted blocks were evicted so far (a tracked match may have shrunk)."""
         ...
 
-    def block_hashes(self, request: Request, count: int) -> list[int]:
+    def block_hashes(self, request: RequestView, count: int) -> list[int]:
         """The chain hashes of the request's first `count` blocks."""
         ...
 
-    def matchable_blocks(self, request: Request) -> int:
+    def matchable_blocks(self, request: RequestView) -> int:
         """How many leading blocks of the request a cache hit may cover."""
         ...
 
-    def cached_run(self, request: Request, keys: list[int], start: int = 0) -> int:
+    def cached_run(self, request: RequestView, keys: list[int], start: int = 0) -> int:
         """How many of the request's leading blocks are cached: `start` (known to be)
         plus how many of `keys` (its block hashes) from there on are, in a row."""
         ...
@@ -61,7 +63,7 @@ class PrefixCache(Protocol):
 class _Tracked:
     __slots__ = ("blocks", "hashes", "request", "waits_on", "walked_at")
 
-    def __init__(self, request: Request) -> None:
+    def __init__(self, request: RequestView) -> None:
         self.request = request
         self.hashes: list[int] = []  # its matchable blocks' chain hashes
         self.blocks = 0  # cached leading blocks, as last seen
@@ -72,7 +74,7 @@ class _Tracked:
 class CachedPrefixIndex:
     """The cached-prefix length of each tracked request, kept current (see module doc)."""
 
-    def __init__(self, on_grow: Callable[[Request], None]) -> None:
+    def __init__(self, on_grow: Callable[[RequestView], None]) -> None:
         self._on_grow = on_grow
         self._cache: PrefixCache | None = None
         self._tracked: dict[str, _Tracked] = {}
@@ -89,13 +91,13 @@ class CachedPrefixIndex:
         """The cache's count of evicted wanted blocks (0 without a cache)."""
         return self._cache.wanted_evictions if self._cache is not None else 0
 
-    def track(self, request: Request) -> None:
+    def track(self, request: RequestView) -> None:
         if self._cache is None:
             return
         entry = self._tracked[request.request_id] = _Tracked(request)
         self._walk(entry, 0)
 
-    def untrack(self, request: Request) -> None:
+    def untrack(self, request: RequestView) -> None:
         entry = self._tracked.pop(request.request_id, None)
         if entry is not None:
             self._stop_waiting(entry)
@@ -124,12 +126,12 @@ class CachedPrefixIndex:
                 del self._waiting_on[entry.waits_on]
         entry.waits_on = None
 
-    def blocks(self, request: Request) -> int:
+    def blocks(self, request: RequestView) -> int:
         """The request's cached leading blocks, as last seen (never an understatement)."""
         entry = self._tracked.get(request.request_id)
         return 0 if entry is None else entry.blocks
 
-    def verify(self, request: Request) -> bool:
+    def verify(self, request: RequestView) -> bool:
         """Walk the request again if wanted blocks were evicted since; False if its match
         shrank."""
         entry = self._tracked.get(request.request_id)
@@ -165,3 +167,24 @@ class CachedPrefixIndex:
                 entry.waits_on = None  # its bucket is gone
                 self._walk(entry, entry.blocks)
                 self._on_grow(entry.request)
+
+
+class PrefixCacheView:
+    """The `PrefixCache` a scheduler hands its policy over its own KV cache manager:
+    lookups, the signals of change and the retention hints, and nothing that takes,
+    frees or evicts a block (which stays the scheduler's)."""
+
+    def __init__(self, kv: KVCacheManager) -> None:
+        self._kv = kv
+        self.enable_prefix_caching = kv.enable_prefix_caching
+        self.on_cached = kv.on_cached
+        # Bound methods, not wrappers: a locality-aware policy calls these every step.
+        self.block_hashes = kv.block_hashes
+        self.matchable_blocks = kv.matchable_blocks
+        self.cached_run = kv.cached_run
+        self.want = kv.want
+        self.unwant = kv.unwant
+
+    @property
+    def wanted_evictions(self) -> int:
+        return self._kv.wanted_evictions

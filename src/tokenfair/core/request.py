@@ -124,9 +124,6 @@ class Request:
     block_hashes: list[int] = field(default_factory=list)
     output_text: str = ""  # detokenized output (real models only)
     streamed_chars: int = 0  # how much of output_text has been handed out
-    # Output tokens already charged to the client's counter (ahead of generation
-    # under length prediction).
-    charged_output: int = 0
 
     def __post_init__(self) -> None:
         if self.input_tokens < 1:

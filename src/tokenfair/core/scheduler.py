@@ -36,6 +36,7 @@ from typing import Literal
 from tokenfair.core.batch import ExecutorOutput, ScheduledRequest, SchedulerOutput
 from tokenfair.core.kv_cache import KVCacheManager
 from tokenfair.core.policies.base import Policy
+from tokenfair.core.prefix_cache import PrefixCacheView
 from tokenfair.core.request import FinishReason, Request, RequestStatus
 from tokenfair.core.reserve import reserve_peak_fits
 from tokenfair.core.scheduler_config import PAPER_ADAPTER_TOKENS, ConfigError, SchedulerConfig
@@ -54,7 +55,8 @@ class Scheduler:
             config.num_swap_blocks,
             config.enable_prefix_caching,
         )
-        policy.attach_prefix_cache(self.kv)
+        # A view: the policy may look and hint, never take or free a block.
+        policy.attach_prefix_cache(PrefixCacheView(self.kv))
         self.requests: dict[str, Request] = {}  # every unfinished request
         self.running: list[Request] = []  # admission order
         self.swapped: deque[Request] = deque()  # swap-out order
@@ -354,7 +356,7 @@ class Scheduler:
             if request.first_token_s is None:
                 request.first_token_s = now
             if charges:
-                policy.on_output(request)
+                policy.on_output(request, 1)
             produced.append(request)
             reason = None
             generated = len(request.output_token_ids)

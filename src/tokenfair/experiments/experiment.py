@@ -24,6 +24,7 @@ report and figures from the returned `ExperimentResult`):
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -132,8 +133,9 @@ def policies_for(workload: Workload, policies: Sequence[str]) -> list[str]:
 
 
 def _result_path(out_dir: Path, outcome: RunOutcome) -> Path:
-    # Policy specs such as rpm:5 hold a colon, which some file systems refuse.
-    stem = outcome.policy.replace(":", "-")
+    # Policy specs such as rpm:5 hold a colon, which some file systems refuse, and a
+    # user's (mod:P(path='a/b')) may hold anything: each other character becomes a dash.
+    stem = re.sub(r"[^\w.=-]", "-", outcome.policy)
     if outcome.job.variant:
         stem += "_" + outcome.job.variant.replace("=", "-")
     return out_dir / "results" / outcome.workload.name / f"{stem}.jsonl"

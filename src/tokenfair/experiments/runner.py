@@ -19,6 +19,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 
 from tokenfair.core.policies import make_policy
+from tokenfair.core.policies.registry import is_builtin, uses_weights
 from tokenfair.core.scheduler import SchedulerConfig
 from tokenfair.engine.sim.profile import load_profile
 from tokenfair.engine.sim.simulator import simulate
@@ -78,8 +79,11 @@ def run_job(job: Job) -> RunOutcome:
     started = time.perf_counter()
     workload = job.workload
     # Only weighted VTC is told the weights: the other policies are the paper's
-    # unweighted ones, whose unfairness to weighted clients is what the suite shows.
-    weighted = job.policy.startswith("wvtc")
+    # unweighted ones, whose unfairness to weighted clients is what the suite shows. A
+    # user's policy is told them when its class says it reads them (`uses_weights`).
+    weighted = job.policy.startswith("wvtc") or (
+        not is_builtin(job.policy) and uses_weights(job.policy)
+    )
     policy = make_policy(job.policy, weights=workload.weights if weighted else None)
     sim = simulate(list(workload.records), policy, load_profile(job.profile), job.config)
     report = fairness_report(

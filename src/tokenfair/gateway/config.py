@@ -225,11 +225,18 @@ class GatewayConfig(_Strict):
     @classmethod
     def _policy(cls, policy: str) -> str:
         name = policy.strip().lower().partition(":")[0]
+        from tokenfair.core.policies.loading import is_user_spec
+
+        if is_user_spec(policy):
+            return _user_policy(policy.strip())
         if name not in SHARED_COUNTER_POLICIES and name not in LOCAL_POLICIES:
             known = ", ".join(
                 [*SHARED_COUNTER_POLICIES, "fcfs", "priority", "sjf[:aging]", "rpm:N"]
             )
-            raise ValueError(f"unknown or unsupported policy {policy!r}; the gateway runs: {known}")
+            raise ValueError(
+                f"unknown or unsupported policy {policy!r}; the gateway runs: {known}; or "
+                "your own KeyedPolicy as package.module:ClassName"
+            )
         if name in LOCAL_POLICIES:
             from tokenfair.core.policies import make_policy
             from tokenfair.core.policies.registry import PolicyError
@@ -265,6 +272,26 @@ class GatewayConfig(_Strict):
         for upstream in self.upstreams:
             models.extend(m for m in upstream.models if m not in models)
         return models
+
+
+def _user_policy(spec: str) -> str:
+    """A user's policy class (`mypkg.mod:MyPolicy(...)`, or installed by name): the
+    gateway orders each band by its `sort_key` alone, so it must be a KeyedPolicy."""
+    from tokenfair.core.policies import make_policy
+    from tokenfair.core.policies.base import KeyedPolicy
+    from tokenfair.core.policies.registry import PolicyError
+
+    try:
+        policy = make_policy(spec)
+    except PolicyError as error:
+        raise ValueError(str(error)) from None
+    if not isinstance(policy, KeyedPolicy):
+        raise ValueError(
+            f"policy {spec!r}: {type(policy).__name__} is not a KeyedPolicy; the gateway "
+            "runs a policy of your own only if it orders by a static sort_key (it honours "
+            "sort_key, accept and on_admit, nothing else)"
+        )
+    return spec
 
 
 def parse_config(

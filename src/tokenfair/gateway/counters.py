@@ -9,7 +9,7 @@ to Redis instead of two. Output tokens are charged with `charge`, which may be b
 and is flushed with the next question or within a flush interval.
 
 Counters are per node of the tenants' group tree (hierarchical VTC, the core's
-`HierarchicalVTCPolicy`): a tenant's `path` is its nodes from the top-level group down
+ledger): a tenant's `path` is its nodes from the top-level group down
 to itself (`@org-a`, `@org-a/search`, `tenant`; just `tenant` without groups), and a
 charge is a tuple of (node, amount) pairs along it, each amount already divided by that
 node's weight. The lift applies at every level, and the pick descends the tree: among
@@ -17,8 +17,9 @@ the candidates, the top-level node with the smallest counter, then its child wit
 smallest counter, down to a tenant (ties: the first candidate, the oldest head). A
 flat tree is plain weighted VTC.
 
-The same rules run in Python here (one gateway, or a gateway that lost Redis) and in
-Lua in Redis (`lua.py`, several gateways), so both keep SPEC section 3's counters.
+The same rules run in Python here, through the core's ledger (one gateway, or a
+gateway that lost Redis), and in Lua in Redis (`lua.py`, several gateways), which the
+property tests check against the ledger, so both keep SPEC section 3's counters.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-# (node, amount) pairs from the top-level group down to the tenant.
-Charge = tuple[tuple[str, float], ...]
+from tokenfair.core.policies.ledger import LIFT_RULES, Charge, CounterLedger
+
 # A tenant's waiting request offered to `pick`: the tenant and what it would pay.
 Candidate = tuple[str, Charge]
 ROOT = ""
@@ -54,73 +55,64 @@ class CounterStore(Protocol):
 
 
 class LocalCounters:
-    """VTC's counters, waiting counts and last-admitted children in one process."""
+    """VTC's counters in one process: the core's ledger, with waiting counts.
+
+    The gateway offers `pick` the heads of its waiting tenants and charges the chosen
+    one its whole request at once, already weighted (`Charge`); everything else (the
+    lift, the descent, the counters per node) is the ledger's (core/policies/ledger.py).
+    """
 
     def __init__(self, lift: str = "paper") -> None:
-        if lift not in ("paper", "artifact", "none"):
+        if lift not in LIFT_RULES:
             raise ValueError(f"unknown lift rule {lift!r}")
         self.lift = lift
-        self.counter: dict[str, float] = {}  # node -> counter
+        self.ledger = CounterLedger(lift=lift)
         self.waiting: dict[str, int] = {}  # tenant -> requests waiting
-        self.paths: dict[str, tuple[str, ...]] = {}  # tenant -> its path, when grouped
-        self.last: dict[str, str] = {}  # parent (ROOT for the top) -> child admitted last
 
-    def _backlogged(self) -> dict[str, set[str]]:
-        """parent -> its children with a waiting request below them."""
-        found: dict[str, set[str]] = {}
-        for tenant, n in self.waiting.items():
+    @property
+    def counter(self) -> dict[str, float]:
+        """Every node's counter (a copy)."""
+        return self.ledger.node_counters()
+
+    def restore(self, counters: dict[str, float], waiting: dict[str, int],
+                paths: dict[str, tuple[str, ...]]) -> None:  # fmt: skip
+        """Start from another store's state (Redis's last snapshot, when it fails)."""
+        self.ledger.apply(tuple(counters.items()))
+        for tenant, nodes in paths.items():
+            self.ledger.set_path(tenant, nodes)
+        for tenant, n in waiting.items():
             if n > 0:
-                parent = ROOT
-                for node in self.paths.get(tenant, (tenant,)):
-                    found.setdefault(parent, set()).add(node)
-                    parent = node
-        return found
+                self.ledger.activate(tenant, lift=False)
+                self.waiting[tenant] = n
+
+    def _place(self, tenant: str, path: tuple[str, ...] | None) -> None:
+        ledger = self.ledger
+        if not path or path == ledger.nodes(tenant):
+            return
+        # A tenants file reload moved it: it waits under its new groups from now on.
+        waiting = bool(self.waiting.get(tenant))
+        if waiting:
+            ledger.deactivate(tenant)
+        ledger.set_path(tenant, path)
+        if waiting:
+            ledger.activate(tenant, lift=False)
 
     def arrive(self, tenant: str, path: tuple[str, ...] | None = None) -> float:
-        path = path or (tenant,)
-        if len(path) > 1:
-            self.paths[tenant] = path
-        elif not self.paths:  # no groups: flat VTC's lift, without the tree walk
-            return self._arrive_flat(tenant)
-        counter = self.counter
-        if self.lift != "none" and not self.waiting.get(tenant):
-            backlogged = self._backlogged()
-            parent = ROOT
-            for node in path:
-                siblings = backlogged.get(parent)
-                if siblings is None or node not in siblings:
-                    c = counter.get(node, 0.0)
-                    floor: float | None = None
-                    if siblings:
-                        floor = min(counter.get(s, 0.0) for s in siblings)
-                    elif self.lift == "paper" and parent in self.last:
-                        floor = counter.get(self.last[parent], 0.0)
-                    counter[node] = floor if floor is not None and floor > c else c
-                parent = node
-        for node in path:
-            counter.setdefault(node, 0.0)
-        self.waiting[tenant] = self.waiting.get(tenant, 0) + 1
-        return counter[tenant]
-
-    def _arrive_flat(self, tenant: str) -> float:
-        c = self.counter.get(tenant, 0.0)
-        if self.lift != "none" and not self.waiting.get(tenant):
-            others = [self.counter.get(t, 0.0) for t, n in self.waiting.items() if n > 0]
-            floor: float | None = min(others) if others else None
-            if floor is None and self.lift == "paper" and ROOT in self.last:
-                floor = self.counter.get(self.last[ROOT], 0.0)
-            if floor is not None and floor > c:
-                c = floor
-        self.counter[tenant] = c
-        self.waiting[tenant] = self.waiting.get(tenant, 0) + 1
-        return c
+        self._place(tenant, path)
+        ledger = self.ledger
+        if not self.waiting.get(tenant):
+            ledger.activate(tenant, lift=True)
+            self.waiting[tenant] = 1
+        else:
+            self.waiting[tenant] += 1
+        return ledger.counter(tenant)
 
     def _one_less(self, tenant: str) -> None:
         left = self.waiting.get(tenant, 0) - 1
         if left > 0:
             self.waiting[tenant] = left
-        else:
-            self.waiting.pop(tenant, None)
+        elif self.waiting.pop(tenant, None) is not None:
+            self.ledger.deactivate(tenant)
 
     def leave(self, tenant: str) -> None:
         self._one_less(tenant)
@@ -129,45 +121,25 @@ class LocalCounters:
         """The candidate the tree's descent chooses (ties: the first); charged."""
         if not candidates:
             raise ValueError("pick needs at least one candidate")
-        counter = self.counter
-        if len(candidates) == 1:
-            chosen = candidates[0]
-            self._take(chosen[0], chosen[1])
-            self._one_less(chosen[0])
-            return chosen
-        remaining = list(candidates)
-        depth = 0
-        while True:
-            best: str | None = None
-            for _, charge in remaining:
-                node = charge[depth][0]
-                if best is None or counter.get(node, 0.0) < counter.get(best, 0.0):
-                    best = node
-            remaining = [c for c in remaining if c[1][depth][0] == best]
-            if len(remaining[0][1]) == depth + 1:  # best is a tenant
-                break
-            depth += 1
-        chosen = remaining[0]
+        for tenant, charge in candidates:
+            self._place(tenant, path_of(charge))
+        chosen = candidates[self.ledger.best_of([tenant for tenant, _ in candidates])]
         self._take(chosen[0], chosen[1])
         self._one_less(chosen[0])
         return chosen
 
     def _take(self, tenant: str, charge: Charge) -> None:
-        parent = ROOT
-        for node, amount in charge:
-            self.counter[node] = self.counter.get(node, 0.0) + amount
-            self.last[parent] = node
-            parent = node
+        self.ledger.admitted(tenant)
+        self.ledger.apply(charge)
 
     def arrive_and_take(self, tenant: str, charge: Charge) -> float:
         """`arrive`, then `pick` with this tenant alone; returns its counter after."""
         self.arrive(tenant, path_of(charge))
         self.pick([(tenant, charge)])
-        return self.counter[tenant]
+        return self.ledger.counter(tenant)
 
     def charge(self, charge: Charge) -> None:
-        for node, amount in charge:
-            self.counter[node] = self.counter.get(node, 0.0) + amount
+        self.ledger.apply(charge)
 
 
 class MemoryCounterStore:
@@ -201,7 +173,7 @@ class MemoryCounterStore:
         self.state.charge(charge)
 
     def counters(self) -> dict[str, float]:
-        return dict(self.state.counter)
+        return self.state.ledger.node_counters()
 
     @property
     def degraded(self) -> bool:

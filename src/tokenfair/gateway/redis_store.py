@@ -140,9 +140,7 @@ class RedisCounterStore:
     # --- the fallback ---
     def _degrade(self, error: BaseException, unsent: dict[str, float]) -> LocalCounters:
         local = LocalCounters(self.lift)
-        local.counter = dict(self._snapshot)
-        local.waiting = dict(self._waiting)
-        local.paths = dict(self._paths)
+        local.restore(dict(self._snapshot), dict(self._waiting), dict(self._paths))
         self._local = local
         self._absorb(self._take_pending())
         self._absorb(unsent)

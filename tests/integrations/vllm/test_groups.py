@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from tokenfair.core.policies.hvtc import HierarchicalVTCPolicy
 from tokenfair.core.policies.vtc import VTCPolicy
 from tokenfair.integrations.vllm.config import PluginConfigError, load_plugin_config
 
@@ -17,10 +16,11 @@ TREE = {
 
 def test_groups_make_the_policy_hierarchical():
     policy = load_plugin_config({"tokenfair": TREE}).make_policy()
-    assert isinstance(policy, HierarchicalVTCPolicy)
+    assert isinstance(policy, VTCPolicy) and not policy.tree.flat
     assert policy.tree.path("team-a") == ("@org-a", "@org-a/search", "team-a")
     assert policy.weights == {"@org-a": 2.0, "@org-a/search": 1.0, "@org-b": 1.0, "team-a": 3.0}
-    assert isinstance(load_plugin_config({}).make_policy(), VTCPolicy)  # flat as before
+    flat = load_plugin_config({}).make_policy()
+    assert isinstance(flat, VTCPolicy) and flat.tree.flat  # flat as before
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,8 @@ import httpx
 import pytest
 
 from tests.integrations.vllm.harness import add, make_request, make_scheduler, runner_output
+from tests.user_policies import install_module
+from tokenfair.core.cost import make_cost
 from tokenfair.core.policies import make_policy
 from tokenfair.integrations.vllm import FairAsyncScheduler
 from tokenfair.integrations.vllm.config import PluginConfigError, load_plugin_config
@@ -64,6 +66,36 @@ def test_every_bad_setting_is_one_line_naming_the_key(entry, message):
         load_plugin_config({"tokenfair": entry})
     assert message in str(error.value)
     assert "\n" not in str(error.value)
+
+
+def test_a_users_policy_class_runs_as_a_core_policy(tmp_path, monkeypatch):
+    module = install_module(tmp_path, monkeypatch)
+    config = load_plugin_config(
+        {"tokenfair": {"policy": f"{module}:Newest(scale=2)", "weights": {"a": 2}}}
+    )
+    assert config.user_policy and config.policy_name == f"{module}:Newest(scale=2)"
+    plugin = config.make_plugin_policy()
+    # vLLM's FCFS mode, `running` kept in the policy's victim order, no prefix cache.
+    assert type(plugin.policy).__name__ == "Newest" and plugin.policy.scale == 2
+    assert (plugin.vllm_priority, plugin.sorts_running, plugin.prefix_cache) == (
+        False,
+        True,
+        False,
+    )
+    assert plugin.policy.settings.weights == {"a": 2.0}
+    assert plugin.policy.settings.cost == make_cost("linear", 1.0, 2.0)
+    # One that overrides attach_prefix_cache gets the view of vLLM's prefix cache.
+    cached = load_plugin_config({"tokenfair": {"policy": f"{module}:Cached"}})
+    assert cached.make_plugin_policy().prefix_cache
+    assert load_plugin_config({"tokenfair": {"policy": "dlpm"}}).make_plugin_policy().prefix_cache
+    assert not load_plugin_config({}).make_plugin_policy().prefix_cache
+    with pytest.raises(PluginConfigError) as error:
+        load_plugin_config({"tokenfair": {"policy": f"{module}:Newest(scale=0)"}})
+    assert str(error.value) == (
+        f"tokenfair.policy: policy '{module}:Newest(scale=0)': scale must be > 0, got 0"
+    )
+    with pytest.raises(PluginConfigError, match="cannot import module 'tf_nope'"):
+        load_plugin_config({"tokenfair": {"policy": "tf_nope:P"}})
 
 
 def test_a_bad_file_names_the_file_and_line(tmp_path):

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from tests.integrations.vllm.harness import add, make_request, make_scheduler, new_ids, run, step
+from tests.user_policies import install_module
 from tokenfair.core.batch import ExecutorOutput
 from tokenfair.core.policies import make_policy
 from tokenfair.core.request import Request as CoreRequest
@@ -16,6 +17,7 @@ from tokenfair.core.scheduler import Scheduler as CoreScheduler
 from tokenfair.core.scheduler import SchedulerConfig
 from tokenfair.integrations.vllm import FairScheduler
 from tokenfair.integrations.vllm.config import PluginConfigError, load_plugin_config
+from tokenfair.integrations.vllm.prefix_cache import VllmPrefixCache
 
 # (request id, tenant, prompt tokens, output tokens), in arrival order.
 WORKLOAD = [
@@ -39,16 +41,16 @@ def start_order_vllm(scheduler) -> list[str]:
         if steps == LATE_STEP:
             add(scheduler, [make_request(scheduler, r, t, p, o) for r, t, p, o in LATE])
             if isinstance(scheduler, FairScheduler):
-                scheduler.lift_of_d = scheduler.ledger.counters()["d"]
+                scheduler.lift_of_d = scheduler.ledger.counters().get("d", 0.0)
         order += new_ids(step(scheduler))
         steps += 1
     return order
 
 
-def start_order_tokenfair(max_num_seqs: int) -> list[str]:
-    """The same workload through tokenfair's own scheduler and VTC policy."""
+def start_order_tokenfair(max_num_seqs: int, policy: str = "vtc") -> list[str]:
+    """The same workload through tokenfair's own scheduler and policy (VTC by default)."""
     config = SchedulerConfig(max_num_seqs=max_num_seqs, max_batched_tokens=2048, kv_tokens=1 << 16)
-    scheduler = CoreScheduler(config, make_policy("vtc"))
+    scheduler = CoreScheduler(config, make_policy(policy))
 
     def submit(rows):
         for r, t, p, o in rows:
@@ -349,6 +351,22 @@ def test_dlpm_inside_vllm_takes_the_cached_prefix_first(tiny_model_dir):
         orders[policy] = [rid for output in run(fair) for rid in new_ids(output)]
     assert orders["vtc"] == ["b1", "a1", "b2", "a2"]
     assert orders["dlpm"] == ["b1", "a1", "a2", "b2"]
+
+
+def test_a_users_policy_class_orders_vllms_queue(tiny_model_dir, tmp_path, monkeypatch):
+    module = install_module(tmp_path, monkeypatch)
+    fair = make_scheduler(
+        tiny_model_dir,
+        FairScheduler,
+        max_num_seqs=1,
+        prefix_caching=True,
+        tokenfair={"policy": f"{module}:Cached(scale=2)"},
+    )
+    policy = fair.plugin_policy.policy
+    assert isinstance(policy.cache, VllmPrefixCache)  # it overrides attach_prefix_cache
+    add(fair, [make_request(fair, f"r{i}", "a", 8, 2, arrival=float(i)) for i in range(3)])
+    assert [rid for out in run(fair) for rid in new_ids(out)] == ["r2", "r1", "r0"]
+    assert policy.admitted == ["r2", "r1", "r0"]
 
 
 def test_tenant_from_extra_args_and_the_default(tiny_model_dir):

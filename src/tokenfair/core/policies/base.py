@@ -1,9 +1,11 @@
 """The policy seam: who waits in what order, who pays, and who is pushed out.
 
-A policy owns the waiting queue. The scheduler asks it for the next request to admit
-(`peek`/`pop`), tells it about admissions and generated tokens so it can charge
-clients, and asks it to pick a victim when memory runs out. Policies never see the
-clock except through the `now` arguments they are given.
+A policy owns the waiting queue. The driver (the scheduler, the vLLM plugin, the
+gateway) asks it for the next request to admit (`peek`/`pop`), tells it about
+admissions and generated tokens so it can charge clients, and asks it to pick a victim
+when memory runs out. A policy sees requests only through `RequestView` (view.py),
+never the engine's state; it never sees the clock except through the `now` arguments
+it is given. The contract, hook by hook, is in docs/policies.md.
 """
 
 from __future__ import annotations
@@ -12,15 +14,15 @@ import heapq
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
 
+from tokenfair.core.policies.view import RequestView
 from tokenfair.core.prefix_cache import PrefixCache
-from tokenfair.core.request import Request
 
 
 class Policy:
     """Base policy: subclasses define the waiting order; the rest has sane defaults."""
 
     name = "base"
-    # True when on_output must be called for every generated token (counter policies).
+    # True when on_output must be called as tokens are generated (counter policies).
     charges_output = False
     # The paper's system does not charge the first output token, which comes out of the
     # prefill step; the scheduler sets this from its configuration.
@@ -32,58 +34,59 @@ class Policy:
     charge_cached_tokens = 1.0
 
     # --- the waiting queue ---
-    def add(self, request: Request, now: float) -> None:
+    def add(self, request: RequestView, now: float) -> None:
         """A new arrival joins the waiting queue."""
         raise NotImplementedError
 
-    def requeue(self, request: Request) -> None:
+    def requeue(self, request: RequestView) -> None:
         """A preempted (recompute) request waits again, ahead of its client's others."""
         raise NotImplementedError
 
-    def peek(self) -> Request | None:
+    def peek(self) -> RequestView | None:
         """The request to admit next, or None when nobody waits."""
         raise NotImplementedError
 
-    def pop(self) -> Request:
+    def pop(self) -> RequestView:
         """Remove and return the request `peek` returned."""
         raise NotImplementedError
 
-    def remove(self, request: Request) -> None:
+    def remove(self, request: RequestView) -> None:
         """Drop a waiting request (aborted)."""
         raise NotImplementedError
 
     def __len__(self) -> int:
         raise NotImplementedError
 
-    def waiting_requests(self) -> Iterable[Request]:
+    def waiting_requests(self) -> Iterable[RequestView]:
         """Every waiting request, in the order successive pops would return them
         (with no admission, and so no charge, in between)."""
         raise NotImplementedError
 
     # --- arrivals, charges, finishes ---
-    def accept(self, request: Request, now: float) -> bool:
+    def accept(self, request: RequestView, now: float) -> bool:
         """False rejects the request at arrival (rate limits)."""
         return True
 
     def attach_prefix_cache(self, cache: PrefixCache) -> None:
         """The scheduler's prefix cache, for policies that order by what it holds."""
 
-    def on_admit(self, request: Request, first_time: bool, now: float) -> None:
+    def on_admit(self, request: RequestView, first_time: bool, now: float) -> None:
         """`request` left the waiting queue for the batch (`request.cached_tokens` of
         its prompt were found in the prefix cache at its first admission)."""
 
-    def on_output(self, request: Request) -> None:
-        """`request` generated output tokens since the last call."""
+    def on_output(self, request: RequestView, new_tokens: int) -> None:
+        """`request` generated `new_tokens` more output tokens (its `num_output_tokens`
+        counts them already). Called only if `charges_output`."""
 
-    def on_finish(self, request: Request) -> None:
+    def on_finish(self, request: RequestView) -> None:
         """`request` left the system (finished or aborted while admitted)."""
 
-    def on_batch_finish(self, batch: Sequence[Request]) -> None:
+    def on_batch_finish(self, batch: Sequence[RequestView]) -> None:
         """Some request of this step's batch finished; `batch` is every request the
         step ran, the finished ones included. Called only if charges_batch_on_finish."""
 
     # --- preemption ---
-    def victim_key(self, request: Request) -> tuple:
+    def victim_key(self, request: RequestView) -> tuple:
         """Preemption order: the running request with the largest key goes first.
 
         By default the newest admission. Drivers that keep their own running list
@@ -91,11 +94,11 @@ class Policy:
         """
         return (request.admit_seq,)
 
-    def victim(self, running: Sequence[Request]) -> Request:
+    def victim(self, running: Sequence[RequestView]) -> RequestView:
         """Who is pushed out when memory runs out: the largest `victim_key`."""
         return max(running, key=self.victim_key)
 
-    def preempt_for(self, head: Request, running: Sequence[Request]) -> Request | None:
+    def preempt_for(self, head: RequestView, running: Sequence[RequestView]) -> RequestView | None:
         """A running request to push out so `head` can be admitted now, or None.
 
         Only policies that preempt for fairness (vtc-preempt) return one.
@@ -113,11 +116,11 @@ class OrderedQueue:
     __slots__ = ("_heap", "_live", "_seq")
 
     def __init__(self) -> None:
-        self._heap: list[tuple[tuple, int, Request]] = []
-        self._live: dict[str, Request] = {}
+        self._heap: list[tuple[tuple, int, RequestView]] = []
+        self._live: dict[str, RequestView] = {}
         self._seq = itertools.count()
 
-    def push(self, key: tuple, request: Request) -> None:
+    def push(self, key: tuple, request: RequestView) -> None:
         heapq.heappush(self._heap, (key, next(self._seq), request))
         self._live[request.request_id] = request
 
@@ -126,17 +129,17 @@ class OrderedQueue:
         while heap and live.get(heap[0][2].request_id) is not heap[0][2]:
             heapq.heappop(heap)
 
-    def peek(self) -> Request | None:
+    def peek(self) -> RequestView | None:
         self._drop_dead()
         return self._heap[0][2] if self._heap else None
 
-    def pop(self) -> Request:
+    def pop(self) -> RequestView:
         self._drop_dead()
         request = heapq.heappop(self._heap)[2]
         del self._live[request.request_id]
         return request
 
-    def remove(self, request: Request) -> None:
+    def remove(self, request: RequestView) -> None:
         self._live.pop(request.request_id, None)
         # Entries are dropped lazily; compact when the dead ones dominate.
         if len(self._heap) > 64 and len(self._heap) > 4 * len(self._live):
@@ -146,7 +149,7 @@ class OrderedQueue:
     def __len__(self) -> int:
         return len(self._live)
 
-    def __iter__(self) -> Iterator[Request]:
+    def __iter__(self) -> Iterator[RequestView]:
         """The live requests in pop order (a sorted copy: O(n log n))."""
         live, seen = self._live, set()
         for _, _, request in sorted(e for e in self._heap if live.get(e[2].request_id) is e[2]):
@@ -165,26 +168,26 @@ class KeyedPolicy(Policy):
     def __init__(self) -> None:
         self._queue = OrderedQueue()
 
-    def sort_key(self, request: Request, band: int) -> tuple:
+    def sort_key(self, request: RequestView, band: int) -> tuple:
         raise NotImplementedError
 
-    def add(self, request: Request, now: float) -> None:
+    def add(self, request: RequestView, now: float) -> None:
         self._queue.push(self.sort_key(request, 1), request)
 
-    def requeue(self, request: Request) -> None:
+    def requeue(self, request: RequestView) -> None:
         self._queue.push(self.sort_key(request, 0), request)
 
-    def peek(self) -> Request | None:
+    def peek(self) -> RequestView | None:
         return self._queue.peek()
 
-    def pop(self) -> Request:
+    def pop(self) -> RequestView:
         return self._queue.pop()
 
-    def remove(self, request: Request) -> None:
+    def remove(self, request: RequestView) -> None:
         self._queue.remove(request)
 
     def __len__(self) -> int:
         return len(self._queue)
 
-    def waiting_requests(self) -> Iterable[Request]:
+    def waiting_requests(self) -> Iterable[RequestView]:
         return iter(self._queue)

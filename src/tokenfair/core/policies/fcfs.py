@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from tokenfair.core.policies.base import KeyedPolicy
-from tokenfair.core.request import Request
+from tokenfair.core.policies.view import RequestView
 
 
 class FCFSPolicy(KeyedPolicy):
     name = "fcfs"
 
-    def sort_key(self, request: Request, band: int) -> tuple:
+    def sort_key(self, request: RequestView, band: int) -> tuple:
         return (band, request.arrival_s)

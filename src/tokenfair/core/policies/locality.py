@@ -33,9 +33,10 @@ import itertools
 from collections import deque
 from collections.abc import Iterator
 
+from tokenfair.core.policies.settings import PolicySettings
+from tokenfair.core.policies.view import RequestView
 from tokenfair.core.policies.vtc import VTCPolicy
 from tokenfair.core.prefix_cache import CachedPrefixIndex, PrefixCache
-from tokenfair.core.request import Request
 
 # A quantum of a few prompts' worth lets a client run several requests over its warm
 # prefix before the others catch up (docs/fairness.md: how it was chosen).
@@ -49,16 +50,16 @@ class LongestPrefixQueue:
     __slots__ = ("_checked", "_heap", "_index", "_live", "_seq")
 
     def __init__(self, index: CachedPrefixIndex, seq: Iterator[int]) -> None:
-        self._heap: list[tuple[int, int, int, int, Request]] = []
+        self._heap: list[tuple[int, int, int, int, RequestView]] = []
         # request id -> (seq of its one valid heap entry, band: 0 preempted, 1 new)
         self._live: dict[str, tuple[int, int]] = {}
         self._index = index
         self._seq = seq
         # The top entry as last checked, and the cache's wanted evictions then: it
         # stands while it is still the top and nothing wanted was evicted since.
-        self._checked: tuple[tuple[int, int, int, int, Request], int] | None = None
+        self._checked: tuple[tuple[int, int, int, int, RequestView], int] | None = None
 
-    def _file(self, request: Request, band: int) -> None:
+    def _file(self, request: RequestView, band: int) -> None:
         seq = next(self._seq)
         self._live[request.request_id] = (seq, band)
         blocks = self._index.blocks(request)
@@ -69,25 +70,25 @@ class LongestPrefixQueue:
             self._heap = [e for e in self._heap if self._is_live(e)]
             heapq.heapify(self._heap)
 
-    def _is_live(self, entry: tuple[int, int, int, int, Request]) -> bool:
+    def _is_live(self, entry: tuple[int, int, int, int, RequestView]) -> bool:
         live = self._live.get(entry[4].request_id)
         return live is not None and live[0] == abs(entry[3])
 
-    def add(self, request: Request) -> None:
+    def add(self, request: RequestView) -> None:
         self._index.track(request)
         self._file(request, 1)
 
-    def requeue(self, request: Request) -> None:
+    def requeue(self, request: RequestView) -> None:
         self._index.track(request)
         self._file(request, 0)
 
-    def refresh(self, request: Request) -> None:
+    def refresh(self, request: RequestView) -> None:
         """The request's cached prefix changed: file it where it now belongs."""
         live = self._live.get(request.request_id)
         if live is not None:
             self._file(request, live[1])
 
-    def _top(self) -> tuple[int, int, int, int, Request]:
+    def _top(self) -> tuple[int, int, int, int, RequestView]:
         """The entry of the head: live, and its cached prefix checked."""
         heap, live, index = self._heap, self._live, self._index
         checked = self._checked
@@ -106,21 +107,21 @@ class LongestPrefixQueue:
                 self._checked = (entry, index.wanted_evictions)
                 return entry
 
-    def head(self) -> Request:
+    def head(self) -> RequestView:
         return self._top()[4]
 
     def head_blocks(self) -> int:
         """The head's cached leading blocks."""
         return -self._top()[2]
 
-    def pop(self) -> Request:
+    def pop(self) -> RequestView:
         request = self.head()
         heapq.heappop(self._heap)
         del self._live[request.request_id]
         self._index.untrack(request)
         return request
 
-    def remove(self, request: Request) -> bool:
+    def remove(self, request: RequestView) -> bool:
         if self._live.pop(request.request_id, None) is None:
             return False
         self._checked = None  # it may have been the top
@@ -130,7 +131,7 @@ class LongestPrefixQueue:
     def __len__(self) -> int:
         return len(self._live)
 
-    def __iter__(self) -> Iterator[Request]:
+    def __iter__(self) -> Iterator[RequestView]:
         """In the order pops would take them with the cache as it is."""
         return (e[4] for e in sorted(e for e in self._heap if self._is_live(e)))
 
@@ -141,8 +142,8 @@ class LocalityVTCPolicy(VTCPolicy):
     # Every queue is made by `_new_queue` below.
     _queues: dict[str, LongestPrefixQueue]  # type: ignore[assignment]
 
-    def __init__(self, **vtc_settings) -> None:
-        super().__init__(**vtc_settings)
+    def __init__(self, settings: PolicySettings | None = None, **vtc_options) -> None:
+        super().__init__(settings, **vtc_options)
         self._index = CachedPrefixIndex(self._prefix_grew)
         self._queue_seq = itertools.count()
 
@@ -152,7 +153,7 @@ class LocalityVTCPolicy(VTCPolicy):
     def _new_queue(self) -> LongestPrefixQueue:  # type: ignore[override]
         return LongestPrefixQueue(self._index, self._queue_seq)
 
-    def _prefix_grew(self, request: Request) -> None:
+    def _prefix_grew(self, request: RequestView) -> None:
         queue = self._queues.get(request.client)
         if isinstance(queue, LongestPrefixQueue):
             queue.refresh(request)
@@ -161,10 +162,17 @@ class LocalityVTCPolicy(VTCPolicy):
 class DeficitLPMPolicy(LocalityVTCPolicy):
     """`dlpm`: among clients with a positive deficit, the longest cached prefix first."""
 
-    def __init__(self, *, quantum: float = DEFAULT_QUANTUM, **vtc_settings) -> None:
+    def __init__(
+        self,
+        settings: PolicySettings | None = None,
+        *,
+        quantum: float = DEFAULT_QUANTUM,
+        **vtc_options,
+    ) -> None:
         if not quantum > 0:
             raise ValueError(f"quantum must be > 0, got {quantum}")
-        super().__init__(**vtc_settings)
+        super().__init__(settings, **vtc_options)
+        self._eligible_seq = itertools.count()
         self.quantum = quantum
         self._round_end = 0.0  # a backlogged client's deficit is round_end - counter
         # Clients with a positive deficit: (-cached blocks of its head, counter, tie
@@ -183,15 +191,17 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
     def _file_eligible(self, client: str, blocks: int | None = None) -> None:
         """File the client's entry (`blocks`: its head's cached blocks, if known)."""
         queue = self._queues.get(client)
-        counter = self._counter.get(client, 0.0)
+        counter = self.ledger.counter(client)
         if queue is None or counter >= self._round_end:
             self._filed.pop(client, None)
             return
         if blocks is None:
             blocks = queue.head_blocks()
-        seq = next(self._seq)
+        seq = next(self._eligible_seq)
         self._filed[client] = (seq, blocks)
-        heapq.heappush(self._eligible, (-blocks, counter, self._tie_rank(client), seq, client))
+        heapq.heappush(
+            self._eligible, (-blocks, counter, self.ledger.tie_rank(client), seq, client)
+        )
         if len(self._eligible) > 2 * len(self._filed) + 64:
             filed = self._filed
             self._eligible = [e for e in self._eligible if filed.get(e[4], (-1,))[0] == e[3]]
@@ -210,14 +220,16 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
         # counter, the cache's wanted blocks and the queues are as they were.
         if (
             choice is not None
-            and choice[1] == self._counter.get(choice[0])
+            and choice[1] == self.ledger.counter(choice[0])
             and choice[2] == evictions
             and choice[3] == self._changes
         ):
             return choice[0]
         client = self._choose()
         self._choice = (
-            None if client is None else (client, self._counter[client], evictions, self._changes)
+            None
+            if client is None
+            else (client, self.ledger.counter(client), evictions, self._changes)
         )
         return client
 
@@ -241,10 +253,11 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
     def _is_least_served(self, client: str) -> bool:
         """Within its deficit and at the smallest backlogged counter (where the lift put
         it), so serving it first is one of VTC's own choices, a tie broken its way."""
-        counter = self._counter[client]
-        smallest = self._min_client()
+        ledger = self.ledger
+        counter = ledger.counter(client)
+        smallest = ledger.smallest()
         return counter < self._round_end and (
-            smallest is None or counter <= self._counter[smallest]
+            smallest is None or counter <= ledger.counter(smallest)
         )
 
     def _first_returning(self) -> str | None:
@@ -256,14 +269,14 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
     def _longest_prefix_client(self) -> str | None:
         """The client with a positive deficit whose head has the longest cached prefix
         (ties: the smallest counter), or None when no backlogged client has a deficit."""
-        heap, filed, counters = self._eligible, self._filed, self._counter
+        heap, filed, counter_of = self._eligible, self._filed, self.ledger.counter
         while heap:
             negative_blocks, stored, _, seq, client = heap[0]
             entry = filed.get(client)
             if entry is None or entry[0] != seq:
                 heapq.heappop(heap)  # retired entry
                 continue
-            counter = counters[client]
+            counter = counter_of(client)
             if counter >= self._round_end:
                 heapq.heappop(heap)  # its deficit is spent: it waits for a refill
                 del filed[client]
@@ -271,9 +284,11 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
             blocks = self._queues[client].head_blocks()
             if -negative_blocks != blocks or stored != counter:
                 # Its head or its counter moved: file it again where it now belongs.
-                seq = next(self._seq)
+                seq = next(self._eligible_seq)
                 filed[client] = (seq, blocks)
-                heapq.heapreplace(heap, (-blocks, counter, self._tie_rank(client), seq, client))
+                heapq.heapreplace(
+                    heap, (-blocks, counter, self.ledger.tie_rank(client), seq, client)
+                )
                 continue
             return client
         return None
@@ -281,13 +296,13 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
     def _refill(self) -> None:
         """Nobody backlogged has a deficit left: give every backlogged client the quantum
         over the smallest backlogged counter."""
-        smallest = self._min_client()
+        smallest = self.ledger.smallest()
         assert smallest is not None
-        self._round_end = self._counter[smallest] + self.quantum
+        self._round_end = self.ledger.counter(smallest) + self.quantum
         for client in self._queues:
             self._file_eligible(client)
 
-    def add(self, request: Request, now: float) -> None:
+    def add(self, request: RequestView, now: float) -> None:
         self._changes += 1
         client = request.client
         idle = client not in self._queues
@@ -298,7 +313,7 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
         else:
             self._head_may_have_grown(client, self._index.blocks(request))
 
-    def requeue(self, request: Request) -> None:
+    def requeue(self, request: RequestView) -> None:
         self._changes += 1
         client = request.client
         idle = client not in self._queues
@@ -308,7 +323,7 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
         else:
             self._head_may_have_grown(client, self._index.blocks(request))
 
-    def pop(self) -> Request:
+    def pop(self) -> RequestView:
         request = super().pop()
         self._changes += 1
         if self._returning and self._returning[0] == request.client:
@@ -316,7 +331,7 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
         self._head_changed(request.client)
         return request
 
-    def remove(self, request: Request) -> None:
+    def remove(self, request: RequestView) -> None:
         super().remove(request)
         self._changes += 1
         self._head_changed(request.client)
@@ -329,7 +344,7 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
             # The next head may come first by priority, with a longer prefix.
             self._head_may_have_grown(client, queue.head_blocks())
 
-    def _prefix_grew(self, request: Request) -> None:
+    def _prefix_grew(self, request: RequestView) -> None:
         super()._prefix_grew(request)
         self._changes += 1
         self._head_may_have_grown(request.client, self._index.blocks(request))

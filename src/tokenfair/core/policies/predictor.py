@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections import deque
 
-from tokenfair.core.request import FinishReason, Request
+from tokenfair.core.policies.view import RequestView
+from tokenfair.core.request import FinishReason
 
 
 class OutputLengthPredictor:
@@ -20,14 +21,14 @@ class OutputLengthPredictor:
         self._history: dict[str, deque[int]] = {}
         self._sum: dict[str, int] = {}
 
-    def predict(self, request: Request) -> int:
+    def predict(self, request: RequestView) -> int:
         if request.predicted_output_tokens is not None:
             return min(request.predicted_output_tokens, request.max_tokens)
         history = self._history.get(request.client)
         guess = round(self._sum[request.client] / len(history)) if history else self.default
         return max(1, min(guess, request.max_tokens))
 
-    def observe(self, request: Request) -> None:
+    def observe(self, request: RequestView) -> None:
         if request.finish_reason not in (FinishReason.STOP, FinishReason.LENGTH):
             return  # an aborted request says nothing about its natural length
         history = self._history.setdefault(request.client, deque())
@@ -40,7 +41,7 @@ class OutputLengthPredictor:
 class OraclePredictor(OutputLengthPredictor):
     """The true output length (the simulator knows it): for experiments only."""
 
-    def predict(self, request: Request) -> int:
+    def predict(self, request: RequestView) -> int:
         if request.target_output_tokens is not None:
             return min(request.target_output_tokens, request.max_tokens)
         return super().predict(request)

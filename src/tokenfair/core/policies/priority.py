@@ -9,20 +9,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tokenfair.core.policies.base import KeyedPolicy
-from tokenfair.core.request import Request
+from tokenfair.core.policies.view import RequestView
 
 
 class PriorityPolicy(KeyedPolicy):
     name = "priority"
 
-    def sort_key(self, request: Request, band: int) -> tuple:
+    def sort_key(self, request: RequestView, band: int) -> tuple:
         # Priority first: a preempted request goes back ahead of its equals only.
         return (request.priority, band, request.arrival_s)
 
-    def victim_key(self, request: Request) -> tuple:
+    def victim_key(self, request: RequestView) -> tuple:
         return (request.priority, request.admit_seq)
 
-    def preempt_for(self, head: Request, running: Sequence[Request]) -> Request | None:
+    def preempt_for(self, head: RequestView, running: Sequence[RequestView]) -> RequestView | None:
         # A strictly more important request may push out the least important one.
         if not running:
             return None

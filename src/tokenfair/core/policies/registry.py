@@ -6,16 +6,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tokenfair.core.cost import CostFunction
+from tokenfair.core.cost import DEFAULT_COST, CostFunction
 from tokenfair.core.policies.base import Policy
 from tokenfair.core.policies.fcfs import FCFSPolicy
-from tokenfair.core.policies.hvtc import HierarchicalVTCPolicy
+from tokenfair.core.policies.ledger import LiftRule
 from tokenfair.core.policies.locality import DEFAULT_QUANTUM, DeficitLPMPolicy, LocalityVTCPolicy
 from tokenfair.core.policies.predictor import OraclePredictor, OutputLengthPredictor
 from tokenfair.core.policies.priority import PriorityPolicy
 from tokenfair.core.policies.rpm import RPMPolicy
+from tokenfair.core.policies.settings import PolicySettings
 from tokenfair.core.policies.sjf import SJFPolicy
-from tokenfair.core.policies.vtc import LiftRule, VTCPolicy
+from tokenfair.core.policies.vtc import VTCPolicy
 from tokenfair.core.share_tree import ShareTree
 
 # Tuned on the arena trace (docs/fairness.md): lower thresholds preempt more and cost
@@ -47,6 +48,9 @@ POLICY_HELP: dict[str, str] = {
     "dlpm[:quantum]": "deficit longest prefix match: among clients within `quantum` (default "
     f"{DEFAULT_QUANTUM:g}) weighted tokens of the least served, the longest cached prefix first",
 }
+# The built-in names, without their arguments: these win over a user policy's spec
+# (loading.py) of the same name.
+POLICY_NAMES = frozenset(key.partition(":")[0].partition("[")[0] for key in POLICY_HELP)
 
 
 # Policies whose order depends on client weights; the others ignore them.
@@ -65,8 +69,18 @@ WEIGHTED_POLICIES = frozenset(
 )
 
 
+def is_builtin(spec: str) -> bool:
+    """Whether `spec` names a built-in policy (`vtc`, `rpm:20`), not a user's class."""
+    return spec.strip().partition(":")[0].lower() in POLICY_NAMES
+
+
 def uses_weights(spec: str) -> bool:
-    """Whether the policy named by `spec` (e.g. `vtc`, `rpm:20`) reads client weights."""
+    """Whether the policy named by `spec` (e.g. `vtc`, `rpm:20`, `mypkg.mod:MyPolicy`)
+    reads client weights (a user policy: its class's `uses_weights`)."""
+    if not is_builtin(spec):
+        from tokenfair.core.policies import loading
+
+        return loading.uses_weights(spec)
     return spec.strip().partition(":")[0].lower() in WEIGHTED_POLICIES
 
 
@@ -100,7 +114,8 @@ def make_policy(
     charge_cached_tokens: float = 1.0,
     tree: ShareTree | None = None,
 ) -> Policy:
-    """Build a policy from its name, e.g. `vtc`, `rpm:20`, `vtc-preempt:1000`.
+    """Build a policy from its name, e.g. `vtc`, `rpm:20`, `vtc-preempt:1000`, or a
+    user's class, `mypkg.mod:MyPolicy(half_life=30)` or an installed name (loading.py).
 
     `charge_cached_tokens`: what a prompt token served from the prefix cache costs a
     client, as a share of a computed one (1: the paper's cost; 0: only computed tokens).
@@ -111,43 +126,51 @@ def make_policy(
         raise PolicyError(
             f"charge_cached_tokens must be between 0 and 1, got {charge_cached_tokens}"
         )
+    try:
+        # The policy's own copy of the weights: the admin API changes it in place.
+        settings = PolicySettings(
+            weights=dict(weights or {}),
+            cost=cost or DEFAULT_COST,
+            tree=tree or ShareTree(),
+            charge_cached_tokens=charge_cached_tokens,
+        )
+    except ValueError as error:
+        raise PolicyError(f"policy {spec.strip()!r}: {error}") from None
+    if not is_builtin(spec):  # a user's class, `mypkg.mod:MyPolicy(...)` (loading.py)
+        from tokenfair.core.policies.loading import load_policy
+
+        return load_policy(spec, settings)
     name, _, arg = spec.strip().partition(":")
     name = name.lower()
     if tree is not None and not tree.flat:
-        policy = _hierarchical(spec, name, arg, tree, weights, cost)
-        policy.charge_cached_tokens = charge_cached_tokens
-        return policy
+        return _hierarchical(spec, name, arg, settings)
     builders: dict[str, Callable[[], Policy]] = {
         "fcfs": FCFSPolicy,
         "priority": PriorityPolicy,
         "sjf": lambda: SJFPolicy(aging=_number(spec, arg, 10.0)),
         "rpm": lambda: RPMPolicy(limit=_rate_limit(spec, arg)),
-        "lcf": lambda: VTCPolicy(name="lcf", weights=weights, cost=cost, lift="none"),
-        "vtc": lambda: VTCPolicy(name="vtc", weights=weights, cost=cost),
-        "wvtc": lambda: _weighted(spec, weights, cost),
+        "lcf": lambda: VTCPolicy(settings, name="lcf", lift="none"),
+        "vtc": lambda: VTCPolicy(settings, name="vtc"),
+        "wvtc": lambda: _weighted(spec, settings),
         "vtc-artifact": lambda: VTCPolicy(
+            settings,
             name="vtc-artifact",
-            weights=weights,
-            cost=cost,
             lift="artifact",
             ties_to_first_seen=True,
             charge_batch_on_finish=True,
         ),
         "vtc-predict": lambda: VTCPolicy(
-            name="vtc-predict", weights=weights, cost=cost, predictor=OutputLengthPredictor()
+            settings, name="vtc-predict", predictor=OutputLengthPredictor()
         ),
-        "vtc-oracle": lambda: VTCPolicy(
-            name="vtc-oracle", weights=weights, cost=cost, predictor=OraclePredictor()
-        ),
+        "vtc-oracle": lambda: VTCPolicy(settings, name="vtc-oracle", predictor=OraclePredictor()),
         "vtc-preempt": lambda: VTCPolicy(
+            settings,
             name="vtc-preempt",
-            weights=weights,
-            cost=cost,
             preempt_threshold=_number(spec, arg, DEFAULT_PREEMPT_THRESHOLD),
         ),
-        "vtc-lpm": lambda: LocalityVTCPolicy(name="vtc-lpm", weights=weights, cost=cost),
+        "vtc-lpm": lambda: LocalityVTCPolicy(settings, name="vtc-lpm"),
         "dlpm": lambda: DeficitLPMPolicy(
-            name="dlpm", weights=weights, cost=cost, quantum=_number(spec, arg, DEFAULT_QUANTUM)
+            settings, name="dlpm", quantum=_number(spec, arg, DEFAULT_QUANTUM)
         ),
     }
     builder = builders.get(name)
@@ -170,14 +193,7 @@ def make_policy(
 HIERARCHICAL_LIFTS: dict[str, LiftRule] = {"vtc": "paper", "wvtc": "paper", "lcf": "none"}
 
 
-def _hierarchical(
-    spec: str,
-    name: str,
-    arg: str,
-    tree: ShareTree,
-    weights: dict[str, float] | None,
-    cost: CostFunction | None,
-) -> Policy:
+def _hierarchical(spec: str, name: str, arg: str, settings: PolicySettings) -> Policy:
     lift = HIERARCHICAL_LIFTS.get(name)
     if lift is None:
         raise PolicyError(
@@ -186,13 +202,10 @@ def _hierarchical(
         )
     if arg:
         raise PolicyError(f"policy {name!r} takes no argument (got {spec!r})")
-    try:
-        return HierarchicalVTCPolicy(tree, name=name, weights=weights, cost=cost, lift=lift)
-    except ValueError as error:
-        raise PolicyError(f"policy {spec!r}: {error}") from None
+    return VTCPolicy(settings, name=name, lift=lift)
 
 
-def _weighted(spec: str, weights: dict[str, float] | None, cost: CostFunction | None) -> Policy:
-    if not weights:
+def _weighted(spec: str, settings: PolicySettings) -> Policy:
+    if not settings.weights:
         raise PolicyError(f"policy {spec!r} needs client weights (--weights FILE)")
-    return VTCPolicy(name="wvtc", weights=weights, cost=cost)
+    return VTCPolicy(settings, name="wvtc")

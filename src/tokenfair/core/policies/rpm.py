@@ -8,8 +8,8 @@ deployment is idle: that is the point of comparing against it.
 from __future__ import annotations
 
 from tokenfair.core.policies.fcfs import FCFSPolicy
+from tokenfair.core.policies.view import RequestView
 from tokenfair.core.rate_window import RateWindow
-from tokenfair.core.request import Request
 
 
 class RPMPolicy(FCFSPolicy):
@@ -20,7 +20,7 @@ class RPMPolicy(FCFSPolicy):
         self.window_s = window_s
         self.name = f"rpm:{limit}"
 
-    def accept(self, request: Request, now: float) -> bool:
+    def accept(self, request: RequestView, now: float) -> bool:
         return self.window.accept(request.client, now)
 
     def retry_after(self, client: str, now: float) -> float:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from tokenfair.core.policies.base import KeyedPolicy
 from tokenfair.core.policies.predictor import OutputLengthPredictor
-from tokenfair.core.request import Request
+from tokenfair.core.policies.view import RequestView
 
 
 class SJFPolicy(KeyedPolicy):
@@ -27,9 +27,9 @@ class SJFPolicy(KeyedPolicy):
         self.aging = aging
         self.predictor = predictor or OutputLengthPredictor()
 
-    def sort_key(self, request: Request, band: int) -> tuple:
+    def sort_key(self, request: RequestView, band: int) -> tuple:
         aged = self.predictor.predict(request) + self.aging * request.arrival_s
         return (band, aged, request.arrival_s)
 
-    def on_finish(self, request: Request) -> None:
+    def on_finish(self, request: RequestView) -> None:
         self.predictor.observe(request)

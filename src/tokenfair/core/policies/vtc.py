@@ -1,14 +1,11 @@
-"""The Virtual Token Counter (Sheng et al., OSDI 2024) and its variants.
+"""The Virtual Token Counter (Sheng et al., OSDI 2024) and its variants, as a policy.
 
-Every client has a counter of the (weighted) service it has received. Whenever the
-batch has room, the waiting client with the smallest counter sends its oldest request,
-or, when its requests carry priorities, its most urgent one (lower first, vLLM's
-convention; ties by arrival): a client orders its own work, and no priority moves it
-ahead of another client.
-Admission charges the prompt, every generated token charges the output, both divided
-by the client's weight. A client that comes back from idle is lifted to the smallest
-counter among waiting clients (or, with nobody waiting, to the counter of the client
-admitted last), so idle time cannot be banked as credit.
+The counters, the lift, the charges and the pick among clients live in the ledger
+(ledger.py), the one copy of VTC's rules; this policy adds the waiting queues: one per
+client, in priority order (lower first, vLLM's convention; ties by arrival), so a
+client orders its own work and no priority moves it ahead of another client. Whenever
+the batch has room, the client the ledger picks sends its head request. With a tree of
+groups (core/share_tree.py) the pick descends the tree: hierarchical VTC.
 
 Variants, all this one class:
 - lcf: no lift (least counter first), to show why the lift matters;
@@ -22,27 +19,22 @@ Variants, all this one class:
   going to the client seen first (its counters live in a dict in first-arrival order),
   and its charging quirk: whenever a request of the batch finishes, every request of
   that batch is charged one more output token.
-
-The smallest waiting counter comes from a heap with one live entry per waiting
-client, ordered by (counter, tie rank, push order). Counters mostly grow, so a stale entry (stored counter below the real one) is
-re-pushed when it reaches the top; a counter that shrinks (a refund) pushes a fresh
-entry and retires the old one. Each decision is O(log n) in the number of clients.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Literal
+from collections.abc import Iterable, Iterator, MutableMapping, Sequence
 
-from tokenfair.core.cost import CostFunction, LinearCost, prompt_cost
+from tokenfair.core.cost import CostFunction
 from tokenfair.core.policies.base import Policy
+from tokenfair.core.policies.ledger import CounterLedger, LiftRule
 from tokenfair.core.policies.predictor import OutputLengthPredictor
-from tokenfair.core.request import Request
+from tokenfair.core.policies.settings import PolicySettings
+from tokenfair.core.policies.view import RequestView
+from tokenfair.core.share_tree import ShareTree
 
-LiftRule = Literal["paper", "artifact", "none"]
+__all__ = ["ClientQueue", "LiftRule", "VTCPolicy"]
 
 
 class ClientQueue:
@@ -53,29 +45,29 @@ class ClientQueue:
     __slots__ = ("_requests",)
 
     def __init__(self) -> None:
-        self._requests: deque[Request] = deque()
+        self._requests: deque[RequestView] = deque()
 
-    def add(self, request: Request) -> None:
+    def add(self, request: RequestView) -> None:
         queue = self._requests
         if queue and request.priority < queue[-1].priority:
             _insert_by_priority(queue, request, after_equals=True)
         else:
             queue.append(request)  # the usual case: arrival order
 
-    def requeue(self, request: Request) -> None:
+    def requeue(self, request: RequestView) -> None:
         queue = self._requests
         if queue and request.priority > queue[0].priority:
             _insert_by_priority(queue, request, after_equals=False)
         else:
             queue.appendleft(request)  # first among its equals: it was running
 
-    def head(self) -> Request:
+    def head(self) -> RequestView:
         return self._requests[0]
 
-    def pop(self) -> Request:
+    def pop(self) -> RequestView:
         return self._requests.popleft()
 
-    def remove(self, request: Request) -> bool:
+    def remove(self, request: RequestView) -> bool:
         """Drop `request` if it waits here; whether it did."""
         if request not in self._requests:
             return False
@@ -85,130 +77,102 @@ class ClientQueue:
     def __len__(self) -> int:
         return len(self._requests)
 
-    def __iter__(self) -> Iterator[Request]:
+    def __iter__(self) -> Iterator[RequestView]:
         return iter(self._requests)
 
 
 class VTCPolicy(Policy):
+    """VTC over the ledger: per-client queues, the ledger's pick, its charges."""
+
     charges_output = True
 
     def __init__(
         self,
+        settings: PolicySettings | None = None,
         *,
         name: str = "vtc",
-        weights: dict[str, float] | None = None,
-        cost: CostFunction | None = None,
         lift: LiftRule = "paper",
         predictor: OutputLengthPredictor | None = None,
         preempt_threshold: float | None = None,
         ties_to_first_seen: bool = False,
         charge_batch_on_finish: bool = False,
     ):
-        if lift not in ("paper", "artifact", "none"):
-            raise ValueError(f"unknown lift rule {lift!r}: expected paper, artifact or none")
-        for client, weight in (weights or {}).items():
-            if not weight > 0:
-                raise ValueError(f"weight of client {client!r} must be > 0, got {weight}")
         if preempt_threshold is not None and preempt_threshold < 0:
             raise ValueError(f"preemption threshold must be >= 0, got {preempt_threshold}")
         self.name = name
-        self.weights = dict(weights or {})
-        self.cost = cost or LinearCost()
-        self._linear_w_out = self.cost.w_out if isinstance(self.cost, LinearCost) else None
-        self.lift = lift
+        self.ledger = CounterLedger(settings, lift=lift, ties_to_first_seen=ties_to_first_seen)
         self.predictor = predictor
         self.preempt_threshold = preempt_threshold
-        self.ties_to_first_seen = ties_to_first_seen
         self.charges_batch_on_finish = charge_batch_on_finish
-        self._counter: dict[str, float] = {}
-        # Tie rank: the order clients were first seen, or 0 for all (ties then go to
-        # the client whose heap entry is oldest: the one already waiting).
-        self._rank: dict[str, int] = {}
         self._queues: dict[str, ClientQueue] = {}  # only clients with waiting requests
-        # (counter when pushed, tie rank, seq, client)
-        self._heap: list[tuple[float, int, int, str]] = []
-        self._live_entry: dict[str, int] = {}  # client -> seq of its one valid heap entry
-        self._seq = itertools.count()
-        self._last_admitted: str | None = None
         self._num_waiting = 0
+        # Under length prediction: request id -> chargeable output tokens charged so
+        # far, ahead of generation.
+        self._charged: dict[str, int] = {}
 
-    # --- the smallest waiting counter ---
-    def _push(self, client: str) -> None:
-        seq = next(self._seq)
-        self._live_entry[client] = seq
-        heapq.heappush(self._heap, (self._counter[client], self._tie_rank(client), seq, client))
-        if len(self._heap) > 2 * len(self._queues) + 64:
-            self._compact()
+    # --- what the drivers configure, kept in the ledger ---
+    @property
+    def weights(self) -> MutableMapping[str, float]:
+        return self.ledger.weights
 
-    def _tie_rank(self, client: str) -> int:
-        if not self.ties_to_first_seen:
-            return 0
-        return self._rank.setdefault(client, len(self._rank))
+    @property
+    def cost(self) -> CostFunction:
+        return self.ledger.cost
 
-    def _compact(self) -> None:
-        self._heap = [
-            (self._counter[c], self._tie_rank(c), s, c) for c, s in self._live_entry.items()
-        ]
-        heapq.heapify(self._heap)
+    @property
+    def tree(self) -> ShareTree:
+        return self.ledger.tree
 
-    def _min_client(self) -> str | None:
-        heap, counter, live = self._heap, self._counter, self._live_entry
-        while heap:
-            stored, rank, seq, client = heap[0]
-            if live.get(client) != seq:
-                heapq.heappop(heap)  # retired entry
-            elif stored != counter[client]:
-                seq = next(self._seq)  # the counter grew since: re-file it
-                live[client] = seq
-                heapq.heapreplace(heap, (counter[client], rank, seq, client))
-            else:
-                return client
-        return None
+    @tree.setter
+    def tree(self, tree: ShareTree) -> None:
+        self.ledger.tree = tree
 
-    def _lift(self, client: str) -> None:
-        counter = self._counter.get(client, 0.0)
-        if self.lift != "none":
-            others = self._min_client()
-            if others is not None:
-                counter = max(counter, self._counter[others])
-            elif self.lift == "paper" and self._last_admitted is not None:
-                counter = max(counter, self._counter[self._last_admitted])
-        self._counter[client] = counter
+    @property
+    def charge_first_token(self) -> bool:
+        return self.ledger.charge_first_token
+
+    @charge_first_token.setter
+    def charge_first_token(self, value: bool) -> None:
+        self.ledger.charge_first_token = value
+
+    @property
+    def charge_cached_tokens(self) -> float:
+        return self.ledger.charge_cached_tokens
+
+    @charge_cached_tokens.setter
+    def charge_cached_tokens(self, value: float) -> None:
+        self.ledger.charge_cached_tokens = value
 
     # --- the waiting queue ---
     def _new_queue(self) -> ClientQueue:
         return ClientQueue()
 
-    def add(self, request: Request, now: float) -> None:
+    def add(self, request: RequestView, now: float) -> None:
         queue = self._queues.get(request.client)
-        if self.ties_to_first_seen:
-            self._tie_rank(request.client)  # seen at arrival, before its lift
         if queue is None:
-            self._lift(request.client)
+            self.ledger.activate(request.client, lift=True)
             queue = self._queues[request.client] = self._new_queue()
-            self._push(request.client)
         queue.add(request)
         self._num_waiting += 1
 
-    def requeue(self, request: Request) -> None:
+    def requeue(self, request: RequestView) -> None:
         # A preempted request was being served, not idle: no lift.
         queue = self._queues.get(request.client)
         if queue is None:
-            self._counter.setdefault(request.client, 0.0)
+            self.ledger.activate(request.client, lift=False)
             queue = self._queues[request.client] = self._new_queue()
-            self._push(request.client)
         queue.requeue(request)
         self._num_waiting += 1
 
     def _chosen_client(self) -> str | None:
-        """The client whose request goes next: the smallest counter."""
-        return self._min_client()
+        """The client whose request goes next: the ledger's pick."""
+        return self.ledger.smallest()
 
-    def peek(self) -> Request | None:
+    def peek(self) -> RequestView | None:
         client = self._chosen_client()
         return None if client is None else self._queues[client].head()
 
-    def pop(self) -> Request:
+    def pop(self) -> RequestView:
         client = self._chosen_client()
         if client is None:
             raise IndexError("pop from an empty waiting queue")
@@ -219,7 +183,7 @@ class VTCPolicy(Policy):
         self._num_waiting -= 1
         return request
 
-    def remove(self, request: Request) -> None:
+    def remove(self, request: RequestView) -> None:
         queue = self._queues.get(request.client)
         if queue is None or not queue.remove(request):
             return
@@ -229,108 +193,91 @@ class VTCPolicy(Policy):
 
     def _leave(self, client: str) -> None:
         del self._queues[client]
-        del self._live_entry[client]  # its heap entry is retired lazily
+        self.ledger.deactivate(client)
 
     def __len__(self) -> int:
         return self._num_waiting
 
-    def waiting_requests(self) -> Iterable[Request]:
-        """Pop order with the counters as they are: _min_client's heap walk, on a copy
-        (a re-filed entry takes a seq above every stored one, as a real re-file does)."""
-        heap, counter, live = list(self._heap), self._counter, dict(self._live_entry)
-        seq = itertools.count(max((entry[2] for entry in heap), default=0) + 1)
-        while heap:
-            stored, rank, entry_seq, client = heapq.heappop(heap)
-            if live.get(client) != entry_seq:
-                continue  # retired, or this client was listed already
-            if stored != counter[client]:
-                live[client] = next(seq)
-                heapq.heappush(heap, (counter[client], rank, live[client], client))
-                continue
-            del live[client]
+    def waiting_requests(self) -> Iterable[RequestView]:
+        """Pop order with the counters as they are."""
+        for client in self.ledger.backlogged_in_order():
             yield from self._queues[client]
 
     # --- charges ---
-    def _charge(self, client: str, amount: float) -> None:
-        self._counter[client] += amount / self.weights.get(client, 1.0)
-
-    def _chargeable_output(self, request: Request) -> int:
-        return max(0, request.num_output_tokens - (0 if self.charge_first_token else 1))
-
-    def on_admit(self, request: Request, first_time: bool, now: float) -> None:
+    def on_admit(self, request: RequestView, first_time: bool, now: float) -> None:
         # The lift's reference is set here, not at pop: a caller may pop a request and
         # put it back when it does not fit (vLLM's scheduler does), which admits nobody.
-        self._last_admitted = request.client
-        self._counter.setdefault(request.client, 0.0)
+        ledger = self.ledger
+        ledger.admitted(request.client)
         if first_time:
             # A re-admission after recompute is the system's doing: the prompt is paid once.
-            self._charge(
-                request.client,
-                prompt_cost(
-                    self.cost,
-                    request.input_tokens,
-                    request.cached_tokens,
-                    self.charge_cached_tokens,
-                ),
-            )
+            ledger.charge_prompt(request)
         if self.predictor is not None:
             predicted = self.predictor.predict(request)
-            if predicted > request.charged_output:
-                self._charge_output(request, predicted)
+            charged = self._charged.get(request.request_id, 0)
+            if predicted > charged:
+                self._charge_output_upto(request, charged, predicted)
 
-    def _charge_output(self, request: Request, upto: int) -> None:
-        amount = self.cost.output(request.input_tokens, request.charged_output, upto)
-        self._charge(request.client, amount)
-        request.charged_output = upto
+    def _charge_output_upto(self, request: RequestView, charged: int, upto: int) -> None:
+        """Charge chargeable output tokens charged+1 .. upto (a refund when below)."""
+        ledger = self.ledger
+        ledger.charge(request.client, ledger.output_service(request, charged, upto))
+        self._charged[request.request_id] = upto
 
-    def on_output(self, request: Request) -> None:
-        # Called for every running request on every step: the linear cost is inlined.
-        produced = len(request.output_token_ids) - (0 if self.charge_first_token else 1)
-        charged = request.charged_output
-        if produced <= charged:
+    def on_output(self, request: RequestView, new_tokens: int) -> None:
+        if self.predictor is None:
+            self.ledger.charge_output(request, new_tokens)
             return
-        if self._linear_w_out is None:
-            self._charge_output(request, produced)
-            return
-        client = request.client
-        self._counter[client] += (
-            self._linear_w_out * (produced - charged) / self.weights.get(client, 1.0)
-        )
-        request.charged_output = produced
+        produced = self.ledger.chargeable_output(request.num_output_tokens)
+        charged = self._charged.get(request.request_id, 0)
+        if produced > charged:  # beyond the prediction charged at admission
+            self._charge_output_upto(request, charged, produced)
 
-    def on_finish(self, request: Request) -> None:
+    def on_finish(self, request: RequestView) -> None:
         if self.predictor is None:
             return
         self.predictor.observe(request)
-        produced = self._chargeable_output(request)
-        if request.charged_output > produced:  # refund the unused prediction
-            self._charge_output(request, produced)
+        produced = self.ledger.chargeable_output(request.num_output_tokens)
+        charged = self._charged.pop(request.request_id, 0)
+        if charged > produced:  # refund the unused prediction (a negative charge)
+            ledger = self.ledger
+            ledger.charge(request.client, ledger.output_service(request, charged, produced))
             if request.client in self._queues:
-                self._push(request.client)  # its counter shrank: re-file it
+                ledger.refile(request.client)  # its counter shrank
 
-    def on_batch_finish(self, batch: Sequence[Request]) -> None:
+    def on_batch_finish(self, batch: Sequence[RequestView]) -> None:
         # The artifact's quirk: one more output token's charge for the whole batch.
+        ledger = self.ledger
         for request in batch:
             n = request.num_output_tokens
-            self._charge(request.client, self.cost.output(request.input_tokens, n - 1, n))
+            ledger.charge(request.client, ledger.cost.output(request.input_tokens, n - 1, n))
 
     def counters(self) -> dict[str, float]:
-        return dict(self._counter)
+        """The clients' counters (groups' in `node_counters`)."""
+        return self.ledger.counters()
+
+    def node_counters(self) -> dict[str, float]:
+        """Every node's counter, groups (`@path`) and clients."""
+        return self.ledger.node_counters()
 
     # --- preemption ---
-    def victim_key(self, request: Request) -> tuple:
-        """The newest request of the client with the largest counter goes first."""
-        return (self._counter.get(request.client, 0.0), request.admit_seq)
+    def victim_key(self, request: RequestView) -> tuple:
+        """Down the tree, the most-served node at each level; its newest request."""
+        ledger = self.ledger
+        return (*(ledger.counter(node) for _, node in ledger.path(request.client)),
+                request.admit_seq)  # fmt: skip
 
-    def preempt_for(self, head: Request, running: Sequence[Request]) -> Request | None:
+    def preempt_for(self, head: RequestView, running: Sequence[RequestView]) -> RequestView | None:
         if self.preempt_threshold is None or not running:
             return None
         candidate = self.victim(running)
-        gap = self._counter.get(candidate.client, 0.0) - self._counter.get(head.client, 0.0)
+        gap = self.ledger.counter(candidate.client) - self.ledger.counter(head.client)
         return candidate if gap > self.preempt_threshold else None
 
 
-def _insert_by_priority(queue: deque[Request], request: Request, after_equals: bool) -> None:
+def _insert_by_priority(
+    queue: deque[RequestView], request: RequestView, after_equals: bool
+) -> None:
     """Insert into a queue kept in priority order: after the requests of the same
     priority (a new arrival), or before them (a preempted request going back)."""
     for index, other in enumerate(queue):

@@ -4,8 +4,9 @@
   tenants' group tree in a `CounterStore`, shared through Redis by the gateway
   replicas; one store per band, so each band is a VTC of its own;
 - `PolicyFairness`: the core's ordering policies by name (fcfs, priority, sjf[:aging],
-  rpm:N), local to each replica: the request first by the policy's sort key goes, and
-  `rpm:N` refuses requests at arrival.
+  rpm:N), or a user's `KeyedPolicy` (`mypkg.mod:MyPolicy`), local to each replica: the
+  request first by the policy's sort key goes, `accept` may refuse it at arrival (as
+  `rpm:N` does), and `on_admit` is told when it goes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Protocol
 
 from tokenfair.core.policies import make_policy
 from tokenfair.core.policies.base import KeyedPolicy, Policy
-from tokenfair.core.request import Request, SamplingParams
+from tokenfair.core.policies.view import PolicyRequest
 from tokenfair.gateway.counters import CounterStore, path_of
 from tokenfair.gateway.flow.order import OrderKey
 from tokenfair.gateway.flow.ticket import Ticket
@@ -74,22 +75,23 @@ class PolicyFairness:
             raise ValueError(f"policy {spec!r} does not order by a key")
         self.policy = policy
 
-    def order_key(self, ticket: Ticket) -> tuple:
-        if ticket.core is None:
-            ticket.core = Request(
+    def _view(self, ticket: Ticket) -> PolicyRequest:
+        if ticket.view is None:
+            ticket.view = PolicyRequest(
                 request_id=str(ticket.seq),
                 client=ticket.tenant,
                 input_tokens=max(1, ticket.tokens - ticket.max_tokens),
                 arrival_s=ticket.arrival,
-                sampling=SamplingParams(max_tokens=max(1, ticket.max_tokens)),
+                max_tokens=max(1, ticket.max_tokens),
                 priority=ticket.priority,
             )
-        return (*self.policy.sort_key(ticket.core, 1), ticket.seq)
+        return ticket.view
+
+    def order_key(self, ticket: Ticket) -> tuple:
+        return (*self.policy.sort_key(self._view(ticket), 1), ticket.seq)
 
     def accept(self, ticket: Ticket) -> bool:
-        self.order_key(ticket)
-        assert ticket.core is not None
-        return self.policy.accept(ticket.core, ticket.arrival)
+        return self.policy.accept(self._view(ticket), ticket.arrival)
 
     async def arrive(self, ticket: Ticket) -> None:
         return None
@@ -99,8 +101,7 @@ class PolicyFairness:
 
     async def pick(self, heads: Sequence[Ticket]) -> Ticket:
         chosen = min(heads, key=lambda t: t.key)
-        assert chosen.core is not None
-        self.policy.on_admit(chosen.core, True, time.monotonic())
+        self.policy.on_admit(self._view(chosen), True, time.monotonic())
         return chosen
 
     async def take_now(self, ticket: Ticket) -> None:

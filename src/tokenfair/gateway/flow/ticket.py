@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from tokenfair.core.request import Request
+from tokenfair.core.policies.view import PolicyRequest
 from tokenfair.gateway.counters import Charge
 from tokenfair.gateway.prefix import PrefixKey
 
@@ -31,7 +31,7 @@ class Ticket:
     prefix: PrefixKey | None = None  # what the router places it by
     future: asyncio.Future[Upstream] | None = None
     upstream: Upstream | None = None
-    core: Request | None = None  # the core's view, for the core's policies
+    view: PolicyRequest | None = None  # what the core's ordering policies see of it
     state: str = "new"  # new -> waiting -> picking -> dispatched -> released
     released: bool = field(default=False)
     recorded: bool = False  # its queueing is in `Admission.recent` (a retry waits no turn)

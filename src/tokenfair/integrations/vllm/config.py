@@ -7,6 +7,7 @@ Inline, a file, or a file plus inline overrides:
                                         "tenant_groups": {"team-a": "org-a"}}}'
     --additional-config '{"tokenfair": "/etc/tokenfair/vllm.yaml"}'
     --additional-config '{"tokenfair": {"file": "/etc/tokenfair/vllm.yaml", "log_interval_s": 0}}'
+    --additional-config '{"tokenfair": {"policy": "mypkg.fair:MyPolicy(half_life=30)"}}'
 
 A file holds the same keys (JSON, or YAML when PyYAML is installed, as it is with
 vLLM). Without a `tokenfair` key every default applies: VTC, every tenant weight 1,
@@ -25,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from tokenfair.core.cost import make_cost
 from tokenfair.core.policies import Policy, PolicyError, make_policy
+from tokenfair.core.policies.loading import is_user_spec
 from tokenfair.core.share_tree import ShareTreeError
 from tokenfair.integrations.vllm.policies import PluginPolicy, plugin_policy
 from tokenfair.share_groups import Group, GroupName, group_weights, share_tree
@@ -99,8 +101,17 @@ class PluginConfig(BaseModel):
 
     @property
     def policy_name(self) -> str:
-        """The policy's name without its arguments ("sjf:20" -> "sjf")."""
+        """The policy's name without its arguments ("sjf:20" -> "sjf"); a user's class
+        keeps its spec ("mypkg.mod:MyPolicy(x=1)")."""
+        if self.user_policy:
+            return self.policy.strip()
         return self.policy.strip().partition(":")[0].lower()
+
+    @property
+    def user_policy(self) -> bool:
+        """A policy class of the user's (`mypkg.mod:MyPolicy`, or installed by name),
+        run as the core's own policies are (plugin_policy)."""
+        return is_user_spec(self.policy)
 
     def make_plugin_policy(self) -> PluginPolicy:
         """The policy as the plugin runs it inside vLLM (one per engine core)."""
@@ -109,10 +120,11 @@ class PluginConfig(BaseModel):
     def make_policy(self) -> Policy:
         """The tokenfair policy these settings describe."""
         name = self.policy_name
-        if name not in SUPPORTED_POLICIES:
+        if name not in SUPPORTED_POLICIES and not self.user_policy:
             raise PluginConfigError(
                 f"{CONFIG_KEY}.policy: {self.policy!r} is not supported inside vLLM; "
-                f"use one of {', '.join(SUPPORTED_POLICIES)}"
+                f"use one of {', '.join(SUPPORTED_POLICIES)}, or your own policy class "
+                "as package.module:ClassName"
             )
         for tenant, weight in self.weights.items():
             if not weight > 0:

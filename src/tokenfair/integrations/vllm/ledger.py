@@ -1,9 +1,10 @@
 """The bookkeeping between vLLM's scheduler and a tokenfair policy (no vLLM imports).
 
-A tokenfair policy orders, charges and picks victims among tokenfair `Request`s. For
-every vLLM request the ledger keeps a shadow `Request` (tenant, prompt length,
-priority, output tokens so far) next to the vLLM object it stands for, the handle,
-and turns the scheduler's events into the policy's calls:
+A tokenfair policy orders, charges and picks victims among requests it sees through
+the narrow view (core/policies/view.py). For every vLLM request the ledger keeps a
+shadow `PolicyRequest` (tenant, prompt length, priority, cached prompt tokens, output
+tokens so far) next to the vLLM object it stands for, the handle, and turns the
+scheduler's events into the policy's calls:
 
     arrive      a new request joins the waiting queue          policy.add (the lift)
     pop         vLLM's schedule() takes the head               policy.pop
@@ -20,9 +21,7 @@ keeps a re-prefill after preemption from paying its prompt twice.
 
 A request whose first N prompt tokens come from the prefix cache starts with
 `cached_tokens = N`; the policy prices them at its `charge_cached_tokens` share.
-
-Output token ids are not copied: the policies only count them, so the shadow holds
-placeholders.
+Output is reported as a count, which is all a policy reads.
 """
 
 from __future__ import annotations
@@ -33,7 +32,8 @@ from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 from tokenfair.core.policies import Policy
-from tokenfair.core.request import FinishReason, Request, RequestStatus, SamplingParams
+from tokenfair.core.policies.view import PolicyRequest
+from tokenfair.core.request import FinishReason
 
 H = TypeVar("H")
 
@@ -54,10 +54,11 @@ class TenantStats:
 
 @dataclass(slots=True, eq=False)
 class _Entry(Generic[H]):
-    shadow: Request
+    shadow: PolicyRequest
     handle: H
     queued: bool = False  # in the policy's waiting queue
     running: bool = False  # started and not preempted or finished since
+    ever_started: bool = False  # its prompt is paid
 
 
 class Ledger(Generic[H]):
@@ -93,12 +94,12 @@ class Ledger(Generic[H]):
             if queue and not entry.queued:
                 self._enqueue(entry, front=True)
             return
-        shadow = Request(
+        shadow = PolicyRequest(
             request_id,
             tenant,
             max(1, prompt_tokens),
             arrival_s,
-            SamplingParams(max_tokens=max(1, max_tokens)),
+            max_tokens=max(1, max_tokens),
             priority=priority,
             predicted_output_tokens=predicted_output_tokens,
         )
@@ -154,8 +155,6 @@ class Ledger(Generic[H]):
         preempted = entry.running
         if preempted:
             self._stop_running(entry)
-            entry.shadow.status = RequestStatus.PREEMPTED
-            entry.shadow.preemptions += 1
             self._stats(entry.shadow.client).preemptions += 1
         self._enqueue(entry, front=True)
         return preempted
@@ -189,17 +188,14 @@ class Ledger(Generic[H]):
             self.remove(request_id)
         shadow = entry.shadow
         stats = self._stats(shadow.client)
-        first_time = not shadow.ever_admitted
+        first_time = not entry.ever_started
         if first_time:
             cached = max(0, min(cached_tokens, shadow.input_tokens - 1))
             shadow.cached_tokens = cached
             stats.prompt_tokens += shadow.input_tokens
             stats.cached_prompt_tokens += cached
-        shadow.ever_admitted = True
-        shadow.status = RequestStatus.RUNNING
+        entry.ever_started = True
         shadow.admit_seq = next(self._admit_seq)
-        if shadow.scheduled_s is None:
-            shadow.scheduled_s = now
         entry.running = True
         stats.running += 1
         self.policy.on_admit(shadow, first_time, now)
@@ -210,13 +206,13 @@ class Ledger(Generic[H]):
         if entry is None:
             return
         shadow = entry.shadow
-        new = num_output_tokens - len(shadow.output_token_ids)
+        new = num_output_tokens - shadow.num_output_tokens
         if new <= 0:
             return
-        shadow.output_token_ids.extend(itertools.repeat(0, new))
+        shadow.num_output_tokens = num_output_tokens
         self._stats(shadow.client).output_tokens += new
         if self.policy.charges_output:
-            self.policy.on_output(shadow)
+            self.policy.on_output(shadow, new)
 
     def finished(self, request_id: str, num_output_tokens: int, reason: FinishReason) -> None:
         """The request left vLLM: charge its last tokens, then let the policy settle."""
@@ -228,10 +224,9 @@ class Ledger(Generic[H]):
         self._stop_running(entry)
         del self._entries[request_id]
         shadow = entry.shadow
-        shadow.status = RequestStatus.FINISHED
         shadow.finish_reason = reason
         self._stats(shadow.client).finished += 1
-        if shadow.ever_admitted:
+        if entry.ever_started:
             self.policy.on_finish(shadow)  # predictors learn, predictions are refunded
 
     def vllm_request(self, request_id: str) -> H:

@@ -8,7 +8,9 @@ tenants, ranks victims) plus the two things the scheduler needs to know about it
   waiters in priority order; otherwise vLLM runs in FCFS mode and takes the tail
   of `running` as its victim;
 - `sorts_running`: the scheduler keeps `running` sorted by the policy's
-  `victim_key` before each step, so that FCFS tail is the policy's victim.
+  `victim_key` before each step, so that FCFS tail is the policy's victim;
+- `prefix_cache`: the policy orders by what the engine's prefix cache holds (it
+  overrides `attach_prefix_cache`), so it is given the scheduler's view of vLLM's.
 
 `fcfs` and `priority` are vLLM's own orders, exactly: one tenant's requests are
 scheduled as stock vLLM schedules them, so vLLM's own scheduler tests pass with the
@@ -19,7 +21,9 @@ only.) The other policies are tokenfair's core ones, with `running` in victim or
 
 A new policy joins in `plugin_policy` (and config.SUPPORTED_POLICIES). The ones that
 order by what the engine already holds (`vtc-lpm`, `dlpm`) get the scheduler's view of
-vLLM's prefix cache (prefix_cache.py) at construction.
+vLLM's prefix cache (prefix_cache.py) at construction. A user's policy class
+(`mypkg.mod:MyPolicy`) runs as the core's own do: vLLM's FCFS mode, `running` in its
+victim order, and the prefix cache's view if it overrides `attach_prefix_cache`.
 
 No vLLM import here: plain Python over tokenfair's core, like the ledger.
 """
@@ -32,7 +36,7 @@ from dataclasses import dataclass
 
 from tokenfair.core.policies import Policy
 from tokenfair.core.policies.base import KeyedPolicy
-from tokenfair.core.request import Request
+from tokenfair.core.policies.view import RequestView
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +44,7 @@ class PluginPolicy:
     policy: Policy
     vllm_priority: bool = False
     sorts_running: bool = True
+    prefix_cache: bool = False
 
 
 class VllmFCFS(Policy):
@@ -48,28 +53,28 @@ class VllmFCFS(Policy):
     name = "fcfs"
 
     def __init__(self) -> None:
-        self._queue: deque[Request] = deque()
+        self._queue: deque[RequestView] = deque()
 
-    def add(self, request: Request, now: float) -> None:
+    def add(self, request: RequestView, now: float) -> None:
         self._queue.append(request)
 
-    def requeue(self, request: Request) -> None:
+    def requeue(self, request: RequestView) -> None:
         self._queue.appendleft(request)
 
-    def peek(self) -> Request | None:
+    def peek(self) -> RequestView | None:
         return self._queue[0] if self._queue else None
 
-    def pop(self) -> Request:
+    def pop(self) -> RequestView:
         return self._queue.popleft()
 
-    def remove(self, request: Request) -> None:
+    def remove(self, request: RequestView) -> None:
         if request in self._queue:
             self._queue.remove(request)
 
     def __len__(self) -> int:
         return len(self._queue)
 
-    def waiting_requests(self) -> Iterable[Request]:
+    def waiting_requests(self) -> Iterable[RequestView]:
         return list(self._queue)
 
 
@@ -82,10 +87,10 @@ class VllmPriority(KeyedPolicy):
 
     name = "priority"
 
-    def sort_key(self, request: Request, band: int) -> tuple:
+    def sort_key(self, request: RequestView, band: int) -> tuple:
         return (request.priority, request.arrival_s, request.request_id)
 
-    def victim_key(self, request: Request) -> tuple:
+    def victim_key(self, request: RequestView) -> tuple:
         return (request.priority, request.arrival_s)
 
 
@@ -95,4 +100,5 @@ def plugin_policy(name: str, policy: Policy) -> PluginPolicy:
         return PluginPolicy(VllmFCFS(), sorts_running=False)
     if name == "priority":
         return PluginPolicy(VllmPriority(), vllm_priority=True, sorts_running=False)
-    return PluginPolicy(policy)
+    wants_cache = type(policy).attach_prefix_cache is not Policy.attach_prefix_cache
+    return PluginPolicy(policy, prefix_cache=wants_cache)

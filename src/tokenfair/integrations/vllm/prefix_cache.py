@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from tokenfair.core.request import Request
+from tokenfair.core.policies.view import RequestView
 
 
 class CacheAccess(Protocol):
@@ -57,14 +57,14 @@ class VllmPrefixCache:
     def _block_evicted(self) -> None:
         self.wanted_evictions += 1
 
-    def block_hashes(self, request: Request, count: int) -> list[Any]:
+    def block_hashes(self, request: RequestView, count: int) -> list[Any]:
         return list(self._access.block_hashes(request.request_id)[:count])
 
-    def matchable_blocks(self, request: Request) -> int:
+    def matchable_blocks(self, request: RequestView) -> int:
         # At least one token is always computed, as vLLM's own lookup requires.
         return max(0, self._access.num_tokens(request.request_id) - 1) // self._block_size
 
-    def cached_run(self, request: Request, keys: list[Any], start: int = 0) -> int:
+    def cached_run(self, request: RequestView, keys: list[Any], start: int = 0) -> int:
         if not keys:
             return start
         tokens = self._access.cached_tokens(request.request_id)

@@ -57,7 +57,6 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
 
 from tokenfair.core.policies.base import KeyedPolicy
-from tokenfair.core.policies.locality import LocalityVTCPolicy
 from tokenfair.core.request import FinishReason
 from tokenfair.integrations.vllm.config import PluginConfig, load_plugin_config
 from tokenfair.integrations.vllm.fields import output_hint_of, tenant_of
@@ -477,8 +476,9 @@ class FairSchedulerMixin:
         self.tokenfair_config: PluginConfig = config
         self.plugin_policy: PluginPolicy = config.make_plugin_policy()
         self.ledger: Ledger[Request] = Ledger(self.plugin_policy.policy)
-        if isinstance(self.plugin_policy.policy, LocalityVTCPolicy):
-            # vtc-lpm and dlpm order by what vLLM's own prefix cache holds.
+        if self.plugin_policy.prefix_cache:
+            # vtc-lpm and dlpm (and a user's policy that asks for it) order by what
+            # vLLM's own prefix cache holds.
             access = VllmCacheAccess(self.kv_cache_manager, self.ledger.vllm_request)
             if access.enabled:  # the rest of the surface was checked at import
                 pool = type(self.kv_cache_manager.block_pool)
@@ -544,7 +544,7 @@ class FairSchedulerMixin:
         if not getattr(self, "cache_aware_window", 0):
             return
         policy = self.plugin_policy.policy
-        if isinstance(policy, KeyedPolicy | LocalityVTCPolicy):
+        if isinstance(policy, KeyedPolicy) or self.plugin_policy.prefix_cache:
             self.cache_aware_window = 0
             logger.warning(
                 "tokenfair: --cache-aware-admission-window is off under policy %s, whose "

@@ -1,0 +1,317 @@
+"""VTC's rules, written once: counters per node of the share tree, the lift, the
+charges, and the pick among clients that wait.
+
+The Virtual Token Counter (Sheng et al., OSDI 2024) keeps, for every client, a counter
+of the weighted service it has received. With groups (core/share_tree.py) every node,
+group or client, has one: a service of s charges s / w_n to each node n on the client's
+path, from its top-level group down to the client, w_n being the node's weight among
+its siblings. A tree with no group is the flat case, one level under the root.
+
+- **The pick** descends the tree: from the root, the backlogged child (one with a
+  waiting request below it) with the smallest counter, down to a client. Each level
+  keeps a heap of its backlogged children, one live entry each, ordered by (counter,
+  tie rank, filing order); counters mostly grow, so a stale entry (its counter grew) is
+  filed again when it reaches the top, and a counter that shrinks (a refund) files a
+  fresh entry. A pick is O(depth x log(children)).
+- **The lift**: when a client's first waiting request arrives, each node on its path
+  that had nothing waiting below it is lifted, top down, to the smallest counter among
+  its backlogged siblings, or, with none, to the counter of the sibling admitted last
+  (`paper`); the paper artifact's rule skips the second case (`artifact`), `none` never
+  lifts (least counter first). So idle time cannot be banked as credit.
+- **Charges**: the prompt at the first admission (its cached tokens at the configured
+  share, core/cost.py), every output token as the driver reports it (the first one
+  free under the paper's router, which makes it in the prefill step).
+
+Every counter policy (vtc, wvtc, lcf, vtc-artifact, vtc-predict, vtc-oracle,
+vtc-preempt, vtc-lpm, dlpm, and the hierarchical one) keeps its counters here, and so
+do the vLLM plugin (through those policies) and the gateway's in-process counters. The
+only other copy is the gateway's Lua for Redis (gateway/lua.py), which the property
+tests check against this one.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Literal
+
+from tokenfair.core.cost import LinearCost, prompt_cost
+from tokenfair.core.policies.settings import PolicySettings
+from tokenfair.core.policies.view import RequestView
+from tokenfair.core.share_tree import ROOT, ShareTree, is_group
+
+LiftRule = Literal["paper", "artifact", "none"]
+LIFT_RULES: tuple[LiftRule, ...] = ("paper", "artifact", "none")
+# (node, amount) pairs from the top-level group down to the client, each amount
+# already divided by that node's weight: what one service costs each node.
+Charge = tuple[tuple[str, float], ...]
+
+
+def weighted_charge(path: Sequence[str], weights: Mapping[str, float], service: float) -> Charge:
+    """`service` as each node on `path` pays it: divided by the node's weight."""
+    return tuple((node, service / weights.get(node, 1.0)) for node in path)
+
+
+class _Level:
+    """One group's (or the root's) backlogged children: a heap by counter with one
+    live entry per child, and the child admitted last (the lift's reference)."""
+
+    __slots__ = ("heap", "last", "live")
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[float, int, int, str]] = []  # (counter, tie rank, seq, node)
+        self.live: dict[str, int] = {}  # child -> seq of its one valid entry
+        self.last: str | None = None
+
+
+class CounterLedger:
+    """Counters, backlog and charges of VTC over a share tree (see the module doc).
+
+    `ties_to_first_seen`: equal counters go to the node seen first (the paper
+    artifact keeps its counters in a dict in first-arrival order); otherwise to the
+    node whose entry is oldest, the one already waiting.
+    """
+
+    def __init__(
+        self,
+        settings: PolicySettings | None = None,
+        *,
+        lift: LiftRule = "paper",
+        ties_to_first_seen: bool = False,
+    ) -> None:
+        if lift not in LIFT_RULES:
+            raise ValueError(f"unknown lift rule {lift!r}: expected paper, artifact or none")
+        settings = settings or PolicySettings()
+        # Shared with whoever configured it: an operator's change is seen at once.
+        self.weights = settings.weights
+        self.cost = settings.cost
+        self.charge_cached_tokens = settings.charge_cached_tokens
+        # The paper's router leaves the first output token (made by the prefill)
+        # uncharged; the scheduler sets this from its configuration.
+        self.charge_first_token = True
+        self.lift: LiftRule = lift
+        self.ties_to_first_seen = ties_to_first_seen
+        self._tree = settings.tree
+        self._linear_w_out = self.cost.w_out if isinstance(self.cost, LinearCost) else None
+        self._counter: dict[str, float] = {}
+        self._levels: dict[str, _Level] = {ROOT: _Level()}
+        self._paths: dict[str, tuple[tuple[str, str], ...]] = {}  # client -> (parent, node)..
+        self._rank: dict[str, int] = {}
+        self._seq = itertools.count()
+
+    # --- the tree ---
+    @property
+    def tree(self) -> ShareTree:
+        return self._tree
+
+    @tree.setter
+    def tree(self, tree: ShareTree) -> None:
+        """A reloaded tree (new groups and clients; nobody moved): paths are re-read."""
+        self._tree = tree
+        self._paths.clear()
+
+    def set_path(self, client: str, nodes: Sequence[str]) -> None:
+        """Place `client` at `nodes` (top-level group down to the client itself), for
+        drivers that learn the tree request by request (the gateway)."""
+        self._paths[client] = tuple(zip((ROOT, *nodes[:-1]), nodes, strict=True))
+
+    def path(self, client: str) -> tuple[tuple[str, str], ...]:
+        """(parent, node) pairs from the top level down to the client."""
+        path = self._paths.get(client)
+        if path is None:
+            nodes = self._tree.path(client)
+            path = self._paths[client] = tuple(zip((ROOT, *nodes[:-1]), nodes, strict=True))
+        return path
+
+    def nodes(self, client: str) -> tuple[str, ...]:
+        return tuple(node for _, node in self.path(client))
+
+    # --- counters ---
+    def counter(self, node: str) -> float:
+        return self._counter.get(node, 0.0)
+
+    def counters(self) -> dict[str, float]:
+        """The clients' counters."""
+        return {n: c for n, c in self._counter.items() if not is_group(n)}
+
+    def node_counters(self) -> dict[str, float]:
+        """Every node's counter, groups (`@path`) and clients."""
+        return dict(self._counter)
+
+    def tie_rank(self, node: str) -> int:
+        if not self.ties_to_first_seen:
+            return 0
+        return self._rank.setdefault(node, len(self._rank))
+
+    # --- charges ---
+    def charge(self, client: str, service: float) -> None:
+        """Add `service` to every node on the client's path, divided by its weight."""
+        path = self.path(client)
+        counter, weights = self._counter, self.weights
+        if len(path) == 1:  # no groups: the usual case, on every output token
+            counter[client] = counter.get(client, 0.0) + service / weights.get(client, 1.0)
+            return
+        for _, node in path:
+            counter[node] = counter.get(node, 0.0) + service / weights.get(node, 1.0)
+
+    def apply(self, charge: Charge) -> None:
+        """Add amounts already divided by each node's weight (`weighted_charge`)."""
+        counter = self._counter
+        for node, amount in charge:
+            counter[node] = counter.get(node, 0.0) + amount
+
+    def prompt_service(self, request: RequestView) -> float:
+        """What the request's prompt costs, its cached tokens at their share."""
+        return prompt_cost(
+            self.cost, request.input_tokens, request.cached_tokens, self.charge_cached_tokens
+        )
+
+    def charge_prompt(self, request: RequestView) -> None:
+        self.charge(request.client, self.prompt_service(request))
+
+    def chargeable_output(self, num_output_tokens: int) -> int:
+        """Of `num_output_tokens` generated, how many are charged (the first may be free)."""
+        return num_output_tokens if self.charge_first_token else max(0, num_output_tokens - 1)
+
+    def output_service(self, request: RequestView, start: int, end: int) -> float:
+        """The cost of chargeable output tokens start+1 .. end."""
+        if self._linear_w_out is not None:
+            return self._linear_w_out * (end - start)
+        return self.cost.output(request.input_tokens, start, end)
+
+    def charge_output(self, request: RequestView, new_tokens: int) -> None:
+        """The request generated `new_tokens` more (`num_output_tokens` counts them)."""
+        end = self.chargeable_output(request.num_output_tokens)
+        start = self.chargeable_output(request.num_output_tokens - new_tokens)
+        if end > start:
+            self.charge(request.client, self.output_service(request, start, end))
+
+    # --- the backlog and the pick ---
+    def _level(self, group: str) -> _Level:
+        level = self._levels.get(group)
+        if level is None:
+            level = self._levels[group] = _Level()
+        return level
+
+    def _file(self, level: _Level, node: str) -> None:
+        seq = next(self._seq)
+        level.live[node] = seq
+        heapq.heappush(level.heap, (self._counter[node], self.tie_rank(node), seq, node))
+        if len(level.heap) > 2 * len(level.live) + 64:
+            level.heap = [(self._counter[n], self.tie_rank(n), s, n) for n, s in level.live.items()]
+            heapq.heapify(level.heap)
+
+    def _min_child(self, level: _Level) -> str | None:
+        heap, counter, live = level.heap, self._counter, level.live
+        while heap:
+            stored, rank, seq, node = heap[0]
+            if live.get(node) != seq:
+                heapq.heappop(heap)  # retired entry
+            elif stored != counter[node]:
+                seq = next(self._seq)  # the counter grew since: file it again
+                live[node] = seq
+                heapq.heapreplace(heap, (counter[node], rank, seq, node))
+            else:
+                return node
+        return None
+
+    def is_backlogged(self, client: str) -> bool:
+        return client in self._levels[self.path(client)[-1][0]].live
+
+    def activate(self, client: str, *, lift: bool = True) -> None:
+        """The client's first waiting request: each node on its path that had nothing
+        waiting below it is lifted among its siblings (top down, unless `lift` is
+        False: a preempted request was being served, not idle) and filed."""
+        if self.ties_to_first_seen:
+            self.tie_rank(client)  # seen at arrival, before its lift
+        for parent, node in self.path(client):
+            level = self._level(parent)
+            if node in level.live:
+                continue  # waiting below already
+            counter = self._counter.get(node, 0.0)
+            if lift and self.lift != "none":
+                others = self._min_child(level)
+                if others is not None:
+                    counter = max(counter, self._counter[others])
+                elif self.lift == "paper" and level.last is not None:
+                    counter = max(counter, self._counter[level.last])
+            self._counter[node] = counter
+            self._file(level, node)
+
+    def deactivate(self, client: str) -> None:
+        """The client's last waiting request left: retire it, and each group above
+        that has nothing waiting any more."""
+        for parent, node in reversed(self.path(client)):
+            level = self._levels[parent]
+            del level.live[node]  # its heap entry is retired lazily
+            if level.live:
+                return
+
+    def refile(self, client: str) -> None:
+        """The client's counters shrank (a refund): file its backlogged nodes afresh."""
+        for parent, node in self.path(client):
+            level = self._levels.get(parent)
+            if level is not None and node in level.live:
+                self._file(level, node)
+
+    def admitted(self, client: str) -> None:
+        """A request of `client` was admitted: the lift's reference at every level."""
+        counter = self._counter
+        for parent, node in self.path(client):
+            self._level(parent).last = node
+            counter.setdefault(node, 0.0)
+
+    def smallest(self) -> str | None:
+        """The backlogged client the descent picks, or None when nobody waits."""
+        levels = self._levels
+        node = self._min_child(levels[ROOT])
+        while node is not None and is_group(node):
+            node = self._min_child(levels[node])
+        return node
+
+    def backlogged_in_order(self) -> Iterator[str]:
+        """The backlogged clients in the order successive picks would take them, were
+        each to leave with no charge in between (the heaps' walk, on copies)."""
+        yield from self._walk(ROOT)
+
+    def _walk(self, group: str) -> Iterator[str]:
+        level = self._levels.get(group)
+        if level is None:
+            return
+        heap, counter, live = list(level.heap), self._counter, dict(level.live)
+        seq = itertools.count(max((entry[2] for entry in heap), default=0) + 1)
+        while heap:
+            stored, rank, entry_seq, node = heapq.heappop(heap)
+            if live.get(node) != entry_seq:
+                continue  # retired, or listed already
+            if stored != counter[node]:
+                live[node] = next(seq)  # a re-file takes a seq above every stored one
+                heapq.heappush(heap, (counter[node], rank, live[node], node))
+                continue
+            del live[node]
+            if is_group(node):
+                yield from self._walk(node)
+            else:
+                yield node
+
+    def best_of(self, clients: Sequence[str]) -> int:
+        """Of `clients` (backlogged or not), the index of the one the descent picks
+        among them alone; ties go to the earliest listed."""
+        if not clients:
+            raise ValueError("best_of needs at least one client")
+        counter = self._counter
+        remaining = list(range(len(clients)))
+        paths = [self.nodes(client) for client in clients]
+        depth = 0
+        while len(remaining) > 1:
+            best: str | None = None
+            for index in remaining:
+                node = paths[index][depth]
+                if best is None or counter.get(node, 0.0) < counter.get(best, 0.0):
+                    best = node
+            remaining = [index for index in remaining if paths[index][depth] == best]
+            if len(paths[remaining[0]]) == depth + 1:
+                break  # best is a client
+            depth += 1
+        return remaining[0]

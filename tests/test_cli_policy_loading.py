@@ -1,0 +1,174 @@
+"""A policy of one's own on the command line: `--policy mypkg.mod:MyPolicy(key=value)`
+runs, an installed one is listed, and a bad spec is one line with exit status 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.test_cli_errors import error_line
+from tests.user_policies import MODULE, SOURCE, install_distribution, install_module
+from tokenfair.cli import app
+
+runner = CliRunner()
+
+
+def burst(tmp_path: Path) -> Path:
+    """Twelve long prompts at once: most wait, so the waiting order shows."""
+    path = tmp_path / "burst.jsonl"
+    rows = [
+        {"arrival_s": i * 0.01, "client": f"c{i % 2}", "input_tokens": 2000, "output_tokens": 20}
+        for i in range(12)
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def tokenfair(args: list[str], pythonpath: Path) -> subprocess.CompletedProcess[str]:
+    """The command as a user runs it, with their module's folder on PYTHONPATH."""
+    paths = [str(pythonpath), os.environ.get("PYTHONPATH", "")]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
+    return subprocess.run(
+        [sys.executable, "-m", "tokenfair.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def served_order(results: Path) -> list[str]:
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    return [r["request_id"] for r in sorted(rows, key=lambda r: r["first_token_s"])]
+
+
+def test_simulate_runs_a_policy_from_pythonpath(tmp_path: Path) -> None:
+    (tmp_path / f"{MODULE}.py").write_text(SOURCE)
+    trace = burst(tmp_path)
+    out = tmp_path / "newest.jsonl"
+    spec = f"{MODULE}:Newest(scale=2, tag='a b')"
+    done = tokenfair(
+        ["simulate", "--trace", str(trace), "--policy", spec, "--out", str(out)], tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["policy"] == "Newest"
+    # r0 is alone when it arrives; then the newest waiting goes first, unlike fcfs.
+    assert served_order(out) == ["r0", *(f"r{i}" for i in range(11, 0, -1))]
+    fcfs = tmp_path / "fcfs.jsonl"
+    done = tokenfair(
+        ["simulate", "--trace", str(trace), "--policy", "fcfs", "--out", str(fcfs)], tmp_path
+    )
+    assert served_order(fcfs) == [f"r{i}" for i in range(12)]
+
+    bad = tokenfair(["simulate", "--trace", str(trace), "--policy", f"{MODULE}:Nope"], tmp_path)
+    assert bad.returncode == 2
+    assert "Traceback" not in bad.stderr
+    assert bad.stderr.strip().splitlines() == [
+        f"error: policy '{MODULE}:Nope': module '{MODULE}' has no class 'Nope' (its policies: "
+        "Cached, Newest, OwnCharge, Plain)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        (
+            "tf_no_such_policy_module:X",
+            "error: policy 'tf_no_such_policy_module:X': cannot import module "
+            "'tf_no_such_policy_module': No module named 'tf_no_such_policy_module'",
+        ),
+        ("{m}:NotAPolicy", "is not a policy class"),
+        ("{m}:Newest(bogus=1)", "got an unexpected keyword argument 'bogus'"),
+        ("{m}:Newest(scale=huge)", "argument scale=huge is not a Python literal"),
+        ("{m}:Newest(scale=-1)", "error: policy '{m}:Newest(scale=-1)': scale must be > 0"),
+    ],
+)
+def test_a_bad_spec_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spec: str, expected: str
+) -> None:
+    module = install_module(tmp_path, monkeypatch)
+    trace = burst(tmp_path)
+    line = error_line(["simulate", "--trace", str(trace), "--policy", spec.format(m=module)])
+    assert expected.format(m=module) in line
+
+
+def test_compare_runs_a_policy_whose_arguments_hold_commas(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = install_module(tmp_path, monkeypatch)
+    spec = f"{module}:Newest(scale=2, tag='a/b')"
+    out = tmp_path / "cmp"
+    args = ["experiment", "compare", "--trace", str(burst(tmp_path)), "--out", str(out)]
+    result = runner.invoke(
+        app, [*args, "--policies", f"fcfs,{spec}", "--duration", "10", "--warmup", "0"]
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "metrics.json").read_text())
+    assert spec in json.dumps(summary)
+    # A spec's slash cannot make a folder of its results file.
+    assert (out / "results" / "burst" / f"{module}-Newest-scale=2--tag=-a-b--.jsonl").is_file()
+    line = error_line([*args, "--policies", "fcfs,tf_nope.mod:P(a=1, b=2)"])
+    assert "policy 'tf_nope.mod:P(a=1, b=2)': cannot import module 'tf_nope.mod'" in line
+
+
+def test_policies_lists_the_installed_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    install_distribution(tmp_path, monkeypatch)
+    result = runner.invoke(app, ["policies"], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    rows = {
+        cells[0]: cells[1]
+        for line in result.output.splitlines()
+        if len(cells := [c.strip() for c in line.strip("│┃ ").split("│")]) == 2
+    }
+    assert rows["vtc"] == "Virtual Token Counter with the paper's lift rule"
+    assert rows["newest (installed)"] == "Newest arrival first (last come, first served)."
+    assert rows["broken (installed)"].startswith("cannot load: policy 'broken' (entry point ")
+    assert "No module named 'tf_no_such_policy_module'" in rows["broken (installed)"]
+    assert list(rows).index("newest (installed)") > list(rows).index("dlpm[:quantum]")
+
+
+def test_serve_refuses_a_bad_spec_in_one_line() -> None:
+    pytest.importorskip("fastapi")
+    line = error_line(
+        ["serve", "--model", "sim:a10g-llama-7b", "--policy", "tf_nope:X(a=[1, 2])", "--port", "1"]
+    )
+    assert line == (
+        "error: policy 'tf_nope:X(a=[1, 2])': cannot import module 'tf_nope': "
+        "No module named 'tf_nope'"
+    )
+
+
+def test_the_example_policy_runs_in_simulate_and_compare(tmp_path: Path) -> None:
+    """examples/least_attained.py, unchanged, from the command line."""
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    rows = [
+        {"arrival_s": 0.0, "client": "heavy", "input_tokens": 2000, "output_tokens": 20}
+    ] * 8 + [{"arrival_s": 0.5, "client": "light", "input_tokens": 200, "output_tokens": 20}]
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(json.dumps({**row, "request_id": f"r{i}"}) + "\n"
+                             for i, row in enumerate(rows)))  # fmt: skip
+    spec = "least_attained:LeastAttainedService(half_life_s=5)"
+    out = tmp_path / "las.jsonl"
+    done = tokenfair(
+        ["simulate", "--trace", str(trace), "--policy", spec, "--out", str(out)], examples
+    )
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["policy"] == "least-attained"
+    # The light client, arriving behind eight heavy prompts, is served before the last
+    # of them: it has attained nothing.
+    order = served_order(out)
+    assert order.index("r8") < order.index("r7")
+    compared = tokenfair(
+        ["experiment", "compare", "--trace", str(trace), "--policies", f"fcfs,{spec}",
+         "--duration", "20", "--warmup", "0", "--window", "5", "--workers", "1",
+         "--out", str(tmp_path / "compare")],
+        examples,
+    )  # fmt: skip
+    assert compared.returncode == 0, compared.stderr
