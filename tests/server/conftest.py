@@ -82,7 +82,11 @@ class Server:
 
 
 def launch(
-    tmp: Path, *args: str, tenants: dict[str, object] | None = None, timeout: float = 120
+    tmp: Path,
+    *args: str,
+    tenants: dict[str, object] | None = None,
+    timeout: float = 120,
+    python_path: tuple[Path, ...] = (),
 ) -> Server:
     port = free_port()
     command = [
@@ -100,7 +104,7 @@ def launch(
         path.write_text(yaml.safe_dump(tenants))
         command += ["--tenants", str(path)]
     command += list(args)
-    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (SRC, *python_path)))}
     log = tmp / f"server-{port}.log"
     process = subprocess.Popen(command, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     server = Server(f"http://127.0.0.1:{port}", process, log)
