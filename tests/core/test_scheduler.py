@@ -33,7 +33,7 @@ def test_cancelled_running_request_frees_blocks_before_next_step():
     scheduler.add_request(other, 0)
     fake_step(scheduler)
     fake_step(scheduler)
-    held = len(scheduler.kv.block_tables[victim.request_id])
+    held = len(scheduler.kv.block_table(victim.request_id))
     free_before = scheduler.kv.num_free_blocks
     scheduler.abort(victim.request_id, 1.0)
     assert scheduler.kv.num_free_blocks == free_before + held

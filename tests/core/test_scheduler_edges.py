@@ -91,7 +91,7 @@ def test_prefix_chain_survives_a_block_cached_by_someone_else():
         r.num_computed_tokens = r.input_tokens
         kv.cache_full_blocks(r)
     kv.free(second)
-    assert kv.match_prefix(second) == 16  # all four full blocks, not just the first
+    assert kv.lookup_prefix(second).num_tokens == 16  # all four full blocks, not the first
 
 
 def test_prefix_hit_statistics_count_admitted_requests_only():
@@ -153,8 +153,8 @@ def test_allocate_decides_and_takes_nothing_when_the_pool_is_short():
     kv = KVCacheManager(num_blocks=4, block_size=4)
     a, b = make_request(input_tokens=8), make_request(input_tokens=12)
     assert kv.allocate(a, 8) and kv.num_free_blocks == 2
-    assert not kv.allocate(b, 12)  # needs 3 blocks, 2 free
-    assert kv.num_free_blocks == 2 and b.request_id not in kv.block_tables
+    assert kv.allocate(b, 12) is None  # needs 3 blocks, 2 free
+    assert kv.num_free_blocks == 2 and b.request_id not in kv.holders()
     assert kv.blocks_for(9) == 3 and kv.blocks_needed(a, 9) == 1
     kv.check_invariants()
 

@@ -181,14 +181,14 @@ def test_salted_prefix_hashes():
 
     kv = KVCacheManager(num_blocks=16, block_size=8, enable_prefix_caching=True)
     first = request("r0", "a")
-    kv.match_prefix(first)
-    kv.allocate(first, 40)
+    assert kv.allocate(first, 40, kv.lookup_prefix(first)) is not None
     first.num_computed_tokens = 40
     kv.cache_full_blocks(first)
     kv.free(first)
-    assert kv.match_prefix(request("r1", "b")) == 0
-    assert kv.match_prefix(request("r2", None)) == 0
-    assert kv.match_prefix(request("r3", "a")) == 32  # 4 full blocks, the last token recomputed
+    assert kv.lookup_prefix(request("r1", "b")).num_tokens == 0
+    assert kv.lookup_prefix(request("r2", None)).num_tokens == 0
+    # 4 full blocks, the last token recomputed
+    assert kv.lookup_prefix(request("r3", "a")).num_tokens == 32
     kv.check_invariants()
 
 

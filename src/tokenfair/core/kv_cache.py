@@ -20,6 +20,12 @@ the request's prefix group's text by (group, position), any other by (request id
 position), so requests of one group share their common prefix and a recomputed
 simulated request still hits its own old blocks.
 
+Admission looks before it takes: `lookup_prefix` finds a waiting request's cached
+prefix and changes nothing (no reference counts, no LRU order); `allocate` then takes
+that prefix and the new blocks together, or nothing when the pool is short. A head of
+the queue that cannot be admitted yet has its idle prefix blocks made the most recently
+used (`touch_prefix`): it is next in line, so they are evicted after the other idle ones.
+
 Each request keeps its chain of block hashes (`Request.block_hashes`), computed once:
 a waiting request's cached prefix is looked up at every step by the locality-aware
 policies (`cached_prefix_blocks`), which also follow the cache through `on_cached`
@@ -40,6 +46,7 @@ import hashlib
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from tokenfair.core.request import Request
 
@@ -47,6 +54,26 @@ from tokenfair.core.request import Request
 def blocks_for(num_tokens: int, block_size: int) -> int:
     """Blocks of `block_size` tokens that hold `num_tokens` tokens (the one rounding rule)."""
     return -(-num_tokens // block_size)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixHit:
+    """A waiting request's cached prefix as `KVCacheManager.lookup_prefix` found it.
+
+    Nothing is taken by the lookup: pass the hit to `allocate` to take it, in the same
+    step (`allocate` checks that the blocks still hold these hashes and refuses a stale
+    hit with ValueError).
+    """
+
+    blocks: tuple[int, ...]  # the cached blocks, in token order
+    hashes: tuple[int, ...]  # their chain hashes (the cache's keys), one per block
+    num_tokens: int  # tokens they hold: the request's computed tokens once taken
+    # How many of them nobody holds now (evictable): taking the prefix takes that many
+    # blocks from the free pool.
+    idle_blocks: int
+
+
+NO_PREFIX = PrefixHit((), (), 0, 0)
 
 
 class KVCacheManager:
@@ -63,7 +90,13 @@ class KVCacheManager:
         self.block_size = block_size
         self.num_swap_blocks = num_swap_blocks
         self.enable_prefix_caching = enable_prefix_caching
-        self.block_tables: dict[str, list[int]] = {}
+        # request id -> its block table; read it through `block_table`.
+        self._tables: dict[str, list[int]] = {}
+        # The request's blocks in token order (KeyError if it holds none: see `holders`):
+        # the manager's own list, which grows in place as the request does; read it,
+        # never change it. A bound dict lookup, since the scheduler reads every running
+        # request's table at every step.
+        self.block_table: Callable[[str], list[int]] = self._tables.__getitem__
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() gives block 0 first
         self._ref_count = [0] * num_blocks
         # Prefix cache: hash of each full block (or None), hash -> block, evictable LRU.
@@ -104,30 +137,80 @@ class KVCacheManager:
 
     def blocks_needed(self, request: Request, num_tokens: int) -> int:
         """Blocks `request` must add to hold `num_tokens` tokens in total."""
-        have = len(self.block_tables.get(request.request_id, ()))
+        have = len(self._tables.get(request.request_id, ()))
         return max(0, self.blocks_for(num_tokens) - have)
 
-    # --- allocation ---
-    def allocate(self, request: Request, num_tokens: int) -> bool:
-        """Grow the request's table to hold `num_tokens` tokens; False if the pool is short.
+    # --- block tables (and `block_table`, set in __init__) ---
+    def holders(self) -> list[str]:
+        """The ids of the requests that hold a block table (possibly an empty one)."""
+        return list(self._tables)
 
-        The one place that decides whether blocks are available: the scheduler asks
-        here and preempts or stops admitting on False. Nothing is taken on False.
+    # --- allocation ---
+    def allocate(
+        self, request: Request, num_tokens: int, prefix: PrefixHit | None = None
+    ) -> list[int] | None:
+        """Grow the request's table to hold `num_tokens` tokens; None if the pool is short.
+
+        With `prefix` (a hit from `lookup_prefix`, for a request that holds no blocks
+        yet) its cached blocks are taken first and the new blocks follow them; the
+        prefix's idle blocks count against the free pool like new ones. All or nothing:
+        the whole table on success (the manager's own list, see `block_table`; test it
+        with `is None`, as an empty table is falsy), None and nothing taken on
+        shortage. The one place that decides whether blocks are available: the
+        scheduler preempts or stops admitting on None.
         """
-        table = self.block_tables.get(request.request_id)
+        if prefix is not None and prefix.blocks:
+            return self._allocate_with_prefix(request, num_tokens, prefix)
+        table = self._tables.get(request.request_id)
         need = self.blocks_for(num_tokens) - (len(table) if table is not None else 0)
-        if need > self.num_free_blocks:
-            return False
+        if need > len(self._free) + len(self._evictable) + len(self._evictable_wanted):
+            return None
         if table is None:
-            table = self.block_tables[request.request_id] = []
+            table = self._tables[request.request_id] = []
         if need <= 0:
-            return True
+            return table
         ref_count = self._ref_count
         for _ in range(need):
             block = self._free.pop() if self._free else self._take_free_block()
             ref_count[block] = 1
             table.append(block)
-        return True
+        return table
+
+    def _allocate_with_prefix(
+        self, request: Request, num_tokens: int, prefix: PrefixHit
+    ) -> list[int] | None:
+        if self._tables.get(request.request_id):
+            raise ValueError(
+                f"request {request.request_id!r} holds blocks: a cached prefix is taken "
+                "only by a request that holds none"
+            )
+        ref_count, block_hash = self._ref_count, self._block_hash
+        idle = 0
+        for block, key in zip(prefix.blocks, prefix.hashes, strict=True):
+            if block_hash[block] != key:
+                raise ValueError(
+                    f"stale prefix hit for request {request.request_id!r}: block {block} "
+                    "was evicted since the lookup; look the prefix up again"
+                )
+            if ref_count[block] == 0:
+                idle += 1
+        need = max(0, self.blocks_for(num_tokens) - len(prefix.blocks))
+        if need + idle > self.num_free_blocks:
+            return None
+        for block in prefix.blocks:
+            if ref_count[block] == 0:
+                if block in self._evictable:
+                    del self._evictable[block]
+                else:
+                    del self._evictable_wanted[block]
+            ref_count[block] += 1
+        table = self._tables[request.request_id] = list(prefix.blocks)
+        self._hashed_blocks[request.request_id] = len(table)
+        for _ in range(need):
+            block = self._take_free_block()  # the prefix's blocks are out of the LRU now
+            ref_count[block] = 1
+            table.append(block)
+        return table
 
     def _take_free_block(self) -> int:
         if self._free:
@@ -145,7 +228,7 @@ class KVCacheManager:
 
     def free(self, request: Request) -> None:
         """Release every block of the request (finished, aborted or preempted)."""
-        table = self.block_tables.pop(request.request_id, None)
+        table = self._tables.pop(request.request_id, None)
         self._hashed_blocks.pop(request.request_id, None)
         if not table:
             return
@@ -216,37 +299,38 @@ class KVCacheManager:
             return 0
         return self.cached_run(request, self.block_hashes(request, self.matchable_blocks(request)))
 
-    def blocks_to_admit(self, request: Request, num_tokens: int) -> int:
-        """Free blocks that admitting the waiting request (its cached prefix taken, then
-        grown to `num_tokens`) would use: new blocks plus cached ones now evictable."""
-        hits = self.cached_prefix_blocks(request)
-        keys = self.block_hashes(request, hits)
-        idle_hits = sum(self._ref_count[self._cached[key]] == 0 for key in keys)
-        return max(0, self.blocks_for(num_tokens) - hits) + idle_hits
-
-    def match_prefix(self, request: Request) -> int:
-        """Take the request's longest cached prefix; return how many tokens it covers.
-
-        Called on admission when the request holds no blocks.
-        """
+    def lookup_prefix(self, request: Request) -> PrefixHit:
+        """The request's longest cached prefix; nothing is taken and nothing in the cache
+        changes (no reference counts, no LRU order). Take it with `allocate`."""
         if not self.enable_prefix_caching:
-            return 0
-        assert request.request_id not in self.block_tables
-        table: list[int] = []
-        for key in self.block_hashes(request, self.matchable_blocks(request)):
-            block = self._cached.get(key)
+            return NO_PREFIX
+        cached, ref_count = self._cached, self._ref_count
+        keys = self.block_hashes(request, self.matchable_blocks(request))
+        blocks: list[int] = []
+        idle = 0
+        for key in keys:
+            block = cached.get(key)
             if block is None:
                 break
-            if self._ref_count[block] == 0:
-                if block in self._evictable:
-                    del self._evictable[block]
+            blocks.append(block)
+            if ref_count[block] == 0:
+                idle += 1
+        if not blocks:
+            return NO_PREFIX
+        count = len(blocks)
+        return PrefixHit(tuple(blocks), tuple(keys[:count]), count * self.block_size, idle)
+
+    def touch_prefix(self, hit: PrefixHit) -> None:
+        """Make the hit's idle blocks the most recently used, its first block last (as
+        if its request had taken and freed them), each in the LRU it waits in; nothing
+        is taken. For a waiting request that is next in line but not admitted yet."""
+        evictable, ref_count = self._evictable, self._ref_count
+        for block in reversed(hit.blocks):
+            if ref_count[block] == 0:
+                if block in evictable:
+                    evictable.move_to_end(block)
                 else:
-                    del self._evictable_wanted[block]
-            self._ref_count[block] += 1
-            table.append(block)
-        self.block_tables[request.request_id] = table
-        self._hashed_blocks[request.request_id] = len(table)
-        return len(table) * self.block_size
+                    self._evictable_wanted.move_to_end(block)
 
     def want(self, keys: list[int]) -> None:
         """A waiting request will hit these blocks: evict them last."""
@@ -284,7 +368,7 @@ class KVCacheManager:
         """Enter the blocks that the request's computed tokens have filled in the cache."""
         if not self.enable_prefix_caching:
             return
-        table = self.block_tables.get(request.request_id)
+        table = self._tables.get(request.request_id)
         if not table:
             return
         done = self._hashed_blocks.get(request.request_id, 0)
@@ -312,13 +396,13 @@ class KVCacheManager:
 
     # --- swap ---
     def can_swap_out(self, request: Request) -> bool:
-        return len(self.block_tables.get(request.request_id, ())) <= len(self._swap_free)
+        return len(self._tables.get(request.request_id, ())) <= len(self._swap_free)
 
     def swap_out(self, request: Request) -> list[tuple[int, int]] | None:
         """Move the request's blocks to the swap area: (device, swap) copies, or None if full."""
         if not self.can_swap_out(request):
             return None
-        table = self.block_tables.get(request.request_id, [])
+        table = self._tables.get(request.request_id, [])
         swap_table = [self._swap_free.pop() for _ in table]
         mapping = list(zip(table, swap_table, strict=True))
         self.free(request)
@@ -342,7 +426,7 @@ class KVCacheManager:
             block = self._take_free_block()
             self._ref_count[block] = 1
             table.append(block)
-        self.block_tables[request.request_id] = table
+        self._tables[request.request_id] = table
         self._swap_free.extend(reversed(swap_table))
         copies = list(zip(swap_table, table, strict=True))
         self.allocate(request, num_tokens)  # fits: checked above
@@ -356,7 +440,7 @@ class KVCacheManager:
     # --- invariants, for tests and debugging ---
     def check_invariants(self) -> None:
         held: dict[int, int] = {}
-        for table in self.block_tables.values():
+        for table in self._tables.values():
             for block in table:
                 held[block] = held.get(block, 0) + 1
         for block in range(self.num_blocks):

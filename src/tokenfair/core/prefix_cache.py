@@ -21,11 +21,12 @@ tells the cache which blocks those requests want, so it evicts them last):
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 if TYPE_CHECKING:  # the policies package imports this module
     from tokenfair.core.kv_cache import KVCacheManager
     from tokenfair.core.policies.view import RequestView
+    from tokenfair.core.request import Request
 
 
 class PrefixCache(Protocol):
@@ -179,12 +180,15 @@ class PrefixCacheView:
         self.enable_prefix_caching = kv.enable_prefix_caching
         self.on_cached = kv.on_cached
         # Bound methods, not wrappers: a locality-aware policy calls these every step.
-        self.block_hashes = kv.block_hashes
-        self.matchable_blocks = kv.matchable_blocks
-        self.cached_run = kv.cached_run
+        # The requests it passes are the scheduler's own, seen as views.
+        self.block_hashes = cast("Callable[[RequestView, int], list[int]]", kv.block_hashes)
+        self.matchable_blocks = cast("Callable[[RequestView], int]", kv.matchable_blocks)
         self.want = kv.want
         self.unwant = kv.unwant
 
     @property
     def wanted_evictions(self) -> int:
         return self._kv.wanted_evictions
+
+    def cached_run(self, request: RequestView, keys: list[int], start: int = 0) -> int:
+        return self._kv.cached_run(cast("Request", request), keys, start)

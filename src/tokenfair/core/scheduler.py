@@ -3,10 +3,12 @@
 One step, top to bottom:
   1. aborted requests are already gone: `abort` frees their blocks at once;
   2. make room for the running requests' next tokens, preempting victims the policy
-     picks (recompute or swap) when the pool is short; bring swapped requests back
-     when there is room;
+     picks (recompute or swap) when the pool is short: only the request that was short
+     is retried, a victim already planned leaves the plan and gives its tokens back
+     (as vLLM v1 does); bring swapped requests back when there is room;
   3. admit waiting requests in policy order under max_num_seqs, the token budget
-     (prefills may be chunked) and memory; the first request that does not fit stops
+     (prefills may be chunked) and memory, the head's cached prefix looked up first and
+     taken only with its admission; the first request that does not fit stops
      admission (no skipping ahead), unless the policy preempts someone for it;
   4. charge the policy: prompts at admission (here), output tokens as they are
      generated (`update`).
@@ -36,6 +38,7 @@ from typing import Literal
 from tokenfair.core.batch import ExecutorOutput, ScheduledRequest, SchedulerOutput
 from tokenfair.core.kv_cache import KVCacheManager
 from tokenfair.core.policies.base import Policy
+from tokenfair.core.policies.view import RequestView
 from tokenfair.core.prefix_cache import PrefixCacheView
 from tokenfair.core.request import FinishReason, Request, RequestStatus
 from tokenfair.core.reserve import reserve_peak_fits
@@ -133,6 +136,11 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
+    def _own(self, request: RequestView) -> Request:
+        """The scheduler's request behind what the policy handed back (a policy sees and
+        returns requests only as `RequestView`s)."""
+        return self.requests[request.request_id]
+
     # --- one step ---
     def schedule(self, now: float) -> SchedulerOutput:
         out = SchedulerOutput(block_size=self.config.block_size)
@@ -148,65 +156,82 @@ class Scheduler:
             self._admit(out, budget, now)
         return out
 
-    def _plan_chunk(self, request: Request, budget: int) -> int:
-        remaining = request.num_tokens - request.num_computed_tokens
+    def _plan_chunk(self, remaining: int, budget: int) -> int:
+        """Tokens to run of a request with `remaining` tokens left to compute."""
         if remaining <= budget:
             return remaining
         return budget if self.config.enable_chunked_prefill else 0
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        """Schedule every running request's next tokens, preempting while memory is short."""
+        """Schedule every running request's next tokens, preempting while memory is short.
+
+        A request whose next tokens the pool cannot hold preempts the policy's victim
+        and is retried alone, with the budget it has then; a victim already in this
+        step's plan leaves it and gives its tokens back; when the victim is the short
+        request itself, planning moves on to the next one. The plan is never rebuilt.
+        """
         kv = self.kv
-        tables, block_size = kv.block_tables, kv.block_size
+        table_of, allocate, block_size = kv.block_table, kv.allocate, kv.block_size
         chunked = self.config.enable_chunked_prefill
+        plan: list[ScheduledRequest] = []
+        left = budget
+        todo = self.running
         # This loop runs for every running request on every step: keep it plain.
         while True:
-            plan: list[tuple[Request, int]] = []
-            left = budget
-            short = False
-            for request in self.running:
+            for request in todo:
                 start = request.num_computed_tokens
                 n = request.input_tokens + len(request.output_token_ids) - start
                 if n > left:
                     n = left if chunked else 0
                 if n:
+                    table = table_of(request.request_id)
+                    if start + n > len(table) * block_size and allocate(request, start + n) is None:
+                        break  # short of blocks: preempt below, then retry this request
                     left -= n
-                    plan.append((request, n))
-                    # Blocks kept by a request preempted below are freed with it.
-                    grows = start + n > len(tables[request.request_id]) * block_size
-                    if grows and not kv.allocate(request, start + n):
-                        short = True
-                        break
-            if not short:
+                    plan.append(ScheduledRequest(request, n, start, table))
+            else:
                 break
-            self._preempt(self.policy.victim(self.running), out, cause="memory")
-        scheduled = out.scheduled
-        for request, n in plan:
-            start = request.num_computed_tokens
-            scheduled.append(ScheduledRequest(request, n, start, tables[request.request_id]))
+            left, todo = self._preempt_for_memory(request, plan, left, out)
+        out.scheduled.extend(plan)
         return left
+
+    def _preempt_for_memory(
+        self, short: Request, plan: list[ScheduledRequest], left: int, out: SchedulerOutput
+    ) -> tuple[int, list[Request]]:
+        """Preempt the policy's victim because `short` found the pool short; return the
+        budget left and the running requests still to plan, `short` first if it stays."""
+        running = self.running
+        victim = self._own(self.policy.victim(running))
+        at = running.index(short)
+        self._preempt(victim, out, cause="memory")
+        if victim is short:
+            return left, running[at:]  # the request after it now sits at `at`
+        for index, scheduled in enumerate(plan):
+            if scheduled.request is victim:
+                del plan[index]
+                left += scheduled.num_new_tokens
+                break
+        return left, running[running.index(short) :]
 
     def _schedule_swapped_in(self, out: SchedulerOutput, budget: int) -> int:
         """Bring swapped requests back, oldest first, while seats, budget and blocks allow."""
         kv = self.kv
         while self.swapped and len(self.running) < self.config.max_num_seqs:
             request = self.swapped[0]
-            n = self._plan_chunk(request, budget)
-            copies = kv.swap_in(request, request.num_computed_tokens + n) if n else None
+            start = request.num_computed_tokens
+            n = self._plan_chunk(request.num_tokens - start, budget)
+            copies = kv.swap_in(request, start + n) if n else None
             if copies is None:
                 break
             self.swapped.popleft()
             out.swap_in.extend(copies)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            out.scheduled.append(self._scheduled(request, n))
+            out.scheduled.append(
+                ScheduledRequest(request, n, start, kv.block_table(request.request_id))
+            )
             budget -= n
         return budget
-
-    def _scheduled(self, request: Request, n: int) -> ScheduledRequest:
-        return ScheduledRequest(
-            request, n, request.num_computed_tokens, self.kv.block_tables[request.request_id]
-        )
 
     def _admit(self, out: SchedulerOutput, budget: int, now: float) -> int:
         """Admit waiting requests in policy order; return how many were admitted."""
@@ -215,39 +240,47 @@ class Scheduler:
         if self.swapped:
             return 0  # swapped requests come back before anyone new is let in
         while budget > 0:
-            head = policy.peek()
-            if head is None:
+            waiting = policy.peek()
+            if waiting is None:
                 break
-            if head.request_id not in kv.block_tables:
-                head.num_computed_tokens = kv.match_prefix(head)  # cached blocks, if any
-            n = self._plan_chunk(head, budget)
+            head = self._own(waiting)
+            # A waiting request holds no blocks: look up its cached prefix (nothing is
+            # taken) and plan as if those tokens were computed.
+            hit = kv.lookup_prefix(head)
+            computed = hit.num_tokens
+            n = self._plan_chunk(head.num_tokens - computed, budget)
             if n == 0 and not out.scheduled:
                 # Too big for the budget and chunking is off: run it alone rather than never.
-                n = head.num_tokens - head.num_computed_tokens
-            booked = head.num_computed_tokens + n
-            fits = (
+                n = head.num_tokens - computed
+            table = None
+            if (
                 n > 0
                 and len(self.running) < config.max_num_seqs
                 and (
                     config.admission != "reserve"
                     or reserve_peak_fits([*self.running, head], self.kv, config)
                 )
-                and kv.allocate(head, booked)  # last: it takes the blocks when they fit
-            )
-            if not fits:
-                kv.free(head)  # give back any prefix blocks it took while it waits
-                head.num_computed_tokens = 0
+            ):
+                # Last: takes the prefix and the new blocks if they all fit, else nothing.
+                table = kv.allocate(head, computed + n, hit)
+            if table is None:
+                # It is next in line: its idle cached blocks become the most recently
+                # used, so evicted last (docs/experiments.md's locality numbers have it).
+                kv.touch_prefix(hit)
                 victim = None
                 if n > 0:
                     # Never push out a request admitted in this very step: it has not
                     # run. Admissions append to `running`, so they are its tail.
                     settled = self.running[:-admitted] if admitted else self.running
-                    victim = policy.preempt_for(head, settled) if settled else None
+                    chosen = policy.preempt_for(head, settled) if settled else None
+                    victim = None if chosen is None else self._own(chosen)
                 if victim is None:
                     break
                 # The victim's tokens in this step go back to the budget.
-                budget += self._preempt(victim, out, mode="recompute", cause="policy")
+                budget += self._unschedule(victim, out)
+                self._preempt(victim, out, mode="recompute", cause="policy")
                 continue
+            head.num_computed_tokens = computed
             policy.pop()
             kv.count_prefix_query(head.num_computed_tokens, head.num_tokens)
             budget -= n
@@ -262,7 +295,7 @@ class Scheduler:
                 head.scheduled_s = now
             self.running.append(head)
             policy.on_admit(head, first_time, now)
-            out.scheduled.append(self._scheduled(head, n))
+            out.scheduled.append(ScheduledRequest(head, n, computed, table))
             admitted += 1
         return admitted
 
@@ -283,14 +316,23 @@ class Scheduler:
         self._schedule_swapped_in(out, budget)
 
     # --- preemption ---
+    @staticmethod
+    def _unschedule(request: Request, out: SchedulerOutput) -> int:
+        """Drop `request` from this step's batch; return the tokens it had there."""
+        returned = sum(s.num_new_tokens for s in out.scheduled if s.request is request)
+        if returned:
+            out.scheduled = [s for s in out.scheduled if s.request is not request]
+        return returned
+
     def _preempt(
         self,
         victim: Request,
         out: SchedulerOutput,
         mode: str | None = None,
         cause: Literal["memory", "policy", "operator"] = "memory",
-    ) -> int:
-        """Push `victim` out; return the tokens it had scheduled in this step."""
+    ) -> None:
+        """Push `victim` out (its swap-out copies go to `out`). It must not be in
+        `out.scheduled`: a caller that scheduled it drops it first (`_unschedule`)."""
         mode = mode or self.config.preemption
         self.running.remove(victim)
         self.num_preemptions += 1
@@ -303,10 +345,6 @@ class Scheduler:
             by_client[client] = by_client.get(client, 0) + 1
         elif cause == "policy":
             self.num_policy_preemptions += 1
-        # Drop the victim from this step's batch if it was already scheduled.
-        returned = sum(s.num_new_tokens for s in out.scheduled if s.request is victim)
-        if returned:
-            out.scheduled = [s for s in out.scheduled if s.request is not victim]
         if (
             mode == "swap"
             and victim.num_computed_tokens
@@ -316,12 +354,11 @@ class Scheduler:
             victim.status = RequestStatus.SWAPPED
             self.swapped.append(victim)
             self.num_swaps += 1
-            return returned
+            return
         self.kv.free(victim)
         victim.num_computed_tokens = 0
         victim.status = RequestStatus.PREEMPTED
         self.policy.requeue(victim)
-        return returned
 
     def force_preempt(self, request_id: str, mode: Literal["recompute", "swap"]) -> None:
         """Preempt a running request now (tests and operators); effective next step."""

@@ -120,4 +120,4 @@ def assert_pool_free(engine) -> None:
     kv.check_invariants()
     assert kv.num_free_blocks == kv.num_blocks, "KV blocks still held after every request ended"
     assert kv.num_free_swap_blocks == kv.num_swap_blocks, "swap blocks still held"
-    assert not kv.block_tables
+    assert not kv.holders()
