@@ -184,3 +184,66 @@ def test_two_gateway_processes_share_an_upstream_s_capacity(tmp_path: Path) -> N
             g.stop()
         upstream.stop()
         redis.stop()
+
+
+def test_with_redis_gone_every_replica_dispatches_within_its_share(tmp_path: Path) -> None:
+    """Fail open: a replica that was giving its slots back (the other had the better
+    claim) must not let its lease follow its running requests down to nothing while
+    Redis is away; from the first failed sync each replica holds exactly its share."""
+    redis = RedisServer(tmp_path)
+    redis.start()
+
+    async def run() -> None:
+        one, two = Replica(redis, "g1"), Replica(redis, "g2")
+        await one.ledger.start()
+        await two.ledger.start()
+        try:
+            one.wants(6, counter=50.0)
+            await one.ledger.sync()
+            one.run(4)
+            two.wants(3, counter=10.0)  # the better claim: one gives back what frees
+            await two.ledger.sync()
+            await one.ledger.sync()
+            assert one.upstream.lease is not None and one.upstream.lease.giving_back
+            redis.stop()
+            for _ in range(4):  # its requests end during the outage
+                one.upstream.release(10)
+                await one.ledger.sync()
+                await two.ledger.sync()
+            assert one.ledger.degraded and two.ledger.degraded
+            assert (one.slots, two.slots) == (2, 2)  # the capacity over two live replicas
+            assert not one.upstream.lease.giving_back
+            one.run(2)
+            two.run(2)  # both dispatch, and together within the capacity of 4
+            assert not one.upstream.has_room(10) and not two.upstream.has_room(10)
+            redis.start()  # an empty Redis: the next syncs settle the leases again
+            for replica in (one, two):
+                for _ in range(2):
+                    replica.upstream.release(10)
+            await one.ledger.sync()
+            await two.ledger.sync()
+            assert not one.ledger.degraded and not two.ledger.degraded
+            assert one.slots + two.slots <= 4
+        finally:
+            await one.ledger.close()
+            await two.ledger.close()
+            redis.stop()
+
+    asyncio.run(run())
+
+
+def test_a_replica_started_while_redis_is_down_dispatches(tmp_path: Path) -> None:
+    redis = RedisServer(tmp_path)  # never started
+
+    async def run() -> None:
+        alone = Replica(redis, "g1")
+        alone.wants(3, counter=0.0)
+        await alone.ledger.start()
+        try:
+            assert alone.ledger.degraded
+            assert alone.slots == 4  # no replica seen yet: the whole capacity
+            alone.run(3)
+        finally:
+            await alone.ledger.close()
+
+    asyncio.run(run())

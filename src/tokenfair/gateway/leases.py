@@ -26,10 +26,15 @@ What a replica asks for, per upstream:
 
 A replica whose last sync is older than `gateway_ttl_s` is dead: the next sync of any
 replica using the upstream drops its leases, and its capacity returns to the pool.
-While Redis is unreachable a replica keeps its leases for `gateway_ttl_s`, then cuts
-each to its share (the capacity over the live replicas it last saw, at least one),
-so that replicas cut off together stay within the capacity; the next sync that
-succeeds settles them again.
+
+Redis unreachable (down, frozen, or not yet up when the gateway starts), the replica
+fails open: from the first failed sync on, each of its leases is exactly its share of
+the upstream, the capacity over the live replicas it last saw (itself alone before
+any sync succeeded), and nothing is given back on the strength of claims heard before
+the outage. So dispatch never stops for Redis, and replicas cut off together stay
+within the capacity; a replica cut off alone, while the others still reach Redis, may
+overshoot by its share until its leases expire there (`gateway_ttl_s`). The next sync
+that succeeds settles every lease again.
 """
 
 from __future__ import annotations
@@ -37,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,7 +112,6 @@ class LeaseLedger:
         self._claimed: set[str] = set()  # the models this replica claimed at its last sync
         self._live = 1  # live replicas at the last sync, this one included
         self._busy = False  # requests waited here at the last sync
-        self._last_ok = time.monotonic()
         self._announce = False  # capacity went back since the last sync: publish it
         self._nudged: asyncio.Event | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -274,7 +277,6 @@ class LeaseLedger:
         except _FAILURES as error:
             self._failed(error)
             return
-        self._last_ok = time.monotonic()
         if self.degraded:
             self.degraded = False
             log.warning("Redis at %s answers again: upstream capacity leases settled", self.url)
@@ -315,20 +317,24 @@ class LeaseLedger:
         if not self.degraded:
             self.degraded = True
             log.warning(
-                "Redis at %s is unreachable (%s): upstream capacity stays as leased; after "
-                "%g s each lease is cut to this replica's share of its upstream",
+                "Redis at %s is unreachable (%s): each upstream lease is now this "
+                "replica's share of the upstream (its capacity over %d live replica(s)) "
+                "until Redis answers",
                 self.url,
                 type(error).__name__,
-                self.ttl_s,
+                self._live,
             )
-        if time.monotonic() - self._last_ok < self.ttl_s:
-            return
-        # The other replicas count this one as dead now and may take its leases: keep
-        # only a fair share, which replicas cut off together cannot exceed.
+        # Claims heard before the outage are stale: giving back on them would take the
+        # lease down to nothing as requests finish, and dispatch would stop for Redis.
+        self._theirs = {}
+        grew = False
         for upstream in self.upstreams:
             lease, cap = upstream.lease, upstream.config
             assert lease is not None
-            if cap.max_concurrent is not None:
-                lease.slots = min(lease.slots, max(1, cap.max_concurrent // self._live))
-            if cap.max_inflight_tokens is not None:
-                lease.tokens = min(lease.tokens, max(1, cap.max_inflight_tokens // self._live))
+            lease.giving_back = False
+            slots = max(1, cap.max_concurrent // self._live) if cap.max_concurrent else 0
+            tokens = max(1, cap.max_inflight_tokens // self._live) if cap.max_inflight_tokens else 0
+            grew = grew or slots > lease.slots or tokens > lease.tokens
+            lease.slots, lease.tokens = slots, tokens
+        if grew:
+            self.on_grant()
