@@ -27,13 +27,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from tokenfair.gateway.prefix import PrefixIndex, PrefixKey, mix64, name_key, prefix_key
 
 if TYPE_CHECKING:
     from tokenfair.gateway.config import RoutingConfig
-    from tokenfair.gateway.pool import Upstream
+
+
+class Routable(Protocol):
+    """What routing needs of an upstream (the pool's `Upstream` is one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def fullness(self) -> float:
+        """How full it is, 0 (idle) to 1 (at capacity) or more."""
+        ...
+
+
+Upstream = TypeVar("Upstream", bound=Routable)
 
 AFFINITY = "affinity"
 FIRST_PLACEMENT = "first_placement"
@@ -66,7 +79,7 @@ class Router(Protocol):
         `serving` are all the healthy upstreams of its model, room or not."""
         ...
 
-    def forget(self, upstream: Upstream) -> None:
+    def forget(self, upstream: Routable) -> None:
         """The upstream left rotation: whatever it cached may be gone."""
         ...
 
@@ -100,7 +113,7 @@ class LeastLoadedRouter:
         stats.decisions[LEAST_LOADED] += 1
         return chosen
 
-    def forget(self, upstream: Upstream) -> None:
+    def forget(self, upstream: Routable) -> None:
         return None
 
 
@@ -169,7 +182,7 @@ class PrefixAffinityRouter:
         chosen = next(u for u in order if u in within)
         return chosen, FIRST_PLACEMENT if chosen is order[0] else OVERLOAD_DIVERSION, 0
 
-    def forget(self, upstream: Upstream) -> None:
+    def forget(self, upstream: Routable) -> None:
         index = self._index.get(upstream.name)
         if index is not None:
             index.clear()

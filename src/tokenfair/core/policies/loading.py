@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenfair.core.policies.base import Policy
-from tokenfair.core.policies.registry import POLICY_HELP, POLICY_NAMES, PolicyError
+from tokenfair.core.policies.names import POLICY_HELP, POLICY_NAMES, PolicyError
 from tokenfair.core.policies.settings import PolicySettings
 
 ENTRY_POINT_GROUP = "tokenfair.policies"

@@ -10,7 +10,17 @@ from tokenfair.core.cost import DEFAULT_COST, CostFunction
 from tokenfair.core.policies.base import Policy
 from tokenfair.core.policies.fcfs import FCFSPolicy
 from tokenfair.core.policies.ledger import LiftRule
+from tokenfair.core.policies.loading import load_policy
+from tokenfair.core.policies.loading import uses_weights as user_policy_uses_weights
 from tokenfair.core.policies.locality import DEFAULT_QUANTUM, DeficitLPMPolicy, LocalityVTCPolicy
+from tokenfair.core.policies.names import (
+    DEFAULT_PREEMPT_THRESHOLD,
+    POLICY_HELP,
+    POLICY_NAMES,
+    WEIGHTED_POLICIES,
+    PolicyError,
+    is_builtin,
+)
 from tokenfair.core.policies.predictor import OraclePredictor, OutputLengthPredictor
 from tokenfair.core.policies.priority import PriorityPolicy
 from tokenfair.core.policies.rpm import RPMPolicy
@@ -19,68 +29,23 @@ from tokenfair.core.policies.sjf import SJFPolicy
 from tokenfair.core.policies.vtc import VTCPolicy
 from tokenfair.core.share_tree import ShareTree
 
-# Tuned on the arena trace (docs/fairness.md): lower thresholds preempt more and cost
-# throughput in recomputation; higher ones rarely preempt at all.
-DEFAULT_PREEMPT_THRESHOLD = 3000.0
-
-
-class PolicyError(ValueError):
-    """A policy name or argument that cannot be used; the message says what to fix."""
-
-
-POLICY_HELP: dict[str, str] = {
-    "fcfs": "first come, first served (arrival order)",
-    "priority": "per-request priority, lower value first; preempts the lowest priority",
-    "sjf[:aging]": "shortest predicted output first; waiting ages `aging` tokens/s (default 10)",
-    "rpm:N": "FCFS plus at most N accepted requests per client per sliding 60 s",
-    "lcf": "least counter first: VTC without the lift",
-    "vtc": "Virtual Token Counter with the paper's lift rule",
-    "wvtc": "weighted VTC: service shared in proportion to client weights (needs weights)",
-    "vtc-artifact": "the paper artifact's VTC queue exactly: its lift (none when nobody else "
-    "waits), ties to the client seen first, and an extra output charge for the whole batch "
-    "whenever one of its requests finishes",
-    "vtc-predict": "VTC charging a per-client moving-average output prediction up front",
-    "vtc-oracle": "VTC charging the true output length up front (experiments only)",
-    "vtc-preempt[:threshold]": "VTC that preempts an over-served client's newest request "
-    f"when a waiting client is more than `threshold` (default {DEFAULT_PREEMPT_THRESHOLD:g}) behind",
-    "vtc-lpm": "VTC between clients; within the chosen client, the request with the longest "
-    "cached prefix first",
-    "dlpm[:quantum]": "deficit longest prefix match: among clients within `quantum` (default "
-    f"{DEFAULT_QUANTUM:g}) weighted tokens of the least served, the longest cached prefix first",
-}
-# The built-in names, without their arguments: these win over a user policy's spec
-# (loading.py) of the same name.
-POLICY_NAMES = frozenset(key.partition(":")[0].partition("[")[0] for key in POLICY_HELP)
-
-
-# Policies whose order depends on client weights; the others ignore them.
-WEIGHTED_POLICIES = frozenset(
-    {
-        "lcf",
-        "vtc",
-        "wvtc",
-        "vtc-artifact",
-        "vtc-predict",
-        "vtc-oracle",
-        "vtc-preempt",
-        "vtc-lpm",
-        "dlpm",
-    }
-)
-
-
-def is_builtin(spec: str) -> bool:
-    """Whether `spec` names a built-in policy (`vtc`, `rpm:20`), not a user's class."""
-    return spec.strip().partition(":")[0].lower() in POLICY_NAMES
+__all__ = [
+    "DEFAULT_PREEMPT_THRESHOLD",
+    "POLICY_HELP",
+    "POLICY_NAMES",
+    "WEIGHTED_POLICIES",
+    "PolicyError",
+    "is_builtin",
+    "make_policy",
+    "uses_weights",
+]
 
 
 def uses_weights(spec: str) -> bool:
     """Whether the policy named by `spec` (e.g. `vtc`, `rpm:20`, `mypkg.mod:MyPolicy`)
     reads client weights (a user policy: its class's `uses_weights`)."""
     if not is_builtin(spec):
-        from tokenfair.core.policies import loading
-
-        return loading.uses_weights(spec)
+        return user_policy_uses_weights(spec)
     return spec.strip().partition(":")[0].lower() in WEIGHTED_POLICIES
 
 
@@ -137,8 +102,6 @@ def make_policy(
     except ValueError as error:
         raise PolicyError(f"policy {spec.strip()!r}: {error}") from None
     if not is_builtin(spec):  # a user's class, `mypkg.mod:MyPolicy(...)` (loading.py)
-        from tokenfair.core.policies.loading import load_policy
-
         return load_policy(spec, settings)
     name, _, arg = spec.strip().partition(":")
     name = name.lower()
