@@ -375,6 +375,7 @@ class Scheduler:
         """Apply the step's results; return the requests that produced a token."""
         kv, policy = self.kv, self.policy
         charges = policy.charges_output
+        on_output = policy.on_output
         caching = kv.enable_prefix_caching
         sampled = result.sampled
         produced: list[Request] = []
@@ -393,7 +394,7 @@ class Scheduler:
             if request.first_token_s is None:
                 request.first_token_s = now
             if charges:
-                policy.on_output(request, 1)
+                on_output(request, 1)
             produced.append(request)
             reason = None
             generated = len(request.output_token_ids)

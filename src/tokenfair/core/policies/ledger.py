@@ -93,6 +93,7 @@ class CounterLedger:
         self.lift: LiftRule = lift
         self.ties_to_first_seen = ties_to_first_seen
         self._tree = settings.tree
+        self._flat = settings.tree.flat  # every client a child of the root
         self._linear_w_out = self.cost.w_out if isinstance(self.cost, LinearCost) else None
         self._counter: dict[str, float] = {}
         self._levels: dict[str, _Level] = {ROOT: _Level()}
@@ -110,11 +111,14 @@ class CounterLedger:
         """A reloaded tree (new groups and clients; nobody moved): paths are re-read."""
         self._tree = tree
         self._paths.clear()
+        self._flat = tree.flat
 
     def set_path(self, client: str, nodes: Sequence[str]) -> None:
         """Place `client` at `nodes` (top-level group down to the client itself), for
         drivers that learn the tree request by request (the gateway)."""
         self._paths[client] = tuple(zip((ROOT, *nodes[:-1]), nodes, strict=True))
+        if len(nodes) > 1:
+            self._flat = False
 
     def path(self, client: str) -> tuple[tuple[str, str], ...]:
         """(parent, node) pairs from the top level down to the client."""
@@ -182,10 +186,27 @@ class CounterLedger:
 
     def charge_output(self, request: RequestView, new_tokens: int) -> None:
         """The request generated `new_tokens` more (`num_output_tokens` counts them)."""
-        end = self.chargeable_output(request.num_output_tokens)
-        start = self.chargeable_output(request.num_output_tokens - new_tokens)
+        produced = request.num_output_tokens
+        w_out = self._linear_w_out
+        if w_out is not None:
+            # The usual case, on every running request at every step: a linear cost.
+            if not self.charge_first_token and produced == new_tokens:
+                new_tokens -= 1  # the first output token, made by the prefill, is free
+                if new_tokens <= 0:
+                    return
+            client = request.client
+            if self._flat:  # one counter per client
+                counter = self._counter
+                counter[client] = counter.get(client, 0.0) + (
+                    w_out * new_tokens / self.weights.get(client, 1.0)
+                )
+            else:
+                self.charge(client, w_out * new_tokens)
+            return
+        end = self.chargeable_output(produced)
+        start = self.chargeable_output(produced - new_tokens)
         if end > start:
-            self.charge(request.client, self.output_service(request, start, end))
+            self.charge(request.client, self.cost.output(request.input_tokens, start, end))
 
     # --- the backlog and the pick ---
     def _level(self, group: str) -> _Level:
@@ -266,6 +287,8 @@ class CounterLedger:
         """The backlogged client the descent picks, or None when nobody waits."""
         levels = self._levels
         node = self._min_child(levels[ROOT])
+        if self._flat:
+            return node
         while node is not None and is_group(node):
             node = self._min_child(levels[node])
         return node

@@ -109,6 +109,9 @@ class VTCPolicy(Policy):
         # Under length prediction: request id -> chargeable output tokens charged so
         # far, ahead of generation.
         self._charged: dict[str, int] = {}
+        if predictor is None:
+            # Called for every running request at every step: straight to the ledger.
+            self.on_output = self.ledger.charge_output  # type: ignore[method-assign]
 
     # --- what the drivers configure, kept in the ledger ---
     @property
