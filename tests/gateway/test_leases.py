@@ -189,12 +189,13 @@ def test_two_gateway_processes_share_an_upstream_s_capacity(tmp_path: Path) -> N
 def test_with_redis_gone_every_replica_dispatches_within_its_share(tmp_path: Path) -> None:
     """Fail open: a replica that was giving its slots back (the other had the better
     claim) must not let its lease follow its running requests down to nothing while
-    Redis is away; from the first failed sync each replica holds exactly its share."""
+    Redis is away. Within gateway_ttl_s it keeps what it holds; after it, each replica
+    holds exactly its share."""
     redis = RedisServer(tmp_path)
     redis.start()
 
     async def run() -> None:
-        one, two = Replica(redis, "g1"), Replica(redis, "g2")
+        one, two = Replica(redis, "g1", ttl_s=0.3), Replica(redis, "g2", ttl_s=0.3)
         await one.ledger.start()
         await two.ledger.start()
         try:
@@ -206,13 +207,20 @@ def test_with_redis_gone_every_replica_dispatches_within_its_share(tmp_path: Pat
             await one.ledger.sync()
             assert one.upstream.lease is not None and one.upstream.lease.giving_back
             redis.stop()
-            for _ in range(4):  # its requests end during the outage
+            one.upstream.release(10)  # a request ends as Redis goes
+            await one.ledger.sync()
+            await two.ledger.sync()
+            assert one.ledger.degraded and two.ledger.degraded
+            held = one.slots
+            for _ in range(3):  # the rest end during the outage
                 one.upstream.release(10)
                 await one.ledger.sync()
-                await two.ledger.sync()
-            assert one.ledger.degraded and two.ledger.degraded
-            assert (one.slots, two.slots) == (2, 2)  # the capacity over two live replicas
+            assert one.slots == held > 0  # no longer following its requests down
             assert not one.upstream.lease.giving_back
+            await asyncio.sleep(0.4)  # past gateway_ttl_s
+            await one.ledger.sync()
+            await two.ledger.sync()
+            assert (one.slots, two.slots) == (2, 2)  # the capacity over two live replicas
             one.run(2)
             two.run(2)  # both dispatch, and together within the capacity of 4
             assert not one.upstream.has_room(10) and not two.upstream.has_room(10)

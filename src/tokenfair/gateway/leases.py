@@ -28,12 +28,16 @@ A replica whose last sync is older than `gateway_ttl_s` is dead: the next sync o
 replica using the upstream drops its leases, and its capacity returns to the pool.
 
 Redis unreachable (down, frozen, or not yet up when the gateway starts), the replica
-fails open: from the first failed sync on, each of its leases is exactly its share of
-the upstream, the capacity over the live replicas it last saw (itself alone before
-any sync succeeded), and nothing is given back on the strength of claims heard before
-the outage. So dispatch never stops for Redis, and replicas cut off together stay
-within the capacity; a replica cut off alone, while the others still reach Redis, may
-overshoot by its share until its leases expire there (`gateway_ttl_s`). The next sync
+fails open. Claims heard before the outage are dropped, so it gives nothing more back
+on their strength (a lease that followed its running requests down would reach 0, and
+dispatch would stop for Redis), and it keeps its leases as they are: the live
+replicas' leases never added up to more than the capacity. Once the outage has lasted
+`gateway_ttl_s` (when the replicas that still reach Redis count this one as dead), or
+at once if it never reached Redis since it started, each of its leases becomes exactly
+its share of the upstream: the capacity over the live replicas it last saw (itself
+alone before any sync succeeded), so replicas cut off together stay within the
+capacity, and one whose lease had gone to 0 dispatches again. A replica cut off
+alone, while the others still reach Redis, may overshoot by its share. The next sync
 that succeeds settles every lease again.
 """
 
@@ -42,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,6 +117,8 @@ class LeaseLedger:
         self._claimed: set[str] = set()  # the models this replica claimed at its last sync
         self._live = 1  # live replicas at the last sync, this one included
         self._busy = False  # requests waited here at the last sync
+        self._synced = False  # a sync succeeded since the start
+        self._failing_since: float | None = None  # the first failed sync of an outage
         self._announce = False  # capacity went back since the last sync: publish it
         self._nudged: asyncio.Event | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -277,6 +284,7 @@ class LeaseLedger:
         except _FAILURES as error:
             self._failed(error)
             return
+        self._synced, self._failing_since = True, None
         if self.degraded:
             self.degraded = False
             log.warning("Redis at %s answers again: upstream capacity leases settled", self.url)
@@ -314,26 +322,36 @@ class LeaseLedger:
             self.on_grant()
 
     def _failed(self, error: BaseException) -> None:
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
         if not self.degraded:
             self.degraded = True
             log.warning(
-                "Redis at %s is unreachable (%s): each upstream lease is now this "
-                "replica's share of the upstream (its capacity over %d live replica(s)) "
-                "until Redis answers",
+                "Redis at %s is unreachable (%s): upstream leases stay as they are, and "
+                "after %g s each becomes this replica's share of its upstream (its "
+                "capacity over %d live replica(s)) until Redis answers",
                 self.url,
                 type(error).__name__,
+                0 if not self._synced else self.ttl_s,
                 self._live,
             )
         # Claims heard before the outage are stale: giving back on them would take the
         # lease down to nothing as requests finish, and dispatch would stop for Redis.
         self._theirs = {}
+        for upstream in self.upstreams:
+            assert upstream.lease is not None
+            upstream.lease.giving_back = False
+        if self._synced and now - self._failing_since < self.ttl_s:
+            return  # the others still count this replica's leases: keep within them
         grew = False
         for upstream in self.upstreams:
             lease, cap = upstream.lease, upstream.config
             assert lease is not None
-            lease.giving_back = False
             slots = max(1, cap.max_concurrent // self._live) if cap.max_concurrent else 0
-            tokens = max(1, cap.max_inflight_tokens // self._live) if cap.max_inflight_tokens else 0
+            tokens = (
+                max(1, cap.max_inflight_tokens // self._live) if cap.max_inflight_tokens else 0
+            )
             grew = grew or slots > lease.slots or tokens > lease.tokens
             lease.slots, lease.tokens = slots, tokens
         if grew:
