@@ -6,8 +6,8 @@ It streams SSE at a fixed interval per token (`tok ` per chunk, `max_tokens` of 
 16 by default), reports usage (prompt tokens = words + 1, deliberately unlike the
 gateway's estimate; a body with `fake_no_usage: true` gets a non-streaming answer
 without it), notices client disconnects, and exposes what it is doing at
-/stats (with the most requests it had in flight at once, and the last request body it
-received) and, in tokenfair's metric names, at /metrics. Raw ASGI, so that it is never
+/stats (with the most requests it had in flight at once, and the last request body and
+x-tokenfair-tenant header it received) and, in tokenfair's metric names, at /metrics. Raw ASGI, so that it is never
 the bottleneck of a benchmark.
 """
 
@@ -32,6 +32,8 @@ class FakeUpstream:
         self.running = 0
         self.peak_running = 0  # the most requests in flight at once
         self.last_body: Any = None  # the last completion request's body, as received
+        # ... and its x-tokenfair-tenant header (None: it had none)
+        self.last_tenant_header: str | None = None
         self.started = 0
         self.peers: set[str] = set()  # client address:port of each connection used
         self.finished = 0
@@ -58,6 +60,10 @@ class FakeUpstream:
                 if not message.get("more_body"):
                     break
             self.last_body = orjson.loads(body)
+            self.last_tenant_header = next(
+                (v.decode("latin-1") for k, v in scope["headers"] if k == b"x-tokenfair-tenant"),
+                None,
+            )
             await self.complete(path.endswith("chat/completions"), self.last_body, receive, send)
         elif path == "/health":
             await self.json(send, 200, {"status": "ok"})
@@ -70,6 +76,7 @@ class FakeUpstream:
                     "running": self.running,
                     "peak_running": self.peak_running,
                     "last_body": self.last_body,
+                    "last_tenant_header": self.last_tenant_header,
                     "started": self.started,
                     "connections": len(self.peers),
                     "finished": self.finished,

@@ -197,7 +197,8 @@ def test_a_removed_tenant_leaves_metrics_on_reload(edge: dict[str, Any]) -> None
 
 
 def test_fields_pass_through_the_gateway_unchanged(edge: dict[str, Any], tmp_path: Path) -> None:
-    """What the gateway does not schedule by reaches the upstream as the client sent it."""
+    """What the gateway does not schedule by reaches the upstream as the client sent it;
+    the default engine (`vllm`) adds only the tenant's cache salt and `vllm_xargs`."""
     from tests.gateway.processes import fake_upstream, stats
 
     upstream = fake_upstream(tmp_path, "echo")
@@ -222,7 +223,10 @@ def test_fields_pass_through_the_gateway_unchanged(edge: dict[str, Any], tmp_pat
             gw.url + "/v1/completions", json=body, headers=_key("light"), timeout=30
         )
         assert answer.status_code == 200
-        assert stats(upstream)["last_body"] == body
+        sent = stats(upstream)["last_body"]
+        assert {key: sent[key] for key in body} == body
+        assert set(sent) - set(body) == {"cache_salt", "vllm_xargs"}
+        assert sent["vllm_xargs"] == {"tenant": "light"}
     finally:
         gw.stop()
         upstream.stop()

@@ -41,14 +41,21 @@ def test_no_spoofing_by_header_field_or_body(sim_server):
             "tenant": "team-b",
             "client": "team-b",
         },
-        headers={
-            **sim_server.headers("team-a"),
-            "x-tokenfair-tenant": "team-b",
-            "x-tenant": "team-b",
-        },
+        headers={**sim_server.headers("team-a"), "x-tenant": "team-b"},
         timeout=30,
     )
     assert r.status_code == 200
+    assert generated(sim_server, "team-a") - before_a == 3
+    assert generated(sim_server, "team-b") == before_b
+    # The header a trusted proxy names its tenants with: refused from a tenant's key.
+    refused = httpx.post(
+        f"{sim_server.url}/v1/completions",
+        json={"model": "sim:fixed:0.002", "prompt": "x", "max_tokens": 3},
+        headers={**sim_server.headers("team-a"), "x-tokenfair-tenant": "team-b"},
+        timeout=30,
+    )
+    assert refused.status_code == 403
+    assert refused.json()["error"]["code"] == "tenant_header_not_allowed"
     assert generated(sim_server, "team-a") - before_a == 3
     assert generated(sim_server, "team-b") == before_b
     # No key at all, whatever the headers say: 401.
@@ -190,6 +197,26 @@ def test_salted_prefix_hashes():
     # 4 full blocks, the last token recomputed
     assert kv.lookup_prefix(request("r3", "a")).num_tokens == 32
     kv.check_invariants()
+
+
+def test_what_the_prefix_cache_is_keyed_by():
+    from tokenfair.edge.tenants import Tenant
+    from tokenfair.server.generation import cache_salt
+
+    a, b, gateway = Tenant(name="a"), Tenant(name="b"), Tenant(name="gw", acts_for_tenants=True)
+    # A tenant's own requests: its name; a request's cache_salt divides it further.
+    assert cache_salt(a, None, None, shared=False) == "a"
+    keys = {cache_salt(t, None, s, shared=False) for t in (a, b) for s in (None, "x", "y")}
+    assert len(keys) == 6
+    assert cache_salt(a, None, None, shared=True) is None  # share_prefix_cache
+    assert cache_salt(a, None, "x", shared=True) == cache_salt(b, None, "x", shared=True)
+    # A proxy's requests: apart per tenant unless the proxy's salt says otherwise, and
+    # never in the space of the server's own tenants, whatever the server shares.
+    for shared in (False, True):
+        proxied = {cache_salt(t, gateway, None, shared) for t in (a, b)}
+        assert len(proxied) == 2 and not proxied & {"a", "b", None}
+        assert cache_salt(a, gateway, "s", shared) == cache_salt(b, gateway, "s", shared)
+        assert cache_salt(a, gateway, "s", shared) != cache_salt(a, None, "s", shared)
 
 
 @pytest.mark.parametrize("engine", ["thread", "process"])

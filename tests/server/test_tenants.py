@@ -130,11 +130,87 @@ def test_missing_or_unknown_key_is_401(directory, authorization):
 
 
 def test_header_cannot_choose_the_tenant_unless_trusted(directory):
-    # Off by default: the header is ignored, the key decides.
+    # Off by default: an ordinary key's request naming another tenant is refused by name,
+    # never honoured (nor silently ignored); without a key it is a 401 first.
     headers = {"x-tokenfair-tenant": "team-b"}
-    assert directory.authenticate(f"Bearer {KEY_A}", headers).name == "team-a"
-    with pytest.raises(APIError):
+    with pytest.raises(APIError) as caught:
+        directory.authenticate(f"Bearer {KEY_A}", headers)
+    assert caught.value.status_code == 403
+    error = caught.value.body()["error"]
+    assert error["code"] == "tenant_header_not_allowed"
+    assert "x-tokenfair-tenant" in error["message"] and "acts_for_tenants" in error["message"]
+    with pytest.raises(APIError) as caught:
         directory.authenticate(None, headers)
+    assert caught.value.status_code == 401
+    # Other headers never name a tenant.
+    assert directory.authenticate(f"Bearer {KEY_A}", {"x-tenant": "team-b"}).name == "team-a"
+
+
+PROXY_KEY = "key-gateway"
+
+
+def proxy_directory(**extra: object) -> TenantDirectory:
+    data = tenants_yaml(**extra)
+    data["tenants"].append(  # type: ignore[attr-defined]
+        {
+            "name": "gateway",
+            "key_sha256": [hash_key(PROXY_KEY)],
+            "acts_for_tenants": True,
+            "weight": 4.0,
+            "max_tokens_per_request": 32768,
+        }
+    )
+    return TenantDirectory(parse_tenants(data))
+
+
+def test_a_trusted_proxy_names_the_tenant_it_acts_for():
+    directory = proxy_directory()
+    proxy = f"Bearer {PROXY_KEY}"
+    # Alone, the proxy is its own tenant.
+    assert directory.identify(proxy, {}).tenant.name == "gateway"
+    assert directory.identify(proxy, {}).proxy is None
+    # A tenant of the file: that tenant, its own settings.
+    caller = directory.identify(proxy, {"X-Tokenfair-Tenant": "team-a"})
+    assert caller.tenant.name == "team-a" and caller.tenant.weight == 2.0
+    assert caller.proxy is not None and caller.proxy.name == "gateway"
+    # Any other: made from the proxy's entry, under its own name, kept for next time.
+    other = directory.identify(proxy, {"x-tokenfair-tenant": "org%2Fteam%20x"}).tenant
+    assert other.name == "org/team x"
+    assert (other.weight, other.max_tokens_per_request) == (4.0, 32768)
+    assert not other.acts_for_tenants and other.key_sha256 == []
+    assert directory.identify(proxy, {"x-tokenfair-tenant": "org/team x"}).tenant is other
+    assert directory.get("org/team x") is other
+    assert directory.weights()["org/team x"] == 4.0
+    for bad in ("", "  ", "x" * 257, "%ff", "a%00b", "a%0Ab"):
+        with pytest.raises(APIError) as caught:
+            directory.identify(proxy, {"x-tokenfair-tenant": bad})
+        assert caught.value.status_code == 400
+    # The file's ordinary tenants still may not send it.
+    with pytest.raises(APIError) as caught:
+        directory.identify(f"Bearer {KEY_B}", {"x-tokenfair-tenant": "team-a"})
+    assert caught.value.status_code == 403
+
+
+def test_the_acting_header_without_a_tenants_file_is_refused():
+    open_dir = TenantDirectory.open()
+    with pytest.raises(APIError) as caught:
+        open_dir.authenticate(None, {"x-tokenfair-tenant": "team-a"})
+    assert caught.value.status_code == 403
+    assert "no tenants file" in caught.value.body()["error"]["message"]
+
+
+def test_tenants_named_by_proxies_are_bounded(monkeypatch):
+    import tokenfair.edge.directory as tenants
+
+    monkeypatch.setattr(tenants, "MAX_ACTED_TENANTS", 2)
+    directory = proxy_directory()
+    proxy = f"Bearer {PROXY_KEY}"
+    for name in ("u1", "u2", "team-a"):  # a tenant of the file never counts
+        directory.identify(proxy, {"x-tokenfair-tenant": name})
+    with pytest.raises(APIError) as caught:
+        directory.identify(proxy, {"x-tokenfair-tenant": "u3"})
+    assert caught.value.status_code == 429
+    assert caught.value.body()["error"]["code"] == "too_many_tenants"
 
 
 def test_trusted_header_behind_a_proxy():
@@ -302,6 +378,7 @@ def test_check_command(tmp_path):
     result = runner.invoke(app, ["tenants", "check", str(good)])
     assert result.exit_code == 0
     assert json.loads(result.stdout)["tenants"] == ["team-a", "team-b"]
+    assert json.loads(result.stdout)["acts_for_tenants"] == []
     bad = tmp_path / "bad.yaml"
     bad.write_text("tenants:\n  - name: t\n    weight: -1\n")
     result = runner.invoke(app, ["tenants", "check", str(bad)])

@@ -64,6 +64,11 @@ def gateway(
                 soft_wrap=True,
                 highlight=False,
             )
+            from tokenfair.gateway.upstream_tenant import isolation_warning
+
+            warning = isolation_warning(settings.upstreams, directory)
+            if warning is not None:
+                console.print(f"warning: {warning}", soft_wrap=True, highlight=False)
             _reach(settings)
             return
         app = create_app(settings)

@@ -57,7 +57,8 @@ def hash_key_command(
 
 @tenants_app.command("check")
 def check_command(path: Annotated[Path, typer.Argument(help="The tenants file (YAML).")]) -> None:
-    """Validate a tenants file and print a summary (tenants, admin API, trusted header).
+    """Validate a tenants file and print a summary (tenants, admin API, trusted header,
+    trusted proxies).
 
     Example: tokenfair tenants check tenants.yaml
     """
@@ -75,6 +76,7 @@ def check_command(path: Annotated[Path, typer.Argument(help="The tenants file (Y
                 "admin_api": loaded.admin_key_sha256 is not None,
                 "trusted_tenant_header": loaded.trusted_tenant_header,
                 "share_prefix_cache": loaded.share_prefix_cache,
+                "acts_for_tenants": [t.name for t in loaded.tenants if t.acts_for_tenants],
             }
         )
     )

@@ -3,6 +3,13 @@
 Built from a tenants file (`edge/tenants.py`); thread-safe and replaced in place on a
 reload. It also holds what an operator may change at run time until the next reload:
 any tenant's or group's weight.
+
+A key whose tenant `acts_for_tenants` (a trusted proxy: a tokenfair gateway) may name,
+in the header `x-tokenfair-tenant`, the tenant a request is for: the file's tenant of
+that name, or one made from the proxy's own entry (its weight and limits, at the top
+level of the tree). The header from any other key, or without a tenants file, is a
+403 naming the problem: never silently ignored, so that a misconfigured proxy is
+noticed at its first request instead of sharing one tenant among all of its own.
 """
 
 from __future__ import annotations
@@ -10,10 +17,13 @@ from __future__ import annotations
 import hmac
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
+from urllib.parse import unquote
 
 from tokenfair.core.share_tree import ShareTree, group_id
 from tokenfair.edge.errors import APIError, ErrorCode
 from tokenfair.edge.tenants import (
+    ACTING_HEADER,
     OPEN_MAX_WAITING,
     OPEN_TENANT,
     Tenant,
@@ -26,6 +36,19 @@ from tokenfair.edge.tenants import (
 # keeps its counters and its metric series for good: without a bound, a client that
 # sends a new `user` per request would grow the server and /metrics without end.
 MAX_USER_TENANTS = 10_000
+# How many tenants proxies may name that the tenants file does not list, for the same
+# reason; and the longest such name.
+MAX_ACTED_TENANTS = 10_000
+MAX_ACTED_NAME = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who a request is for (`tenant`: fairness, limits, metrics) and, when a trusted
+    proxy sent it on that tenant's behalf, the proxy's own tenant."""
+
+    tenant: Tenant
+    proxy: Tenant | None = None
 
 
 def bearer_key(authorization: str | None) -> str | None:
@@ -50,6 +73,14 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
 
 def _unauthorized(message: str) -> APIError:
     return APIError(401, message, type="invalid_request_error", code=ErrorCode.INVALID_API_KEY)
+
+
+def _acting_refused(why: str) -> APIError:
+    return APIError(
+        403,
+        f"the header {ACTING_HEADER} names the tenant a trusted proxy sends a request for; {why}",
+        code=ErrorCode.TENANT_HEADER_NOT_ALLOWED,
+    )
 
 
 class TenantDirectory:
@@ -82,6 +113,7 @@ class TenantDirectory:
             self._by_key = by_key
             self._group_weights = groups
             self._users: dict[str, Tenant] = {}
+            self._acted: dict[str, Tenant] = {}  # named by proxies, not in the file
 
     def replace(self, tenants_file: TenantsFile) -> None:
         """Swap in a reloaded file; requests already admitted keep the tenant they had.
@@ -99,11 +131,11 @@ class TenantDirectory:
     @property
     def tenants(self) -> list[Tenant]:
         with self._lock:
-            return [*self._by_name.values(), *self._users.values()]
+            return [*self._by_name.values(), *self._users.values(), *self._acted.values()]
 
     def get(self, name: str) -> Tenant | None:
         with self._lock:
-            return self._by_name.get(name) or self._users.get(name)
+            return self._by_name.get(name) or self._users.get(name) or self._acted.get(name)
 
     @property
     def share_prefix_cache(self) -> bool:
@@ -115,9 +147,22 @@ class TenantDirectory:
 
     # --- authentication ---
     def authenticate(self, authorization: str | None, headers: Mapping[str, str]) -> Tenant:
-        """The tenant a request belongs to; APIError 401 for a missing or unknown key."""
+        """The tenant a request belongs to; APIError 401 for a missing or unknown key, 403
+        for the acting header from a key that may not send it."""
+        return self.identify(authorization, headers).tenant
+
+    def identify(self, authorization: str | None, headers: Mapping[str, str]) -> Caller:
+        """The tenant a request is for and, when a trusted proxy acts for it, the proxy;
+        APIError 401 for a missing or unknown key, 403 for the acting header
+        (`x-tokenfair-tenant`) from a key whose tenant does not `acts_for_tenants`."""
+        acting = _header(headers, ACTING_HEADER) if headers else None
         if self.open_mode:
-            return self._by_name[OPEN_TENANT]
+            if acting is not None:
+                raise _acting_refused(
+                    "this server has no tenants file, so no key may act for tenants: give "
+                    "it one in which the proxy's key has acts_for_tenants: true"
+                )
+            return Caller(self._by_name[OPEN_TENANT])
         trusted = self.file.trusted_tenant_header
         if trusted is not None:
             claimed = _header(headers, trusted)
@@ -125,14 +170,57 @@ class TenantDirectory:
                 tenant = self.get(claimed.strip())
                 if tenant is None:
                     raise _unauthorized(f"unknown tenant {claimed.strip()!r} in header {trusted}")
-                return tenant
+                if acting is not None and trusted != ACTING_HEADER:
+                    raise _acting_refused(f"a request named by {trusted} cannot send it")
+                return Caller(tenant)
         key = bearer_key(authorization)
         if key is None:
             raise _unauthorized("missing API key: send the header 'Authorization: Bearer <key>'")
         name = self._by_key.get(hash_key(key))
         if name is None:
             raise _unauthorized("incorrect API key")
-        return self._by_name[name]
+        tenant = self._by_name[name]
+        if acting is None:
+            return Caller(tenant)
+        if not tenant.acts_for_tenants:
+            raise _acting_refused(
+                f"tenant {name!r} may not send it (only a key whose tenant has "
+                "acts_for_tenants: true in the tenants file, such as a gateway's)"
+            )
+        return Caller(self._acted_for(tenant, acting), proxy=tenant)
+
+    def _acted_for(self, proxy: Tenant, value: str) -> Tenant:
+        """The tenant a proxy names: the file's, or one made from the proxy's entry."""
+        name = value.strip()
+        if "%" in name:
+            try:
+                name = unquote(name, errors="strict")
+            except UnicodeDecodeError:
+                name = ""
+        if not name or len(name) > MAX_ACTED_NAME or not name.isprintable():
+            raise APIError(
+                400,
+                f"the header {ACTING_HEADER} must name a tenant: 1 to {MAX_ACTED_NAME} "
+                "printable characters, percent-encoded (UTF-8)",
+                code=ErrorCode.INVALID_VALUE,
+            )
+        with self._lock:
+            found = self._by_name.get(name) or self._acted.get(name)
+            if found is not None:
+                return found
+            if len(self._acted) >= MAX_ACTED_TENANTS:
+                raise APIError(
+                    429,
+                    f"proxies already named {MAX_ACTED_TENANTS} tenants that the tenants "
+                    "file does not list, the most this server keeps; list them in the file",
+                    code=ErrorCode.TOO_MANY_TENANTS,
+                )
+            # The proxy's own settings (weight, priority, limits) under the tenant's name,
+            # at the top level: a group's share would need the tree reshaped.
+            template = proxy.model_dump()
+            template.update(name=name, group=None, key_sha256=[], acts_for_tenants=False)
+            found = self._acted[name] = Tenant.model_construct(**template)
+            return found
 
     def for_user(self, tenant: Tenant, user: str | None) -> Tenant:
         """With `tenant_from_user` and no file, the `user` field names the tenant.
@@ -202,6 +290,7 @@ class TenantDirectory:
             weights = {group_id(path): w for path, w in self._group_weights.items()}
             weights.update({t.name: t.weight for t in self._by_name.values()})
             weights.update({t.name: t.weight for t in self._users.values()})
+            weights.update({t.name: t.weight for t in self._acted.values()})
             return weights
 
     def path_weights(self, tenant: Tenant) -> tuple[tuple[str, float], ...]:
@@ -234,6 +323,8 @@ class TenantDirectory:
                 )
             elif name in self._users:
                 tenant = self._users[name] = self._users[name].model_copy(update={"weight": weight})
+            elif name in self._acted:
+                tenant = self._acted[name] = self._acted[name].model_copy(update={"weight": weight})
             else:
                 raise KeyError(name)
             return tenant

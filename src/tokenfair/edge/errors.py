@@ -49,6 +49,8 @@ class ErrorCode(StrEnum):
     OVERLOADED = "server_overloaded"
     RATE_LIMIT = "rate_limit_exceeded"
     TOO_MANY_USERS = "too_many_users"
+    TOO_MANY_TENANTS = "too_many_tenants"
+    TENANT_HEADER_NOT_ALLOWED = "tenant_header_not_allowed"
     TIMEOUT = "timeout"
     SHUTTING_DOWN = "shutting_down"
     NO_UPSTREAM = "no_upstream"

@@ -8,7 +8,7 @@ level (hierarchical VTC, docs/fairness.md). The server and the gateway read the 
 file.
 
     admin_key_sha256: "<64 hex>"       # the admin API is off without it
-    trusted_tenant_header: null        # e.g. "x-tokenfair-tenant"; off by default
+    trusted_tenant_header: null        # e.g. "x-tenant"; off by default
     share_prefix_cache: false          # cross-tenant prefix-cache sharing is opt-in
     groups:                            # optional: shares by organisation and team
       org-a:
@@ -26,6 +26,7 @@ file.
         max_tokens_per_request: 8192
         timeout_s: null
         rpm: null
+        acts_for_tenants: false        # a trusted proxy (a gateway): see ACTING_HEADER
 """
 
 from __future__ import annotations
@@ -52,6 +53,10 @@ from tokenfair.share_groups import (
 from tokenfair.yaml_lines import line_of, load_with_nodes
 
 OPEN_TENANT = "default"
+# The header with which a trusted proxy (a tenant with `acts_for_tenants`, such as a
+# tokenfair gateway) names the tenant it sends a request for; from any other key it is
+# refused (403), never ignored. Its value is the tenant's name, percent-encoded (UTF-8).
+ACTING_HEADER = "x-tokenfair-tenant"
 OPEN_MAX_WAITING = 1 << 30
 KeyHash = Annotated[str, Field(pattern=r"^[0-9a-fA-F]{64}$")]
 TenantName = Annotated[
@@ -83,6 +88,8 @@ class Tenant(BaseModel):
     max_tokens_per_request: int = Field(default=8192, ge=1)
     timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     rpm: int | None = Field(default=None, ge=1)
+    # A trusted proxy: its requests may name the tenant they are for (ACTING_HEADER).
+    acts_for_tenants: bool = False
 
     @field_validator("key_sha256", mode="before")
     @classmethod

@@ -32,6 +32,7 @@ from tokenfair.gateway.probe import probe
 from tokenfair.gateway.proxy import CompletionProxy
 from tokenfair.gateway.side_app import OPERATOR_PAGES, side_app
 from tokenfair.gateway.tokens import TokenCounter, load_tokenizer
+from tokenfair.gateway.upstream_tenant import CacheSalts, isolation_warning, salt_key
 
 log = logging.getLogger("tokenfair.gateway")
 
@@ -108,6 +109,9 @@ class Gateway:
         self.replica_id = config.gateway_id or uuid.uuid4().hex[:12]
         self.directory = build_directory(config)
         self.cost = LinearCost(config.cost.w_in, config.cost.w_out)
+        namespace = config.redis.namespace if config.redis is not None else None
+        # The per-tenant prefix-cache salts sent upstream (upstream_tenant.py).
+        self.salts = CacheSalts(salt_key(config.cache_salt_secret, namespace))
         self.pool = UpstreamPool(config.upstreams, config.health, routing=config.routing)
         self.limits = Limits(config.max_waiting, who="the gateway")
         self.stores: dict[int, CounterStore] = {}  # band -> its counters
@@ -257,6 +261,9 @@ class Gateway:
             )
         for reach in await probe(config):
             log.log(logging.INFO if reach.ok else logging.WARNING, "%s", reach.line())
+        warning = isolation_warning(config.upstreams, self.directory)
+        if warning is not None:
+            log.warning("%s", warning)
 
     async def close(self) -> None:
         await self.admission.close()

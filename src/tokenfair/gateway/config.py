@@ -107,6 +107,14 @@ class UpstreamConfig(_Strict):
     capacity_from_metrics: Literal["none", "vllm", "tokenfair"] = "none"
     api_key: str | None = None
     health_path: str = "/health"
+    # What the upstream is, which says how a request's tenant reaches it
+    # (gateway/upstream_tenant.py): `vllm`, the default (cache_salt, vllm_xargs.tenant:
+    # vLLM honours both, SGLang and tokenfair serve take the salt and ignore the rest),
+    # `sglang` (cache_salt), `tokenfair` (the x-tokenfair-tenant header; api_key must be
+    # a key whose tenant acts_for_tenants there), or `openai`: a server that refuses
+    # fields it does not know, sent the body and headers as they came, its prefix cache
+    # then shared by the gateway's tenants (the gateway warns at start).
+    engine: Literal["openai", "vllm", "sglang", "tokenfair"] = "vllm"
 
     @field_validator("url")
     @classmethod
@@ -209,6 +217,10 @@ class GatewayConfig(_Strict):
     # A client's time to send a request's headers, and its longest pause in the body.
     read_timeout_s: float = Field(default=DEFAULT_READ_TIMEOUT_S, gt=0)
     gateway_id: str | None = None
+    # The key of the per-tenant cache salts the gateway sends upstream (the same in
+    # every replica, like the Redis namespace); without it the salts are keyed by the
+    # namespace, which anyone who knows it and a tenant's name can recompute.
+    cache_salt_secret: str | None = Field(default=None, min_length=16)
 
     # Where relative paths (tenants, tokenizers) are resolved; set by load_config.
     base_dir: Path = Field(default=Path("."), exclude=True)

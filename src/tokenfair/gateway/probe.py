@@ -42,7 +42,8 @@ async def _upstream(
     session: aiohttp.ClientSession, upstream: UpstreamConfig, shared: bool
 ) -> Reach:
     what = (
-        f"upstream {upstream.name} ({upstream.url}, models {', '.join(upstream.models)}; "
+        f"upstream {upstream.name} ({upstream.url}, engine {upstream.engine}, "
+        f"models {', '.join(upstream.models)}; "
         f"{_capacity(upstream, shared)})"
     )
     try:

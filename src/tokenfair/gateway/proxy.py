@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from tokenfair.edge.body import read_body
 from tokenfair.edge.endpoints import COMPLETION_PATHS
 from tokenfair.edge.errors import APIError, ClientGone, ErrorCode, shutting_down
+from tokenfair.edge.tenants import ACTING_HEADER
 from tokenfair.gateway.flow.ticket import Ticket
 from tokenfair.gateway.meter import Meter
 from tokenfair.gateway.metrics import ABORTED, Outcome
@@ -26,6 +27,7 @@ from tokenfair.gateway.relay import UPSTREAM_ERRORS, UPSTREAM_FAILED, relay_body
 from tokenfair.gateway.requests import CompletionCall, parse_call
 from tokenfair.gateway.response import ClientResponse
 from tokenfair.gateway.upstream_client import UpstreamResponse
+from tokenfair.gateway.upstream_tenant import for_upstream
 
 if TYPE_CHECKING:
     from tokenfair.gateway.app import Gateway
@@ -43,6 +45,7 @@ _HOP_BY_HOP = {
     b"server",
 }
 _UPSTREAM_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+_ACTING = ACTING_HEADER.encode("latin-1")
 TIMED_OUT = Outcome("error", ErrorCode.TIMEOUT.value)
 
 Scope = dict[str, Any]
@@ -93,10 +96,16 @@ class CompletionProxy:
     def _authenticate(self, scope: Scope) -> Any:
         directory = self.gw.directory
         if directory.open_mode or directory.file.trusted_tenant_header is None:
-            # Only the key is read: no mapping of every header per request.
-            authorization = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+            # Only the key and the acting header are read: no mapping of every header.
+            authorization = acting = None
+            for name, value in scope["headers"]:
+                if name == b"authorization":
+                    authorization = value
+                elif name == _ACTING:
+                    acting = value
             key = authorization.decode("latin-1") if authorization is not None else None
-            return directory.authenticate(key, {})
+            headers = {} if acting is None else {ACTING_HEADER: acting.decode("latin-1")}
+            return directory.authenticate(key, headers)
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         return directory.authenticate(headers.get("authorization"), headers)
 
@@ -231,11 +240,15 @@ class CompletionProxy:
                 )
 
     async def _send(
-        self, upstream: Upstream, call: CompletionCall
+        self, upstream: Upstream, call: CompletionCall, tenant: str
     ) -> tuple[UpstreamResponse | None, BaseException | None]:
+        gw = self.gw
+        body, headers = for_upstream(
+            call, tenant, upstream.config.engine, gw.salts, gw.directory.share_prefix_cache
+        )
         try:
             return await upstream.client.request(
-                "POST", _UPSTREAM_PATHS[call.kind], call.body
+                "POST", _UPSTREAM_PATHS[call.kind], body, headers
             ), None
         except UPSTREAM_ERRORS as error:
             self.gw.pool.mark_failure(upstream, f"request failed ({type(error).__name__})")
@@ -253,7 +266,7 @@ class CompletionProxy:
         for attempt in (0, 1):
             upstream = ticket.upstream
             assert upstream is not None
-            response, failure = await self._send(upstream, call)
+            response, failure = await self._send(upstream, call, ticket.tenant)
             if response is not None and response.status < 500:
                 gw.pool.mark_success(upstream)
                 return response, None

@@ -4,7 +4,10 @@ The gateway checks only the fields it schedules by (model, stream, max_tokens, t
 prompt or messages, user, priority) and forwards the body as the client sent it, so
 whatever the upstream supports (tools, n, response_format, its own extensions) still
 works. For a stream it asks the upstream for usage (`stream_options.include_usage`),
-and hides that final usage chunk again from a client that did not ask for it.
+and hides that final usage chunk again from a client that did not ask for it. For an
+engine that keys its prefix cache or its fairness by fields of the body, the tenant's
+`cache_salt` and `vllm_xargs.tenant` are added the same way (`with_fields`, used by
+upstream_tenant.py); every other value stays as sent.
 """
 
 from __future__ import annotations
@@ -33,6 +36,15 @@ class CompletionCall:
     # Completions the upstream generates: n per prompt (a completions prompt may be a
     # list of prompts). The gateway reserves max_tokens of output for each.
     choices: int = 1
+    # The parsed body (with stream_options as sent upstream), and whether it was read by
+    # the standard library's json, which a rewrite must then use too (`_loads`).
+    data: dict[str, Any] | None = None
+    exact: bool = False
+    # The client's own cache_salt (None: none, or empty), and its vllm_xargs.
+    client_salt: str | None = None
+    client_xargs: dict[str, Any] | None = None
+    # What went upstream per engine (body, extra headers): a retry elsewhere reuses it.
+    forwarded: dict[str, tuple[bytes, dict[str, str] | None]] | None = None
 
 
 def _bad(message: str, param: str | None, code: str = ErrorCode.INVALID_VALUE) -> APIError:
@@ -102,15 +114,33 @@ def parse_call(raw: bytes, kind: str) -> CompletionCall:
     if options is not None and not isinstance(options, dict):
         raise _bad("invalid field 'stream_options': must be an object", "stream_options")
     wants_usage = bool(options and options.get("include_usage"))
+    salt = data.get("cache_salt")
+    if salt is not None and not isinstance(salt, str):
+        raise _bad("invalid field 'cache_salt': must be a string", "cache_salt")
+    xargs = data.get("vllm_xargs")
+    if xargs is not None and not isinstance(xargs, dict):
+        raise _bad("invalid field 'vllm_xargs': must be an object", "vllm_xargs")
     body = raw
     if stream and not wants_usage:
         data["stream_options"] = {**(options or {}), "include_usage": True}
-        # ASCII json: lone surrogates stay escapes.
-        body = json.dumps(data).encode() if exact else orjson.dumps(data)
+        body = _dumps(data, exact)
     return CompletionCall(
         kind, model, stream, wants_usage, max_tokens, priority, user, payload, body,
-        choices=n * _prompt_count(kind, payload),
+        choices=n * _prompt_count(kind, payload), data=data, exact=exact,
+        client_salt=salt or None, client_xargs=xargs,
     )  # fmt: skip
+
+
+def _dumps(data: dict[str, Any], exact: bool) -> bytes:
+    # ASCII json: lone surrogates stay escapes.
+    return json.dumps(data).encode() if exact else orjson.dumps(data)
+
+
+def with_fields(call: CompletionCall, fields: dict[str, Any]) -> bytes:
+    """The body sent upstream with `fields` set at its top level (replacing the client's
+    values of them), every other value as it was sent."""
+    assert call.data is not None
+    return _dumps({**call.data, **fields}, call.exact)
 
 
 def _prompt_count(kind: str, payload: Any) -> int:

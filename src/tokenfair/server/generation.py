@@ -116,10 +116,32 @@ def _max_tokens(state: ServerState, body: Body, tenant: Tenant, prompt_tokens: i
     return max_tokens
 
 
-def prepare(state: ServerState, body: Body, tenant: Tenant, kind: str) -> list[Prepared]:
+def cache_salt(tenant: Tenant, proxy: Tenant | None, salt: str | None, shared: bool) -> str | None:
+    """What the request's prefix cache is keyed by (None: shared by every tenant).
+
+    A tenant's own request: its name (none with `share_prefix_cache`), and within it the
+    request's `cache_salt`, as vLLM keys by it: a salt partitions a tenant's cache, never
+    reaches another's. A request a trusted proxy sends for a tenant: the proxy's name,
+    then the `cache_salt` the proxy sent or else the tenant's name. So the proxy decides
+    how its tenants share (the gateway sends one salt per tenant, or one for all under
+    its own `share_prefix_cache`), and its requests never meet the server's own tenants'
+    cache. Tenant names hold no NUL (a proxy's are printable), so the first ends the name.
+    """
+    if proxy is not None:
+        return f"{proxy.name}\0{salt if salt is not None else tenant.name}"
+    if shared:
+        return salt
+    return tenant.name if salt is None else f"{tenant.name}\0{salt}"
+
+
+def prepare(
+    state: ServerState, body: Body, tenant: Tenant, kind: str, proxy: Tenant | None = None
+) -> list[Prepared]:
     """The engine requests of one HTTP request, prompt by prompt, `n` choices each; APIError
-    400 for anything that can never run."""
+    400 for anything that can never run. `proxy`: the trusted proxy that sent it for
+    `tenant`, if one did."""
     model = state.model
+    salt = cache_salt(tenant, proxy, body.cache_salt, state.tenants.share_prefix_cache)
     if body.model != model.name:
         raise APIError(
             404,
@@ -162,7 +184,7 @@ def prepare(state: ServerState, body: Body, tenant: Tenant, kind: str) -> list[P
                 prompt_token_ids=ids if model.keeps_token_ids else None,
                 priority=body.priority if body.priority is not None else tenant.priority,
                 eos_token_ids=eos,
-                cache_salt=None if state.tenants.share_prefix_cache else tenant.name,
+                cache_salt=salt,
             )
             prepared.append(
                 Prepared(

@@ -84,6 +84,13 @@ class SamplingFields(BaseModel):
     ignore_eos: bool | None = Field(
         default=False, description="vLLM extension: generate max_tokens tokens."
     )
+    cache_salt: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=1024,
+        description="vLLM extension: the prompt's cached blocks are shared only with requests "
+        "of the same salt (within the tenant's own).",
+    )
     # Known, and refused unless off (refused_fields.py): the message says why.
     response_format: Any = _refused("{'type': 'text'}")
     guided_json: Any = _refused("null")

@@ -103,11 +103,12 @@ async def generate(
 ) -> Response:
     """Run one generation request; the answer is a Response (an ASGI callable)."""
     headers = Headers(scope=scope)
-    tenant = state.tenants.authenticate(headers.get("authorization"), headers)
+    caller = state.tenants.identify(headers.get("authorization"), headers)
+    tenant = caller.tenant
     try:
         body = parse(model, await read_json(receive, headers, state.config.max_body_bytes))
         tenant = state.tenants.for_user(tenant, body.user)
-        prepared = prepare(state, body, tenant, kind)
+        prepared = prepare(state, body, tenant, kind, caller.proxy)
     except APIError as error:  # a 4xx for this tenant's request: refused, not served
         state.metrics.reject(tenant.name, error.code or f"http_{error.status_code}")
         raise
