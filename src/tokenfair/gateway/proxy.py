@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tokenfair.edge.body import read_body
 from tokenfair.edge.endpoints import COMPLETION_PATHS
@@ -30,8 +30,33 @@ from tokenfair.gateway.upstream_client import UpstreamResponse
 from tokenfair.gateway.upstream_tenant import for_upstream
 
 if TYPE_CHECKING:
-    from tokenfair.gateway.app import Gateway
-    from tokenfair.gateway.pool import Upstream
+    from tokenfair.core.cost import LinearCost
+    from tokenfair.edge.directory import TenantDirectory
+    from tokenfair.edge.limits import Limits
+    from tokenfair.gateway.admission import Admission
+    from tokenfair.gateway.config import GatewayConfig
+    from tokenfair.gateway.counters import CounterStore
+    from tokenfair.gateway.metrics import GatewayMetrics
+    from tokenfair.gateway.pool import Upstream, UpstreamPool
+    from tokenfair.gateway.tokens import TokenCounter
+    from tokenfair.gateway.upstream_tenant import CacheSalts
+
+
+class ProxyParts(Protocol):
+    """What the completion proxy uses of the gateway (app.Gateway has it)."""
+
+    config: GatewayConfig
+    directory: TenantDirectory
+    pool: UpstreamPool
+    admission: Admission
+    metrics: GatewayMetrics
+    limits: Limits
+    cost: LinearCost
+    salts: CacheSalts
+
+    def token_counter(self, model: str) -> TokenCounter: ...
+
+    def store_for(self, band: int) -> CounterStore | None: ...
 
 log = logging.getLogger("tokenfair.gateway")
 
@@ -54,7 +79,7 @@ Send = Any
 
 
 class CompletionProxy:
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: ProxyParts) -> None:
         self.gw = gateway
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -315,8 +340,11 @@ class CompletionProxy:
             ]
             content_type = upstream_response.header(b"content-type") or b""
             relay = relay_stream if content_type.startswith(b"text/event-stream") else relay_body
+            gw = self.gw
             return await relay(
-                self.gw,
+                gw.pool.mark_failure,
+                gw.token_counter(call.model),
+                gw.metrics.of(tenant),
                 call,
                 upstream,
                 upstream_response,
@@ -324,7 +352,6 @@ class CompletionProxy:
                 meter,
                 response,
                 arrival,
-                tenant,
             )
         finally:
             # A response read to its end goes back to the keep-alive pool; one abandoned

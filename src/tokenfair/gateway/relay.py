@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -25,8 +26,12 @@ from tokenfair.gateway.sse import (
 from tokenfair.gateway.upstream_client import UpstreamError, UpstreamResponse
 
 if TYPE_CHECKING:
-    from tokenfair.gateway.app import Gateway
+    from tokenfair.edge.tenant_metrics import TenantSeries
     from tokenfair.gateway.pool import Upstream
+    from tokenfair.gateway.tokens import TokenCounter
+
+# The pool's `mark_failure`: the upstream broke off, and why.
+MarkFailure = Callable[["Upstream", str], None]
 
 # What the upstream client raises when an upstream cannot be reached or breaks off (its
 # connect timeout is a TimeoutError).
@@ -38,7 +43,9 @@ UPSTREAM_FAILED = Outcome("error", ErrorCode.UPSTREAM_UNAVAILABLE.value)
 
 
 async def relay_body(
-    gw: Gateway,
+    mark_failure: MarkFailure,
+    counter: TokenCounter,
+    series: TenantSeries,
     call: CompletionCall,
     upstream: Upstream,
     up: UpstreamResponse,
@@ -46,12 +53,11 @@ async def relay_body(
     meter: Meter,
     response: ClientResponse,
     arrival: float,
-    tenant: str,
 ) -> Outcome:
     try:
         body = await up.read(MAX_ANSWER_BYTES)
     except UPSTREAM_ERRORS as error:
-        gw.pool.mark_failure(upstream, f"response broke off ({type(error).__name__})")
+        mark_failure(upstream, f"response broke off ({type(error).__name__})")
         meter.on_unfinished(failed=True)
         await response.error(
             APIError(
@@ -71,12 +77,12 @@ async def relay_body(
             meter.on_usage(*usage)
             meter.streamed = usage[1]
         else:  # no usage: the text the client got is what it pays for
-            counted = gw.token_counter(call.model).text(text_of_answer(answer))
+            counted = counter.text(text_of_answer(answer))
             meter.streamed = min(meter.output, counted)
     if up.status != 200 or not meter.usage_seen:
         meter.on_unfinished(failed=up.status != 200)
     else:
-        gw.metrics.of(tenant).ttft.observe(time.perf_counter() - arrival)
+        series.ttft.observe(time.perf_counter() - arrival)
     await response.start(up.status, [*headers, (b"content-length", str(len(body)).encode())])
     await response.body(body, more=False)
     if up.status == 200:
@@ -85,7 +91,9 @@ async def relay_body(
 
 
 async def relay_stream(
-    gw: Gateway,
+    mark_failure: MarkFailure,
+    counter: TokenCounter,
+    series: TenantSeries,
     call: CompletionCall,
     upstream: Upstream,
     up: UpstreamResponse,
@@ -93,10 +101,7 @@ async def relay_stream(
     meter: Meter,
     response: ClientResponse,
     arrival: float,
-    tenant: str,
 ) -> Outcome:
-    counter = gw.token_counter(call.model)
-    series = gw.metrics.of(tenant)
     # Called for every chunk of every stream: what it needs is looked up once here.
     clock, observe_itl, on_chunk = time.perf_counter, series.itl.observe, meter.on_chunk
     last = 0.0  # when the last chunk with tokens came (0: none yet)
@@ -122,7 +127,7 @@ async def relay_stream(
             if out:
                 await response.body(out)
     except UPSTREAM_ERRORS as error:
-        gw.pool.mark_failure(upstream, f"stream broke off ({type(error).__name__})")
+        mark_failure(upstream, f"stream broke off ({type(error).__name__})")
         meter.on_unfinished(failed=True)
         event = APIError(
             502,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 from fastapi import FastAPI, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
@@ -28,13 +28,33 @@ from tokenfair.edge.weight_change import WeightChange
 from tokenfair.gateway.admission import RECENT_DISPATCHES
 
 if TYPE_CHECKING:
-    from tokenfair.gateway.app import Gateway
+    from tokenfair.edge.directory import TenantDirectory
+    from tokenfair.gateway.admission import Admission
+    from tokenfair.gateway.config import GatewayConfig
+    from tokenfair.gateway.counters import CounterStore
+    from tokenfair.gateway.metrics import GatewayMetrics
+    from tokenfair.gateway.pool import UpstreamPool
+
+
+class SideParts(Protocol):
+    """What these endpoints use of the gateway (app.Gateway has it)."""
+
+    config: GatewayConfig
+    directory: TenantDirectory
+    pool: UpstreamPool
+    admission: Admission
+    metrics: GatewayMetrics
+    stores: dict[int, CounterStore]
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
 
 OPERATOR_PAGES = ("/metrics", "/health", "/v1/gateway/state", "/v1/gateway/requests/recent")
 PORT_HINT = "listen.metrics_port in the gateway's config"
 
 
-def side_app(gateway: Gateway) -> FastAPI:
+def side_app(gateway: SideParts) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await gateway.start()
