@@ -349,9 +349,7 @@ class LeaseLedger:
             lease, cap = upstream.lease, upstream.config
             assert lease is not None
             slots = max(1, cap.max_concurrent // self._live) if cap.max_concurrent else 0
-            tokens = (
-                max(1, cap.max_inflight_tokens // self._live) if cap.max_inflight_tokens else 0
-            )
+            tokens = max(1, cap.max_inflight_tokens // self._live) if cap.max_inflight_tokens else 0
             grew = grew or slots > lease.slots or tokens > lease.tokens
             lease.slots, lease.tokens = slots, tokens
         if grew:

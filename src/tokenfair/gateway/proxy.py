@@ -58,6 +58,7 @@ class ProxyParts(Protocol):
 
     def store_for(self, band: int) -> CounterStore | None: ...
 
+
 log = logging.getLogger("tokenfair.gateway")
 
 _HOP_BY_HOP = {

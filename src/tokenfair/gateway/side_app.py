@@ -50,6 +50,7 @@ class SideParts(Protocol):
 
     async def close(self) -> None: ...
 
+
 OPERATOR_PAGES = ("/metrics", "/health", "/v1/gateway/state", "/v1/gateway/requests/recent")
 PORT_HINT = "listen.metrics_port in the gateway's config"
 
