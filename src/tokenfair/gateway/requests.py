@@ -62,6 +62,15 @@ def _int_field(data: dict[str, Any], name: str, minimum: int | None) -> int | No
     return value
 
 
+def _typed_field(data: dict[str, Any], name: str, kind: type) -> Any:
+    """The field's value, None when absent; a 400 naming it when of another type."""
+    value = data.get(name)
+    if value is not None and not isinstance(value, kind):
+        what = "a string" if kind is str else "an object"
+        raise _bad(f"invalid field {name!r}: must be {what}", name)
+    return value
+
+
 # An integer longer than this may not fit in 64 bits, which orjson reads as a float.
 _LONG_NUMBER = re.compile(rb"\d{20}")
 
@@ -107,19 +116,11 @@ def parse_call(raw: bytes, kind: str) -> CompletionCall:
         max_tokens = _int_field(data, "max_tokens", 1)
     priority = _int_field(data, "priority", None)
     n = _int_field(data, "n", 1) or 1
-    user = data.get("user")
-    if user is not None and not isinstance(user, str):
-        raise _bad("invalid field 'user': must be a string", "user")
-    options = data.get("stream_options")
-    if options is not None and not isinstance(options, dict):
-        raise _bad("invalid field 'stream_options': must be an object", "stream_options")
+    user = _typed_field(data, "user", str)
+    options = _typed_field(data, "stream_options", dict)
     wants_usage = bool(options and options.get("include_usage"))
-    salt = data.get("cache_salt")
-    if salt is not None and not isinstance(salt, str):
-        raise _bad("invalid field 'cache_salt': must be a string", "cache_salt")
-    xargs = data.get("vllm_xargs")
-    if xargs is not None and not isinstance(xargs, dict):
-        raise _bad("invalid field 'vllm_xargs': must be an object", "vllm_xargs")
+    salt = _typed_field(data, "cache_salt", str)
+    xargs = _typed_field(data, "vllm_xargs", dict)
     body = raw
     if stream and not wants_usage:
         data["stream_options"] = {**(options or {}), "include_usage": True}
