@@ -57,7 +57,8 @@ def test_charges_divide_by_the_weight_of_every_node_on_the_path():
     book.charge("x", 8.0)
     assert book.node_counters() == {"@org": 4.0, "@org/team": 2.0, "x": 16.0}
     assert book.counters() == {"x": 16.0}
-    assert weighted_charge(book.nodes("x"), weights, 8.0) == (
+    path = [(node, weights[node]) for node in book.nodes("x")]
+    assert weighted_charge(path, 8.0) == (
         ("@org", 4.0),
         ("@org/team", 2.0),
         ("x", 16.0),

@@ -12,6 +12,7 @@ ends without usage (failure, client gone) gets its unused output reservation bac
 from __future__ import annotations
 
 from tokenfair.core.cost import LinearCost
+from tokenfair.core.policies.ledger import weighted_charge
 from tokenfair.gateway.counters import Charge, CounterStore
 
 
@@ -63,12 +64,8 @@ class Meter:
         return self.prompt - (1.0 - self.cached_share) * self.cached
 
     def _weighted(self, service: float) -> Charge:
-        """`service` as each node on the tenant's path pays it: divided by its weight."""
-        weights = self.weights
-        if len(weights) == 1:  # no groups: the usual case, on every streamed chunk
-            node, weight = weights[0]
-            return ((node, service / weight),)
-        return tuple((node, service / weight) for node, weight in weights)
+        """`service` as each node on the tenant's path pays it (the ledger's rule)."""
+        return weighted_charge(self.weights, service)
 
     def dispatch_charge(self) -> Charge:
         """Charged in the same atomic step that picks the request."""

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Literal
 
 from tokenfair.core.cost import LinearCost, prompt_cost
@@ -48,9 +48,13 @@ LIFT_RULES: tuple[LiftRule, ...] = ("paper", "artifact", "none")
 Charge = tuple[tuple[str, float], ...]
 
 
-def weighted_charge(path: Sequence[str], weights: Mapping[str, float], service: float) -> Charge:
-    """`service` as each node on `path` pays it: divided by the node's weight."""
-    return tuple((node, service / weights.get(node, 1.0)) for node in path)
+def weighted_charge(weighted_path: Sequence[tuple[str, float]], service: float) -> Charge:
+    """`service` as each node of a path of (node, weight) pairs pays it: divided by the
+    node's weight (what a driver that charges whole paths at once sends, the gateway)."""
+    if len(weighted_path) == 1:  # no groups: the usual case, on every streamed chunk
+        node, weight = weighted_path[0]
+        return ((node, service / weight),)
+    return tuple((node, service / weight) for node, weight in weighted_path)
 
 
 class _Level:
@@ -236,9 +240,6 @@ class CounterLedger:
             else:
                 return node
         return None
-
-    def is_backlogged(self, client: str) -> bool:
-        return client in self._levels[self.path(client)[-1][0]].live
 
     def activate(self, client: str, *, lift: bool = True) -> None:
         """The client's first waiting request: each node on its path that had nothing
