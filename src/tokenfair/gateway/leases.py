@@ -33,7 +33,9 @@ on their strength (a lease that followed its running requests down would reach 0
 dispatch would stop for Redis), and it keeps its leases as they are: the live
 replicas' leases never added up to more than the capacity. Once the outage has lasted
 `gateway_ttl_s` (when the replicas that still reach Redis count this one as dead), or
-at once if it never reached Redis since it started, each of its leases becomes exactly
+`STARTUP_GRACE_S` if it never reached Redis since it started (a first answer that is
+merely slow, on a loaded machine, must not hand it the whole capacity while the others
+share it), each of its leases becomes exactly
 its share of the upstream: the capacity over the live replicas it last saw (itself
 alone before any sync succeeded), so replicas cut off together stay within the
 capacity, and one whose lease had gone to 0 dispatches again. A replica cut off
@@ -61,6 +63,11 @@ from tokenfair.gateway.redis_client import connect, subscriber
 log = logging.getLogger("tokenfair.gateway")
 
 _FAILURES = (RedisError, OSError, asyncio.TimeoutError)
+
+# How long a replica that has not reached Redis since it started waits before it takes
+# its share alone: long enough for a slow first answer, short enough that a gateway
+# started with Redis down serves within a second or so.
+STARTUP_GRACE_S = 1.0
 
 
 Demand = Callable[[], dict[str, ModelDemand]]
@@ -333,7 +340,7 @@ class LeaseLedger:
                 "capacity over %d live replica(s)) until Redis answers",
                 self.url,
                 type(error).__name__,
-                0 if not self._synced else self.ttl_s,
+                self.ttl_s if self._synced else min(self.ttl_s, STARTUP_GRACE_S),
                 self._live,
             )
         # Claims heard before the outage are stale: giving back on them would take the
@@ -342,8 +349,9 @@ class LeaseLedger:
         for upstream in self.upstreams:
             assert upstream.lease is not None
             upstream.lease.giving_back = False
-        if self._synced and now - self._failing_since < self.ttl_s:
-            return  # the others still count this replica's leases: keep within them
+        grace = self.ttl_s if self._synced else min(self.ttl_s, STARTUP_GRACE_S)
+        if now - self._failing_since < grace:
+            return  # the others may still count this replica's leases: keep within them
         grew = False
         for upstream in self.upstreams:
             lease, cap = upstream.lease, upstream.config
