@@ -24,7 +24,10 @@ same code with a tiny model on CPU, to check the script itself. Prints one JSON 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
+import pstats
 import sys
 import time
 
@@ -112,6 +115,11 @@ def main() -> int:
     parser.add_argument("--skip-generate-batch", action="store_true")
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs for decode steps")
     parser.add_argument("--smoke", action="store_true", help="tiny model on CPU: checks the script")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile one decode run per batch (Python side) and print where it spends",
+    )
     args = parser.parse_args()
 
     if args.smoke:
@@ -157,6 +165,16 @@ def main() -> int:
             "bound_step_ms": round(1000 * bound_step_s, 3),
             "bandwidth_share": round(bound_step_s / step_s, 3),
         }
+
+    if args.profile:
+        for batch in args.batches:
+            profile = cProfile.Profile()
+            profile.enable()
+            run_ours(engine, prompts_for(batch, args.prompt, vocab), args.output, f"prof{batch}")
+            profile.disable()
+            report = io.StringIO()
+            pstats.Stats(profile, stream=report).sort_stats("tottime").print_stats(25)
+            print(f"== profile, batch {batch} (by own time)\n{report.getvalue()}", file=sys.stderr)
 
     theirs: dict[str, dict[str, float]] | None = None
     if not args.skip_generate_batch and hasattr(model, "generate_batch"):

@@ -10,8 +10,9 @@ logits are dropped. Each (batch, width) bucket owns static input buffers; a step
 copies its indices into them and replays the bucket's graph.
 
 The same static path runs eagerly where graphs are not available (on CPU, `capture`
-False), so its padding and bookkeeping are tested without a GPU; if capturing fails,
-the bucket falls back to eager for good. Prefill and mixed steps always run eagerly.
+False), so its padding and bookkeeping are tested without a GPU; if a capture fails,
+the buckets captured before it keep replaying and the others run eagerly. Prefill and
+mixed steps always run eagerly.
 """
 
 from __future__ import annotations
@@ -46,7 +47,6 @@ class _Bucket:
     layout: StepLayout  # static buffers: the graph reads its inputs from these
     graph: torch.cuda.CUDAGraph | None = None
     logits: torch.Tensor | None = None  # the graph's output buffer
-    eager: bool = False  # capture failed: run this bucket eagerly
 
 
 class StaticDecode:
@@ -79,13 +79,11 @@ class StaticDecode:
         if bucket is None:
             bucket = self._buckets[(batch, width)] = _Bucket(self._static_layout(batch, width))
         self._fill(bucket.layout, layout, width)
-        if not self.capture or bucket.eager:
-            return self.forward(bucket.layout)[:size]
-        if bucket.graph is None:
+        if bucket.graph is None and self.capture:
             self._record(bucket)
-            if bucket.eager:
-                return self.forward(bucket.layout)[:size]
-        assert bucket.graph is not None and bucket.logits is not None
+        if bucket.graph is None:
+            return self.forward(bucket.layout)[:size]
+        assert bucket.logits is not None
         bucket.graph.replay()
         return bucket.logits[:size]
 
@@ -125,7 +123,10 @@ class StaticDecode:
         static.masks_cache_clear()
 
     def _record(self, bucket: _Bucket) -> None:
-        """Warm up on a side stream, then capture; on any failure run this bucket eagerly."""
+        """Warm up on a side stream, then capture on that same stream (cuBLAS keeps its
+        workspaces per stream: one first needed inside a capture fails it). On a
+        failure the buckets not captured yet run eagerly: a failed capture can leave the
+        graph pool recording, and each further capture would fail the same way."""
         try:
             stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
@@ -134,9 +135,9 @@ class StaticDecode:
             torch.cuda.current_stream(self.device).wait_stream(stream)
             bucket.layout.masks_cache_clear()  # rebuild the masks inside the graph
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
+            with torch.cuda.graph(graph, pool=self._pool, stream=stream):
                 bucket.logits = self.forward(bucket.layout)
             bucket.graph = graph
         except RuntimeError as error:  # e.g. a host sync inside the model's forward
-            log.warning("decode CUDA graph capture failed (%s); running eagerly", error)
-            bucket.eager = True
+            log.warning("decode CUDA graph capture failed (%s); decode runs eagerly", error)
+            self.capture = False
