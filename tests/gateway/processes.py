@@ -31,16 +31,22 @@ TIGHT = {"max_waiting": 1, "max_tokens_per_request": 100}
 
 class Process:
     def __init__(
-        self, args: list[str], port: int, log: Path, metrics_port: int | None = None
+        self,
+        args: list[str],
+        port: int,
+        log: Path,
+        metrics_port: int | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.args, self.port, self.log = args, port, log
         self.metrics_port = metrics_port  # a gateway's operator pages, without a key
+        self.env = env or ENV
         self.popen: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 120.0) -> Process:  # generous: the machine may be busy
         out = self.log.open("ab")
         self.popen = subprocess.Popen(
-            self.args, cwd=ROOT, env=ENV, stdout=out, stderr=subprocess.STDOUT
+            self.args, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT
         )
         deadline = time.monotonic() + timeout
         while True:

@@ -1,0 +1,235 @@
+"""Fairness across gateway replicas sharing one Redis, side by side with another tree.
+
+    .venv/bin/python benchmarks/gateway_replicas.py [--baseline-src OTHER_TREE/src]
+        [--seconds 12] [--repeats 2]
+
+Scenarios, each on real processes on loopback (the tests' fake OpenAI upstream, one
+redis-server per scenario, gateways started from each tree's `src`):
+
+- skewed ingress: two replicas in front of one upstream of 4 slots (10 ms a token,
+  20 tokens a request), for `--seconds`. Tenant heavy (weight 4) reaches only the first replica, tenant
+  light (weight 1) only the second; each keeps 8 streams open, so both are always
+  backlogged. What each tenant is served (prompt + 2 x output tokens) in the window
+  from 2 s to the end, and heavy's over light's: VTC's promise is 4.0 over a long
+  window, its guarantee a bounded weighted gap (SPEC 3), printed with its bound. The
+  gap swings by about one round of the upstream's slots (the replica whose claim is
+  best takes every slot that frees), so a short window reads far from 4.0: over 6 s
+  about 3.0, over 22 s within 10%. The replicas can only get it by sharing the
+  counters and the capacity through Redis.
+- mixed ingress: the same, with heavy reaching both replicas (4 streams each) and light
+  the second only; weights 1:1, so the promise is 1.0.
+- flood: one replica with Redis in front of the same upstream (5 ms a token, 10 tokens),
+  heavy keeping 64 streams open, light sending 20 requests one at a time: light's TTFT
+  p50/p90 and how many requests the gateway dispatched ahead of each (its own record).
+
+Prints one JSON line per tree and scenario, then a summary with each tree's figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.gateway.load import Done, closed_loop, one_stream, percentile  # noqa: E402
+from tests.gateway.processes import (  # noqa: E402
+    ENV,
+    GATEWAY_MAIN,
+    KEYS,
+    Process,
+    fake_upstream,
+    state,
+    tenants_file,
+)
+from tests.gateway.redis_server import RedisServer, free_port  # noqa: E402
+
+
+def start_gateway(
+    src: Path, tmp: Path, name: str, upstream: Process, tenants: Path, **settings: Any
+) -> Process:
+    port, metrics_port = free_port(), free_port()
+    config = {
+        "listen": {"port": port, "metrics_port": metrics_port},
+        "tenants": str(tenants),
+        "upstreams": [{"url": upstream.url, "models": ["fake"], "max_concurrent": 4}],
+        "health": {"interval_s": 0.2, "timeout_s": 0.5, "fail_after": 1},
+        **settings,
+    }
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    # The gateway from `src`; the fake upstream and the clients from this tree.
+    env = {**ENV, "PYTHONPATH": f"{src}{os.pathsep}{ROOT}"}
+    args = [sys.executable, "-c", GATEWAY_MAIN, "--config", str(path), "--log-level", "warning"]
+    return Process(args, port, tmp / f"{name}.log", metrics_port, env).start()
+
+
+def served(done: list[Done], since: float) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for d in done:
+        if d.finish >= since:
+            out[d.tenant] = out.get(d.tenant, 0.0) + d.service
+    return out
+
+
+def ingress(src: Path, tmp: Path, seconds: float, mixed: bool) -> dict[str, Any]:
+    redis = RedisServer(tmp)
+    redis.start()
+    upstream = fake_upstream(tmp, "u-ingress", token_interval=0.01)
+    tenants = tenants_file(tmp, None if mixed else {"heavy": 4.0})
+    gws = [
+        start_gateway(
+            src,
+            tmp,
+            f"g{i}",
+            upstream,
+            tenants,
+            redis={"url": redis.url, "namespace": "bench"},
+            gateway_id=f"g{i}",
+        )
+        for i in range(2)
+    ]
+
+    async def run() -> list[Done]:
+        t0 = time.perf_counter()
+        done: list[Done] = []
+        until = t0 + seconds
+        loops = [closed_loop(gws[1].url, "light", 8, 20, until, t0, done)]
+        if mixed:
+            loops += [closed_loop(g.url, "heavy", 4, 20, until, t0, done) for g in gws]
+        else:
+            loops.append(closed_loop(gws[0].url, "heavy", 8, 20, until, t0, done))
+        await asyncio.gather(*loops)
+        return done
+
+    try:
+        done = asyncio.run(run())
+        peak = httpx.get(upstream.url + "/stats", timeout=5).json()["peak_running"]
+    finally:
+        for g in gws:
+            g.stop()
+        upstream.stop()
+        redis.stop()
+    service = served(done, 2.0)
+    heavy, light = service.get("heavy", 0.0), service.get("light", 0.0)
+    weight = 1.0 if mixed else 4.0
+    # SPEC 3's bound on the weighted gap, |W_heavy - W_light| <= 2 max(w_in L_in,
+    # w_out M), M the tokens the upstream's 4 slots hold (prompt 3 + 20 output each),
+    # plus one request's service for the window's edges.
+    bound = 2 * max(3, 2 * 4 * 23) + (3 + 2 * 20)
+    return {
+        "served": service,
+        "heavy_over_light": round(heavy / max(light, 1.0), 3),
+        "weighted_gap": round(abs(heavy / weight - light), 1),
+        "gap_bound": bound,
+        "promise": 1.0 if mixed else 4.0,
+        "upstream_peak_running": peak,
+    }
+
+
+def flood(src: Path, tmp: Path, light_requests: int = 20) -> dict[str, Any]:
+    redis = RedisServer(tmp)
+    redis.start()
+    upstream = fake_upstream(tmp, "u-flood", token_interval=0.005)
+    gw = start_gateway(
+        src,
+        tmp,
+        "flood",
+        upstream,
+        tenants_file(tmp),
+        redis={"url": redis.url, "namespace": "flood"},
+        gateway_id="flood",
+    )
+    import openai
+
+    async def run() -> list[float]:
+        t0 = time.perf_counter()
+        heavy: list[Done] = []
+        flooding = asyncio.ensure_future(closed_loop(gw.url, "heavy", 64, 10, t0 + 3600, t0, heavy))
+        for _ in range(400):
+            if state(gw)["waiting"].get("heavy", 0) >= 56:
+                break
+            await asyncio.sleep(0.05)
+        light = openai.AsyncOpenAI(
+            base_url=gw.url + "/v1", api_key=KEYS["light"], max_retries=0, timeout=120
+        )
+        ttfts = []
+        for _ in range(light_requests):
+            ttfts.append((await one_stream(light, "light", 4, t0)).first)
+            await asyncio.sleep(0.02)
+        flooding.cancel()
+        await light.close()
+        return ttfts
+
+    try:
+        ttfts = asyncio.run(run())
+        rows = httpx.get(
+            gw.metrics_url + "/v1/gateway/requests/recent",
+            params={"tenant": "light", "limit": light_requests},
+            timeout=10,
+        ).json()["data"]
+    finally:
+        gw.stop()
+        upstream.stop()
+        redis.stop()
+    ahead = [float(row["dispatched_ahead"]) for row in rows]
+    return {
+        "light_ttft_p50_s": round(statistics.median(ttfts), 4),
+        "light_ttft_p90_s": round(percentile(ttfts, 0.9), 4),
+        "light_dispatched_ahead_p90": percentile(ahead, 0.9),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline-src", type=Path, help="another tree's src, run alongside")
+    parser.add_argument("--seconds", type=float, default=24.0)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+    trees = {"this": ROOT / "src"}
+    if args.baseline_src:
+        trees["baseline"] = args.baseline_src.resolve()
+    figures: dict[str, dict[str, list[Any]]] = {name: {} for name in trees}
+    for repeat in range(args.repeats):
+        for name, src in trees.items():  # interleaved: the machine's noise hits both
+            with tempfile.TemporaryDirectory() as tmp:
+                here = Path(tmp)
+                for scenario, result in (
+                    ("skewed", ingress(src, here, args.seconds, mixed=False)),
+                    ("mixed", ingress(src, here, args.seconds, mixed=True)),
+                    ("flood", flood(src, here)),
+                ):
+                    print(json.dumps({"tree": name, "repeat": repeat, scenario: result}))
+                    figures[name].setdefault(scenario, []).append(result)
+    summary = {
+        name: {
+            "skewed_heavy_over_light": [r["heavy_over_light"] for r in f["skewed"]],
+            "mixed_heavy_over_light": [r["heavy_over_light"] for r in f["mixed"]],
+            "upstream_peak_running": max(
+                r["upstream_peak_running"] for r in f["skewed"] + f["mixed"]
+            ),
+            "flood_light_ttft_p90_s": [r["light_ttft_p90_s"] for r in f["flood"]],
+            "flood_light_dispatched_ahead_p90": [
+                r["light_dispatched_ahead_p90"] for r in f["flood"]
+            ],
+        }
+        for name, f in figures.items()
+    }
+    print(json.dumps({"summary": summary}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
