@@ -117,6 +117,7 @@ def ingress(src: Path, tmp: Path, seconds: float, mixed: bool) -> dict[str, Any]
     try:
         done = asyncio.run(run())
         peak = httpx.get(upstream.url + "/stats", timeout=5).json()["peak_running"]
+        scripts = redis_scripts_run(redis.url)
     finally:
         for g in gws:
             g.stop()
@@ -136,7 +137,20 @@ def ingress(src: Path, tmp: Path, seconds: float, mixed: bool) -> dict[str, Any]
         "gap_bound": bound,
         "promise": 1.0 if mixed else 4.0,
         "upstream_peak_running": peak,
+        "requests": len(done),
+        "redis_scripts_per_request": round(scripts / max(len(done), 1), 2),
+        "redis_scripts_per_s": round(scripts / seconds, 1),
     }
+
+
+def redis_scripts_run(url: str) -> int:
+    """Lua scripts Redis ran (per-request picks and charges, lease syncs, heartbeats)."""
+    import redis
+
+    stats = redis.Redis.from_url(url).info("commandstats")
+    return sum(
+        int(v["calls"]) for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval")
+    )
 
 
 def flood(src: Path, tmp: Path, light_requests: int = 20) -> dict[str, Any]:
