@@ -8,15 +8,14 @@ redis-server per scenario, gateways started from each tree's `src`):
 
 - skewed ingress: two replicas in front of one upstream of 4 slots (10 ms a token,
   20 tokens a request), for `--seconds`. Tenant heavy (weight 4) reaches only the first replica, tenant
-  light (weight 1) only the second; each keeps 8 streams open, so both are always
-  backlogged. What each tenant is served (prompt + 2 x output tokens) in the window
-  from 2 s to the end, and heavy's over light's: VTC's promise is 4.0 over a long
+  light (weight 1) only the second; each keeps 16 streams open, so both are always
+  backlogged. What each tenant is served (prompt + 2 x output tokens) from 2 s until
+  the clients stop (what drains after that is not competition), and heavy's over light's: VTC's promise is 4.0 over a long
   window, its guarantee a bounded weighted gap (SPEC 3), printed with its bound. The
   gap swings by about one round of the upstream's slots (the replica whose claim is
-  best takes every slot that frees), so a short window reads far from 4.0: over 6 s
-  about 3.0, over 22 s within 10%. The replicas can only get it by sharing the
+  best takes every slot that frees), so a short window reads far from 4.0. The replicas can only get it by sharing the
   counters and the capacity through Redis.
-- mixed ingress: the same, with heavy reaching both replicas (4 streams each) and light
+- mixed ingress: the same, with heavy reaching both replicas (8 streams each) and light
   the second only; weights 1:1, so the promise is 1.0.
 - flood: one replica with Redis in front of the same upstream (5 ms a token, 10 tokens),
   heavy keeping 64 streams open, light sending 20 requests one at a time: light's TTFT
@@ -76,10 +75,12 @@ def start_gateway(
     return Process(args, port, tmp / f"{name}.log", metrics_port, env).start()
 
 
-def served(done: list[Done], since: float) -> dict[str, float]:
+def served(done: list[Done], since: float, until: float) -> dict[str, float]:
+    """Service finished in [since, until): the clients stop sending at `until`, and
+    what drains after it is no longer two backlogged tenants competing."""
     out: dict[str, float] = {}
     for d in done:
-        if d.finish >= since:
+        if since <= d.finish < until:
             out[d.tenant] = out.get(d.tenant, 0.0) + d.service
     return out
 
@@ -106,11 +107,14 @@ def ingress(src: Path, tmp: Path, seconds: float, mixed: bool) -> dict[str, Any]
         t0 = time.perf_counter()
         done: list[Done] = []
         until = t0 + seconds
-        loops = [closed_loop(gws[1].url, "light", 8, 20, until, t0, done)]
+        # Four times as many streams as slots: a tenant's clients take a moment to send
+        # the next request, and a tenant with none waiting is not backlogged (VTC lifts
+        # its counter when its next request arrives, as it should).
+        loops = [closed_loop(gws[1].url, "light", 16, 20, until, t0, done)]
         if mixed:
-            loops += [closed_loop(g.url, "heavy", 4, 20, until, t0, done) for g in gws]
+            loops += [closed_loop(g.url, "heavy", 8, 20, until, t0, done) for g in gws]
         else:
-            loops.append(closed_loop(gws[0].url, "heavy", 8, 20, until, t0, done))
+            loops.append(closed_loop(gws[0].url, "heavy", 16, 20, until, t0, done))
         await asyncio.gather(*loops)
         return done
 
@@ -123,7 +127,7 @@ def ingress(src: Path, tmp: Path, seconds: float, mixed: bool) -> dict[str, Any]
             g.stop()
         upstream.stop()
         redis.stop()
-    service = served(done, 2.0)
+    service = served(done, 2.0, seconds)
     heavy, light = service.get("heavy", 0.0), service.get("light", 0.0)
     weight = 1.0 if mixed else 4.0
     # SPEC 3's bound on the weighted gap, |W_heavy - W_light| <= 2 max(w_in L_in,
