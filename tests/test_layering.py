@@ -8,6 +8,8 @@ measurement side; only report/ draws with matplotlib; no import cycle; no module
 The serving side: core <- edge <- (server, gateway), core <- engine <- server, and
 core <- integrations/vllm. The server and the gateway share their tenant edge (tenants
 file, limits, errors, body reading, metric families) and never import each other.
+Inside the gateway, each room (transport, flow, upstreams, replicas) imports of the
+others only what its docstring says, and only the fairness seam charges the counters.
 """
 
 from __future__ import annotations
@@ -177,3 +179,60 @@ def test_the_server_and_the_gateway_never_import_each_other() -> None:
         for mine, theirs in (("server", "gateway"), ("gateway", "server")):
             if under(name, f"tokenfair.{mine}"):
                 assert not any(under(i, f"tokenfair.{theirs}") for i in imports(path)), name
+
+
+GATEWAY = "tokenfair.gateway"
+# Each room of the gateway, and what it may import of the rest of the gateway (its
+# package docstring says the same): modules of other rooms, or of the top level.
+GATEWAY_ROOMS: dict[str, tuple[str, ...]] = {
+    "transport": (
+        "config",
+        "metrics",
+        "flow.admission",
+        "flow.fairness",
+        "flow.meter",
+        "flow.ticket",
+        "flow.tokens",
+        "upstreams.pool",
+    ),
+    "flow": ("upstreams.pool", "upstreams.prefix", "replicas.counters"),
+    "upstreams": (
+        "config",
+        "transport.upstream_client",
+        "flow.tokens",
+        "replicas.capacity",
+        "replicas.redis_client",
+    ),
+    "replicas": ("upstreams.pool",),
+}
+
+
+@pytest.mark.parametrize("room", sorted(GATEWAY_ROOMS))
+def test_gateway_rooms_import_of_each_other_only_what_they_say(room: str) -> None:
+    package = f"{GATEWAY}.{room}"
+    assert imports(MODULES[package]) == set(), "a room's __init__ imports nothing"
+    allowed = (package, *(f"{GATEWAY}.{name}" for name in GATEWAY_ROOMS[room]))
+    offenders = {
+        (name, imported)
+        for name, path in MODULES.items()
+        if under(name, package)
+        for imported in imports(path)
+        if under(imported, GATEWAY)
+        and imported != GATEWAY
+        and not any(under(imported, a) for a in allowed)
+    }
+    assert not offenders
+
+
+def test_only_the_fairness_seam_charges_the_counters() -> None:
+    """The meter, the proxy and the rest of the request's path charge a tenant through
+    flow/fairness.py: none of them imports the counter stores."""
+    door = f"{GATEWAY}.flow.fairness"
+    offenders = {
+        (name, imported)
+        for name, path in MODULES.items()
+        if any(under(name, f"{GATEWAY}.{room}") for room in ("flow", "transport")) and name != door
+        for imported in imports(path)
+        if under(imported, f"{GATEWAY}.replicas")
+    }
+    assert not offenders

@@ -10,8 +10,8 @@ import pytest
 
 from tests.gateway.processes import gateway, sim_upstream, state
 from tokenfair.core.cost import LinearCost
-from tokenfair.gateway.meter import Meter
-from tokenfair.gateway.sse import usage_of
+from tokenfair.gateway.flow.meter import Meter
+from tokenfair.gateway.transport.sse import usage_of
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,8 @@ from tests.gateway.redis_server import RedisServer
 from tokenfair.core.policies import make_policy
 from tokenfair.core.request import Request
 from tokenfair.core.share_tree import ShareTree
-from tokenfair.gateway.counters import LocalCounters
-from tokenfair.gateway.redis_store import RedisCounterStore
+from tokenfair.gateway.replicas.counters import LocalCounters
+from tokenfair.gateway.replicas.redis_store import RedisCounterStore
 
 TENANTS = ["a", "b", "c", "d"]
 # A tree: a and b in team o1/t1 of org o1 (weight 2), c in o1 directly, d at the top.
@@ -99,7 +99,7 @@ def test_local_counters_follow_the_core_vtc(
             local.leave(tenant)
         elif op == "out" and running[tenant]:
             request = running[tenant][0]
-            request.output_token_ids.extend([0] * n)
+            request.extend_output([0] * n)
             core.on_output(request, n)
             local.charge(shares.charge(tenant, 2.0 * n))
         expected = core.node_counters() if grouped else core.counters()

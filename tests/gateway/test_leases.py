@@ -16,10 +16,10 @@ import pytest
 from tests.gateway.load import Done, closed_loop
 from tests.gateway.processes import fake_upstream, gateway, state, stats
 from tests.gateway.redis_server import RedisServer
-from tokenfair.gateway.capacity import ModelDemand
 from tokenfair.gateway.config import HealthConfig, UpstreamConfig
-from tokenfair.gateway.leases import STARTUP_GRACE_S, LeaseLedger
-from tokenfair.gateway.pool import Upstream, UpstreamPool
+from tokenfair.gateway.replicas.capacity import ModelDemand
+from tokenfair.gateway.replicas.leases import STARTUP_GRACE_S, LeaseLedger
+from tokenfair.gateway.upstreams.pool import Upstream, UpstreamPool
 
 CAP = UpstreamConfig(
     url="http://10.0.0.1:8000", models=["m"], max_concurrent=4, max_inflight_tokens=1000

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tokenfair.gateway.pool import parse_load
+from tokenfair.gateway.upstreams.pool import parse_load
 
 VLLM_METRICS = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.

@@ -10,7 +10,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests.gateway.redis_server import RedisServer
-from tokenfair.gateway.redis_client import QueueingConnectionPool
+from tokenfair.gateway.replicas.redis_client import QueueingConnectionPool
 
 
 def _client(url: str, connections: int, wait_s: float):  # type: ignore[no-untyped-def]

@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tests.gateway.redis_server import RedisServer
-from tokenfair.gateway.redis_store import RedisCounterStore
+from tokenfair.gateway.replicas.redis_store import RedisCounterStore
 
 
 async def _counter(url: str, namespace: str, node: str) -> float:

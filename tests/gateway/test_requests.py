@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tokenfair.edge.errors import APIError
-from tokenfair.gateway.requests import parse_call
+from tokenfair.gateway.transport.requests import parse_call
 
 
 def test_a_body_that_needs_no_change_is_forwarded_byte_for_byte() -> None:

@@ -12,15 +12,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenfair.gateway.admission import Admission
 from tokenfair.gateway.config import HealthConfig, RoutingConfig, UpstreamConfig
-from tokenfair.gateway.counters import MemoryCounterStore
+from tokenfair.gateway.flow.admission import Admission
 from tokenfair.gateway.flow.fairness import CounterFairness
 from tokenfair.gateway.flow.order import by_priority
 from tokenfair.gateway.flow.ticket import Ticket
-from tokenfair.gateway.pool import Upstream, UpstreamPool
-from tokenfair.gateway.prefix import PrefixIndex, prefix_key
-from tokenfair.gateway.routing import (
+from tokenfair.gateway.replicas.counters import MemoryCounterStore
+from tokenfair.gateway.upstreams.pool import Upstream, UpstreamPool
+from tokenfair.gateway.upstreams.prefix import PrefixIndex, prefix_key
+from tokenfair.gateway.upstreams.routing import (
     AFFINITY,
     FIRST_PLACEMENT,
     LEAST_LOADED,

@@ -14,7 +14,7 @@ import pytest
 import uvloop
 
 from tests.gateway.processes import Process, fake_upstream, stats
-from tokenfair.gateway.upstream_client import (
+from tokenfair.gateway.transport.upstream_client import (
     UpstreamClient,
     UpstreamDisconnected,
     UpstreamError,
@@ -285,7 +285,7 @@ def test_a_lagging_consumer_pauses_reading(run: Run) -> None:
 
 def test_the_pool_sends_the_upstreams_api_key(run: Run) -> None:
     from tokenfair.gateway.config import UpstreamConfig
-    from tokenfair.gateway.pool import Upstream
+    from tokenfair.gateway.upstreams.pool import Upstream
 
     seen: list[bytes] = []
 

@@ -14,8 +14,8 @@ import pytest
 from tests.gateway.processes import KEYS, fake_upstream, gateway, stats
 from tokenfair.edge.errors import APIError
 from tokenfair.gateway.config import parse_config
-from tokenfair.gateway.requests import parse_call
-from tokenfair.gateway.upstream_tenant import CacheSalts, for_upstream, salt_key
+from tokenfair.gateway.transport.requests import parse_call
+from tokenfair.gateway.transport.upstream_tenant import CacheSalts, for_upstream, salt_key
 
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
 

@@ -43,7 +43,7 @@ ShutdownTimeout = Annotated[
 # What each extra brings that a command imports: the top-level modules to look for, so a
 # command that needs an extra says which one before it imports anything of it.
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
-    "server": ("fastapi", "uvicorn", "httpx", "aiohttp", "prometheus_client", "yaml", "orjson"),
+    "server": ("fastapi", "uvicorn", "httpx", "prometheus_client", "yaml", "orjson"),
     "model": ("torch", "transformers", "safetensors"),
     "redis": ("redis",),
 }

@@ -64,7 +64,7 @@ def gateway(
                 soft_wrap=True,
                 highlight=False,
             )
-            from tokenfair.gateway.upstream_tenant import isolation_warning
+            from tokenfair.gateway.transport.upstream_tenant import isolation_warning
 
             warning = isolation_warning(settings.upstreams, directory)
             if warning is not None:
@@ -106,7 +106,7 @@ def _reach(settings: GatewayConfig) -> None:
     """--check: ask every upstream and the Redis once; exit 1 if one does not answer."""
     import asyncio
 
-    from tokenfair.gateway.probe import probe
+    from tokenfair.gateway.upstreams.probe import probe
 
     reached = asyncio.run(probe(settings))
     for reach in reached:

@@ -20,19 +20,19 @@ from tokenfair.edge.endpoints import COMPLETION_PATHS
 from tokenfair.edge.limits import Limits
 from tokenfair.edge.operator_port import on_port, only_operator_pages
 from tokenfair.edge.tenants import TenantsFileError, load_tenants, parse_tenants
-from tokenfair.gateway.admission import Admission
-from tokenfair.gateway.capacity import ModelDemand
 from tokenfair.gateway.config import GatewayConfig, GatewayConfigError
-from tokenfair.gateway.counters import CounterStore, MemoryCounterStore
+from tokenfair.gateway.flow.admission import Admission
 from tokenfair.gateway.flow.fairness import CounterFairness, Fairness, PolicyFairness
 from tokenfair.gateway.flow.order import ORDERS
+from tokenfair.gateway.flow.tokens import TokenCounter, load_tokenizer
 from tokenfair.gateway.metrics import GatewayMetrics
-from tokenfair.gateway.pool import UpstreamPool
-from tokenfair.gateway.probe import probe
-from tokenfair.gateway.proxy import CompletionProxy
+from tokenfair.gateway.replicas.capacity import ModelDemand
+from tokenfair.gateway.replicas.counters import CounterStore, MemoryCounterStore
 from tokenfair.gateway.side_app import OPERATOR_PAGES, side_app
-from tokenfair.gateway.tokens import TokenCounter, load_tokenizer
-from tokenfair.gateway.upstream_tenant import CacheSalts, isolation_warning, salt_key
+from tokenfair.gateway.transport.proxy import CompletionProxy
+from tokenfair.gateway.transport.upstream_tenant import CacheSalts, isolation_warning, salt_key
+from tokenfair.gateway.upstreams.pool import UpstreamPool
+from tokenfair.gateway.upstreams.probe import probe
 
 log = logging.getLogger("tokenfair.gateway")
 
@@ -85,7 +85,7 @@ def build_store(
         return None
     if config.redis is None:
         return MemoryCounterStore(config.lift_rule)
-    from tokenfair.gateway.redis_store import RedisCounterStore
+    from tokenfair.gateway.replicas.redis_store import RedisCounterStore
 
     r = config.redis
     return RedisCounterStore(
@@ -110,7 +110,7 @@ class Gateway:
         self.directory = build_directory(config)
         self.cost = LinearCost(config.cost.w_in, config.cost.w_out)
         namespace = config.redis.namespace if config.redis is not None else None
-        # The per-tenant prefix-cache salts sent upstream (upstream_tenant.py).
+        # The per-tenant prefix-cache salts sent upstream (transport/upstream_tenant.py).
         self.salts = CacheSalts(salt_key(config.cache_salt_secret, namespace))
         self.pool = UpstreamPool(config.upstreams, config.health, routing=config.routing)
         self.limits = Limits(config.max_waiting, who="the gateway")
@@ -130,7 +130,7 @@ class Gateway:
         r = self.config.redis
         if r is None or not r.share_capacity:
             return None
-        from tokenfair.gateway.leases import LeaseLedger
+        from tokenfair.gateway.replicas.leases import LeaseLedger
 
         ledger = LeaseLedger(
             r.url,
@@ -179,10 +179,6 @@ class Gateway:
     def store(self) -> CounterStore | None:
         """The counters of band 0 (every tenant's, without bands)."""
         return self.stores.get(0)
-
-    def store_for(self, band: int) -> CounterStore | None:
-        self.fairness(band)
-        return self.stores.get(band)
 
     def fairness(self, band: int) -> Fairness:
         """The fairness seam of a band, made when the band is first used."""

@@ -70,7 +70,7 @@ class RedisConfig(_Strict):
     heartbeat_s: float = Field(default=1.0, gt=0)
     gateway_ttl_s: float = Field(default=5.0, gt=0)
     # The upstreams' capacity is shared by the replicas using this Redis, as leases
-    # (gateway/leases.py); false: each replica has the whole capacity to itself.
+    # (gateway/replicas/leases.py); false: each replica has the whole capacity to itself.
     share_capacity: bool = True
 
     @field_validator("url")
@@ -108,7 +108,7 @@ class UpstreamConfig(_Strict):
     api_key: str | None = None
     health_path: str = "/health"
     # What the upstream is, which says how a request's tenant reaches it
-    # (gateway/upstream_tenant.py): `vllm`, the default (cache_salt, vllm_xargs.tenant:
+    # (gateway/transport/upstream_tenant.py): `vllm`, the default (cache_salt, vllm_xargs.tenant:
     # vLLM honours both, SGLang and tokenfair serve take the salt and ignore the rest),
     # `sglang` (cache_salt), `tokenfair` (the x-tokenfair-tenant header; api_key must be
     # a key whose tenant acts_for_tenants there), or `openai`: a server that refuses
@@ -160,7 +160,7 @@ ROUTING_MODES = ("prefix-affinity", "least-loaded")
 
 
 class RoutingConfig(_Strict):
-    """Which upstream an admitted request goes to (gateway/routing.py).
+    """Which upstream an admitted request goes to (gateway/upstreams/routing.py).
 
     `routing: least-loaded` or `routing: prefix-affinity` names the mode with the
     defaults below; a mapping sets them too.

@@ -32,10 +32,10 @@ from tokenfair.edge.tenant_metrics import (
     group_series,
     tenant_gauges,
 )
-from tokenfair.gateway.admission import Admission
-from tokenfair.gateway.counters import CounterStore
-from tokenfair.gateway.pool import UpstreamPool
-from tokenfair.gateway.routing_metrics import RoutingCollector
+from tokenfair.gateway.flow.admission import Admission
+from tokenfair.gateway.replicas.counters import CounterStore
+from tokenfair.gateway.upstreams.pool import UpstreamPool
+from tokenfair.gateway.upstreams.routing_metrics import RoutingCollector
 
 # The finish reasons an upstream may report (vLLM's and OpenAI's); any other is "other",
 # so that a label cannot take unbounded values.

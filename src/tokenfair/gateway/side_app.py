@@ -25,15 +25,15 @@ from tokenfair.edge.endpoints import COMPLETION_PATHS
 from tokenfair.edge.errors import APIError, ErrorCode, install_error_handlers
 from tokenfair.edge.operator_port import on_port
 from tokenfair.edge.weight_change import WeightChange
-from tokenfair.gateway.admission import RECENT_DISPATCHES
+from tokenfair.gateway.flow.admission import RECENT_DISPATCHES
 
 if TYPE_CHECKING:
     from tokenfair.edge.directory import TenantDirectory
-    from tokenfair.gateway.admission import Admission
     from tokenfair.gateway.config import GatewayConfig
-    from tokenfair.gateway.counters import CounterStore
+    from tokenfair.gateway.flow.admission import Admission
     from tokenfair.gateway.metrics import GatewayMetrics
-    from tokenfair.gateway.pool import UpstreamPool
+    from tokenfair.gateway.replicas.counters import CounterStore
+    from tokenfair.gateway.upstreams.pool import UpstreamPool
 
 
 class SideParts(Protocol):

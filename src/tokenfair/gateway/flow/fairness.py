@@ -7,6 +7,10 @@
   rpm:N), or a user's `KeyedPolicy` (`mypkg.mod:MyPolicy`), local to each replica: the
   request first by the policy's sort key goes, `accept` may refuse it at arrival (as
   `rpm:N` does), and `on_admit` is told when it goes.
+
+This seam is the one door to the counters: the dispatch charge goes with `pick` and
+`take_now`, and what a request costs as it streams (flow/meter.py) with `charge`, which
+never waits (the store buffers it), so a streamed chunk costs no round trip.
 """
 
 from __future__ import annotations
@@ -17,10 +21,11 @@ from typing import Protocol
 
 from tokenfair.core.policies import make_policy
 from tokenfair.core.policies.base import KeyedPolicy, Policy
+from tokenfair.core.policies.ledger import Charge
 from tokenfair.core.policies.view import PolicyRequest
-from tokenfair.gateway.counters import CounterStore, path_of
 from tokenfair.gateway.flow.order import OrderKey
 from tokenfair.gateway.flow.ticket import Ticket
+from tokenfair.gateway.replicas.counters import CounterStore, path_of
 
 
 class Fairness(Protocol):
@@ -33,6 +38,7 @@ class Fairness(Protocol):
     async def pick(self, heads: Sequence[Ticket]) -> Ticket: ...
     async def take_now(self, ticket: Ticket) -> None: ...
     async def refund(self, ticket: Ticket) -> None: ...
+    def charge(self, charge: Charge) -> None: ...
 
 
 class CounterFairness:
@@ -62,6 +68,11 @@ class CounterFairness:
     async def refund(self, ticket: Ticket) -> None:
         """It left while being picked: the pick already counted it out of waiting."""
         self.store.charge(tuple((node, -amount) for node, amount in ticket.charge))
+
+    def charge(self, charge: Charge) -> None:
+        """Service as it is served (or refunded), (node, weighted amount) down a tenant's
+        path: buffered by the store, sent with its next question or flush."""
+        self.store.charge(charge)
 
 
 class PolicyFairness:
@@ -109,3 +120,6 @@ class PolicyFairness:
 
     async def refund(self, ticket: Ticket) -> None:
         return None
+
+    def charge(self, charge: Charge) -> None:
+        return None  # the ordering policies keep no counters

@@ -6,12 +6,12 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from tokenfair.core.policies.ledger import Charge
 from tokenfair.core.policies.view import PolicyRequest
-from tokenfair.gateway.counters import Charge
-from tokenfair.gateway.prefix import PrefixKey
+from tokenfair.gateway.upstreams.prefix import PrefixKey
 
 if TYPE_CHECKING:
-    from tokenfair.gateway.pool import Upstream
+    from tokenfair.gateway.upstreams.pool import Upstream
 
 
 @dataclass(eq=False, slots=True)

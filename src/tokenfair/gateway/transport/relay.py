@@ -1,6 +1,7 @@
-"""Relaying an upstream's answer to the client while metering it: a body read whole
-(its usage settles the charge), or a stream passed on chunk by chunk. Each returns how
-the request ended, as the metrics count it."""
+"""The gateway's answer to its client: what has gone out of it (`ClientResponse`), and
+an upstream's answer relayed into it while metering it: a body read whole (its usage
+settles the charge), or a stream passed on chunk by chunk. Each relay returns how the
+request ended, as the metrics count it."""
 
 from __future__ import annotations
 
@@ -12,23 +13,22 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from tokenfair.edge.errors import APIError, ErrorCode
-from tokenfair.gateway.meter import Meter
+from tokenfair.gateway.flow.meter import Meter
 from tokenfair.gateway.metrics import Outcome
-from tokenfair.gateway.requests import CompletionCall
-from tokenfair.gateway.response import ClientResponse
-from tokenfair.gateway.sse import (
+from tokenfair.gateway.transport.requests import CompletionCall
+from tokenfair.gateway.transport.sse import (
     SSEReader,
     error_code_of,
     finish_reason_of,
     text_of_answer,
     usage_of,
 )
-from tokenfair.gateway.upstream_client import UpstreamError, UpstreamResponse
+from tokenfair.gateway.transport.upstream_client import UpstreamError, UpstreamResponse
 
 if TYPE_CHECKING:
     from tokenfair.edge.tenant_metrics import TenantSeries
-    from tokenfair.gateway.pool import Upstream
-    from tokenfair.gateway.tokens import TokenCounter
+    from tokenfair.gateway.flow.tokens import TokenCounter
+    from tokenfair.gateway.upstreams.pool import Upstream
 
 # The pool's `mark_failure`: the upstream broke off, and why.
 MarkFailure = Callable[["Upstream", str], None]
@@ -40,6 +40,49 @@ UPSTREAM_ERRORS = (UpstreamError, OSError, TimeoutError)
 # charge): past this size it is a 502, not the gateway's memory spent on it.
 MAX_ANSWER_BYTES = 64 << 20
 UPSTREAM_FAILED = Outcome("error", ErrorCode.UPSTREAM_UNAVAILABLE.value)
+
+
+Send = Any
+
+
+class ClientResponse:
+    """What has been sent to the client so far."""
+
+    __slots__ = ("complete", "event_stream", "send", "started")
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.started = False
+        self.event_stream = False  # relaying server-sent events
+        self.complete = False
+
+    async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
+        self.started = True
+        await self.send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def body(self, data: bytes, more: bool = True) -> None:
+        await self.send({"type": "http.response.body", "body": data, "more_body": more})
+        self.complete = not more
+
+    async def cut_short(self, error: APIError) -> None:
+        """End the response with `error`: its whole answer, or a stream's last event."""
+        if not self.started:
+            await self.error(error)
+        elif self.event_stream and not self.complete:
+            event = b"data: " + orjson.dumps(error.body()) + b"\n\n"
+            await self.body(event + b"data: [DONE]\n\n", more=False)
+        elif not self.complete:  # a body that cannot take an event: end it short
+            await self.body(b"", more=False)
+
+    async def error(self, error: APIError) -> None:
+        body = orjson.dumps(error.body())
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        headers += [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
+        await self.start(error.status_code, headers)
+        await self.body(body, more=False)
 
 
 async def relay_body(

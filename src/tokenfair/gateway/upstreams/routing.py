@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from tokenfair.gateway.prefix import PrefixIndex, PrefixKey, mix64, name_key, prefix_key
+from tokenfair.gateway.upstreams.prefix import PrefixIndex, PrefixKey, mix64, name_key, prefix_key
 
 if TYPE_CHECKING:
     from tokenfair.gateway.config import RoutingConfig

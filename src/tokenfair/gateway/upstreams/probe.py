@@ -2,7 +2,9 @@
 
 `tokenfair gateway --check` prints it after validating the config (exit status 1 when
 something does not answer), and the gateway logs it as it starts, one line each, so an
-operator sees at once which upstreams and which Redis it found.
+operator sees at once which upstreams and which Redis it found. Each upstream is asked
+with the gateway's own HTTP client (transport/upstream_client.py), within
+`PROBE_TIMEOUT_S` in all.
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ import asyncio
 import contextlib
 from dataclasses import dataclass
 
-import aiohttp
-
 from tokenfair.gateway.config import GatewayConfig, UpstreamConfig
+from tokenfair.gateway.transport.upstream_client import UpstreamClient, failure_name
 
 PROBE_TIMEOUT_S = 2.0
+# What a probe sends beyond the host (here and in the pool's health checks and scrapes):
+# no API key and no body, as health and metrics endpoints are open.
+PROBE_HEADERS = {"accept-encoding": "identity"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,28 +42,29 @@ def _capacity(upstream: UpstreamConfig, shared: bool) -> str:
     return f"{', '.join(parts)}, {where}"
 
 
-async def _upstream(
-    session: aiohttp.ClientSession, upstream: UpstreamConfig, shared: bool
-) -> Reach:
+async def _upstream(upstream: UpstreamConfig, shared: bool) -> Reach:
     what = (
         f"upstream {upstream.name} ({upstream.url}, engine {upstream.engine}, "
         f"models {', '.join(upstream.models)}; "
         f"{_capacity(upstream, shared)})"
     )
+    client = UpstreamClient(upstream.url, PROBE_HEADERS, connect_timeout_s=PROBE_TIMEOUT_S)
     try:
-        async with session.get(upstream.url + upstream.health_path) as response:
-            if response.status == 200:
-                return Reach(what, True, "healthy")
-            return Reach(what, False, f"{upstream.health_path} answered {response.status}")
-    except (aiohttp.ClientError, OSError, TimeoutError) as error:
-        return Reach(what, False, f"unreachable ({type(error).__name__})")
+        status, _ = await client.get(upstream.health_path, PROBE_TIMEOUT_S)
+    except OSError as error:  # UpstreamError, TimeoutError
+        return Reach(what, False, f"unreachable ({failure_name(error)})")
+    finally:
+        await client.close()
+    if status == 200:
+        return Reach(what, True, "healthy")
+    return Reach(what, False, f"{upstream.health_path} answered {status}")
 
 
 async def _redis(config: GatewayConfig) -> Reach:
     assert config.redis is not None
     from redis.exceptions import RedisError
 
-    from tokenfair.gateway.redis_client import connect
+    from tokenfair.gateway.replicas.redis_client import connect
 
     r = config.redis
     what = f"Redis {r.url} (namespace {r.namespace!r})"
@@ -77,9 +82,7 @@ async def _redis(config: GatewayConfig) -> Reach:
 async def probe(config: GatewayConfig) -> list[Reach]:
     """Every upstream and the Redis (if any), each asked once, together."""
     shared = config.redis is not None and config.redis.share_capacity
-    timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        checks = [_upstream(session, u, shared) for u in config.upstreams]
-        if config.redis is not None:
-            checks.append(_redis(config))
-        return list(await asyncio.gather(*checks))
+    checks = [_upstream(u, shared) for u in config.upstreams]
+    if config.redis is not None:
+        checks.append(_redis(config))
+    return list(await asyncio.gather(*checks))

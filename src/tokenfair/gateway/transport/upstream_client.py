@@ -1,4 +1,5 @@
-"""A lean HTTP/1.1 client for the gateway's hot path: the proxied completion requests.
+"""A lean HTTP/1.1 client for the gateway's hot path (the proxied completion requests),
+and the gateway's only one: its health checks, metrics scrapes and `--check` use it too.
 
 Why it exists: a general-purpose client (aiohttp, httpx) spends more of the gateway's
 CPU per request than everything else the gateway does (under load, ~30% of the
@@ -20,6 +21,8 @@ Contract with the proxy:
   closes the connection, which is how an abandoned request is aborted upstream.
 - Every failure (refused, reset, end of stream mid-response, a malformed response) is
   an `UpstreamError` (an `OSError`); a connect that takes too long is a `TimeoutError`.
+- `UpstreamClient.get` (the probes, off the hot path) reads a whole answer within a
+  total timeout; `failure_name` names why it failed.
 """
 
 from __future__ import annotations
@@ -49,6 +52,13 @@ class UpstreamDisconnected(UpstreamError):
 
 class UpstreamProtocolError(UpstreamError):
     """The upstream's bytes are not a valid HTTP/1.1 response."""
+
+
+def failure_name(error: BaseException) -> str:
+    """What went wrong, by name: a failed connect's own error (ConnectionRefusedError,
+    gaierror), else the error's class (UpstreamDisconnected, TimeoutError)."""
+    cause = error.__cause__ if isinstance(error, UpstreamError) else None
+    return type(cause or error).__name__
 
 
 class _Connection(asyncio.Protocol):
@@ -313,6 +323,16 @@ class UpstreamClient:
             except UpstreamDisconnected:
                 if not conn.reused or conn.answered:
                     raise
+
+    async def get(self, path: str, timeout_s: float) -> tuple[int, bytes]:
+        """GET `path`: the status and the whole body, within `timeout_s` in all (connect
+        included; past it a `TimeoutError`). The connection is kept for the next one."""
+        async with asyncio.timeout(timeout_s):
+            response = await self.request("GET", path)
+            try:
+                return response.status, await response.read()
+            finally:
+                response.release()
 
     async def _exchange(self, conn: _Connection, data: bytes) -> UpstreamResponse:
         response = UpstreamResponse(conn, self)

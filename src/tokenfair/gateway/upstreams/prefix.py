@@ -24,7 +24,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from tokenfair.gateway.tokens import _text_of
+from tokenfair.gateway.flow.tokens import _text_of
 
 _MASK = (1 << 64) - 1
 

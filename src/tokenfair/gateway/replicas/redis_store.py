@@ -29,9 +29,9 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from tokenfair.gateway import lua
-from tokenfair.gateway.counters import Candidate, Charge, LocalCounters, path_of
-from tokenfair.gateway.redis_client import connect
+from tokenfair.gateway.replicas import lua
+from tokenfair.gateway.replicas.counters import Candidate, Charge, LocalCounters, path_of
+from tokenfair.gateway.replicas.redis_client import connect
 
 log = logging.getLogger("tokenfair.gateway")
 

@@ -17,8 +17,8 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from tokenfair.gateway.pool import UpstreamPool
-from tokenfair.gateway.routing import REASONS, PrefixAffinityRouter
+from tokenfair.gateway.upstreams.pool import UpstreamPool
+from tokenfair.gateway.upstreams.routing import REASONS, PrefixAffinityRouter
 
 
 class RoutingCollector(Collector):

@@ -55,10 +55,10 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from tokenfair.gateway.capacity import Claim, Lease, ModelDemand
-from tokenfair.gateway.lease_script import SYNC
-from tokenfair.gateway.pool import Upstream
-from tokenfair.gateway.redis_client import connect, subscriber
+from tokenfair.gateway.replicas.capacity import Claim, Lease, ModelDemand
+from tokenfair.gateway.replicas.lease_script import SYNC
+from tokenfair.gateway.replicas.redis_client import connect, subscriber
+from tokenfair.gateway.upstreams.pool import Upstream
 
 log = logging.getLogger("tokenfair.gateway")
 

@@ -33,7 +33,7 @@ from urllib.parse import quote
 
 from tokenfair.edge.directory import TenantDirectory
 from tokenfair.edge.tenants import ACTING_HEADER
-from tokenfair.gateway.requests import CompletionCall, with_fields
+from tokenfair.gateway.transport.requests import CompletionCall, with_fields
 
 ENGINES = ("openai", "vllm", "sglang", "tokenfair")
 SALTED = frozenset({"vllm", "sglang"})  # engines that read cache_salt from the body

@@ -2,13 +2,15 @@
 
 An upstream's capacity is a number of concurrent requests and/or of in-flight tokens
 (prompt + max_tokens of the requests it holds): the upstream's own, shared by the
-gateway replicas through leases in Redis (leases.py) when they share one. Optionally its
-load follows its own
-/metrics (vLLM's `vllm:num_requests_running` + `vllm:num_requests_waiting`, or
-tokenfair's), so traffic that bypasses the gateway is counted too. A request goes to
-the least-loaded healthy upstream that serves its model and has room for it. Health
-checks take an upstream out of rotation after `fail_after` failures in a row and put it
-back after one success; a request that cannot reach an upstream counts as a failure.
+gateway replicas through leases in Redis (replicas/leases.py) when they share one.
+Optionally its load follows its own /metrics (vLLM's `vllm:num_requests_running` +
+`vllm:num_requests_waiting`, or tokenfair's), so traffic that bypasses the gateway is
+counted too. A request goes to the least-loaded healthy upstream that serves its model
+and has room for it. Health checks take an upstream out of rotation after `fail_after`
+failures in a row and put it back after one success; a request that cannot reach an
+upstream counts as a failure. The checks and the /metrics scrapes are GETs of the
+gateway's one HTTP client (transport/upstream_client.py), on keep-alive connections of
+their own, each bounded by `health.timeout_s` in all.
 """
 
 from __future__ import annotations
@@ -18,14 +20,14 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 
-import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from tokenfair.gateway.capacity import Lease
 from tokenfair.gateway.config import HealthConfig, RoutingConfig, UpstreamConfig
-from tokenfair.gateway.prefix import PrefixKey
-from tokenfair.gateway.routing import Router, make_router
-from tokenfair.gateway.upstream_client import UpstreamClient
+from tokenfair.gateway.replicas.capacity import Lease
+from tokenfair.gateway.transport.upstream_client import UpstreamClient, failure_name
+from tokenfair.gateway.upstreams.prefix import PrefixKey
+from tokenfair.gateway.upstreams.probe import PROBE_HEADERS
+from tokenfair.gateway.upstreams.routing import Router, make_router
 
 log = logging.getLogger("tokenfair.gateway")
 
@@ -166,12 +168,12 @@ class UpstreamPool:
             for model in upstream.config.models:
                 self.by_model.setdefault(model, []).append(upstream)
         self._tasks: list[asyncio.Task[None]] = []
-        self._probe: aiohttp.ClientSession | None = None
+        self._probes: dict[Upstream, UpstreamClient] = {}  # health checks and scrapes
 
-    async def _get(self, url: str) -> tuple[int, str]:
-        assert self._probe is not None
-        async with self._probe.get(url) as response:
-            return response.status, await response.text()
+    async def _get(self, upstream: Upstream, path: str) -> tuple[int, str]:
+        """GET `path` of `upstream` within the health timeout: status and text."""
+        status, body = await self._probes[upstream].get(path, self.health.timeout_s)
+        return status, body.decode("utf-8", "replace")
 
     def serves(self, model: str) -> bool:
         return model in self.by_model
@@ -219,9 +221,9 @@ class UpstreamPool:
 
     async def _check(self, upstream: Upstream) -> None:
         try:
-            status, _ = await self._get(upstream.url + upstream.config.health_path)
-        except (aiohttp.ClientError, TimeoutError) as error:
-            self.mark_failure(upstream, f"health check failed ({type(error).__name__})")
+            status, _ = await self._get(upstream, upstream.config.health_path)
+        except OSError as error:  # UpstreamError, TimeoutError
+            self.mark_failure(upstream, f"health check failed ({failure_name(error)})")
             return
         if status == 200:
             self.mark_success(upstream)
@@ -231,8 +233,8 @@ class UpstreamPool:
     async def _scrape(self, upstream: Upstream) -> None:
         flavour = upstream.config.capacity_from_metrics
         try:
-            status, text = await self._get(upstream.url + "/metrics")
-        except (aiohttp.ClientError, TimeoutError):
+            status, text = await self._get(upstream, "/metrics")
+        except OSError:  # UpstreamError, TimeoutError
             status, text = 0, ""
         if status != 200:
             upstream.reported = None  # fall back to the gateway's own count
@@ -251,9 +253,16 @@ class UpstreamPool:
         """Open the connection pools and start the health checks (in the running loop)."""
         for upstream in self.upstreams:
             upstream.open()
-        self._probe = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=self.health.timeout_s)
-        )
+        self._probes = {
+            u: UpstreamClient(
+                u.url,
+                PROBE_HEADERS,
+                connect_timeout_s=self.health.timeout_s,
+                keepalive_s=KEEPALIVE_S,
+                max_idle=2,
+            )
+            for u in self.upstreams
+        }
         self._tasks.append(asyncio.create_task(self._every(self.health.interval_s, self._check)))
         if any(u.config.capacity_from_metrics != "none" for u in self.upstreams):
 
@@ -273,5 +282,5 @@ class UpstreamPool:
                 await task
         for upstream in self.upstreams:
             await upstream.close()
-        if self._probe is not None:
-            await self._probe.close()
+        for client in self._probes.values():
+            await client.close()

@@ -5,7 +5,7 @@ capacity frees up, by asking the three seams of `gateway/flow/` in turn: the hig
 band with a request that may go (`bands.py`), each of its tenants' first such request
 (`order.py`), and which of those goes (`fairness.py`: VTC's counters, shared through
 Redis, or the core's ordering policies). The chosen request goes where the pool's
-router sends it (`UpstreamPool.choose`, routing.py): which request runs next and where
+router sends it (`UpstreamPool.choose`, upstreams/routing.py): which request runs next and where
 it runs are decided apart.
 
 A request that finds nothing waiting in this gateway and room upstream goes at once,
@@ -32,7 +32,7 @@ from tokenfair.gateway.flow.bands import BandedQueues
 from tokenfair.gateway.flow.fairness import Fairness
 from tokenfair.gateway.flow.order import TicketQueue
 from tokenfair.gateway.flow.ticket import Ticket
-from tokenfair.gateway.pool import Upstream, UpstreamPool
+from tokenfair.gateway.upstreams.pool import Upstream, UpstreamPool
 
 RECENT_DISPATCHES = 1000
 

@@ -7,13 +7,22 @@ tokens served from the upstream's prefix cache priced at `cached_share` of a com
 one (the gateway's `cost.charge_cached_tokens`). A request
 whose upstream fails before any output is refunded in full; a non-streaming one that
 ends without usage (failure, client gone) gets its unused output reservation back.
+
+Every charge goes through the fairness seam of the tenant's band (`Fairness.charge`,
+fairness.py), the one door to the counters; a seam without counters (the core's
+ordering policies) takes nothing. A charge never waits, so a streamed chunk is charged
+without an await.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tokenfair.core.cost import LinearCost
-from tokenfair.core.policies.ledger import weighted_charge
-from tokenfair.gateway.counters import Charge, CounterStore
+from tokenfair.core.policies.ledger import Charge, weighted_charge
+
+if TYPE_CHECKING:
+    from tokenfair.gateway.flow.fairness import Fairness
 
 
 class Meter:
@@ -21,10 +30,10 @@ class Meter:
         "cached",
         "cached_share",
         "cost",
+        "fairness",
         "output",
         "per_output_token",
         "prompt",
-        "store",
         "stream",
         "streamed",
         "usage_seen",
@@ -33,7 +42,7 @@ class Meter:
 
     def __init__(
         self,
-        store: CounterStore | None,
+        fairness: Fairness | None,
         weights: tuple[tuple[str, float], ...],
         cost: LinearCost,
         prompt_tokens: int,
@@ -41,7 +50,7 @@ class Meter:
         stream: bool,
         cached_share: float = 1.0,
     ) -> None:
-        self.store = store
+        self.fairness = fairness  # what charges the tenant's band (None: nothing)
         self.cached_share = cached_share
         # (node, weight) from the tenant's top-level group down to the tenant itself.
         self.weights = weights
@@ -72,8 +81,8 @@ class Meter:
         return self._weighted(self._service(self.prompt, self.output))
 
     def _charge(self, service: float) -> None:
-        if self.store is not None and service:
-            self.store.charge(self._weighted(service))
+        if self.fairness is not None and service:
+            self.fairness.charge(self._weighted(service))
 
     def on_chunk(self, tokens: int) -> None:
         self.streamed += tokens
@@ -81,8 +90,8 @@ class Meter:
             self.output += tokens
             if tokens != 1:
                 self._charge(self._service(0, tokens))
-            elif self.store is not None and self.cost.w_out:  # the usual chunk
-                self.store.charge(self.per_output_token)
+            elif self.fairness is not None and self.cost.w_out:  # the usual chunk
+                self.fairness.charge(self.per_output_token)
 
     def on_usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> None:
         before = self._charged_prompt()

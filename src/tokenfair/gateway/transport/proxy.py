@@ -20,26 +20,31 @@ from tokenfair.edge.body import read_body
 from tokenfair.edge.endpoints import COMPLETION_PATHS
 from tokenfair.edge.errors import APIError, ClientGone, ErrorCode, shutting_down
 from tokenfair.edge.tenants import ACTING_HEADER
+from tokenfair.gateway.flow.meter import Meter
 from tokenfair.gateway.flow.ticket import Ticket
-from tokenfair.gateway.meter import Meter
 from tokenfair.gateway.metrics import ABORTED, Outcome
-from tokenfair.gateway.relay import UPSTREAM_ERRORS, UPSTREAM_FAILED, relay_body, relay_stream
-from tokenfair.gateway.requests import CompletionCall, parse_call
-from tokenfair.gateway.response import ClientResponse
-from tokenfair.gateway.upstream_client import UpstreamResponse
-from tokenfair.gateway.upstream_tenant import for_upstream
+from tokenfair.gateway.transport.relay import (
+    UPSTREAM_ERRORS,
+    UPSTREAM_FAILED,
+    ClientResponse,
+    relay_body,
+    relay_stream,
+)
+from tokenfair.gateway.transport.requests import CompletionCall, parse_call
+from tokenfair.gateway.transport.upstream_client import UpstreamResponse
+from tokenfair.gateway.transport.upstream_tenant import for_upstream
 
 if TYPE_CHECKING:
     from tokenfair.core.cost import LinearCost
     from tokenfair.edge.directory import TenantDirectory
     from tokenfair.edge.limits import Limits
-    from tokenfair.gateway.admission import Admission
     from tokenfair.gateway.config import GatewayConfig
-    from tokenfair.gateway.counters import CounterStore
+    from tokenfair.gateway.flow.admission import Admission
+    from tokenfair.gateway.flow.fairness import Fairness
+    from tokenfair.gateway.flow.tokens import TokenCounter
     from tokenfair.gateway.metrics import GatewayMetrics
-    from tokenfair.gateway.pool import Upstream, UpstreamPool
-    from tokenfair.gateway.tokens import TokenCounter
-    from tokenfair.gateway.upstream_tenant import CacheSalts
+    from tokenfair.gateway.transport.upstream_tenant import CacheSalts
+    from tokenfair.gateway.upstreams.pool import Upstream, UpstreamPool
 
 
 class ProxyParts(Protocol):
@@ -56,7 +61,7 @@ class ProxyParts(Protocol):
 
     def token_counter(self, model: str) -> TokenCounter: ...
 
-    def store_for(self, band: int) -> CounterStore | None: ...
+    def fairness(self, band: int) -> Fairness: ...
 
 
 log = logging.getLogger("tokenfair.gateway")
@@ -198,7 +203,7 @@ class CompletionProxy:
             await response.error(refused)
             return
         meter = Meter(
-            gw.store_for(tenant.band),
+            gw.fairness(tenant.band),
             gw.directory.path_weights(tenant),
             gw.cost,
             prompt,

@@ -1,0 +1,15 @@
+"""What the gateway replicas share through Redis.
+
+- VTC's counters per node of the group tree: `counters.py` (the store's interface, and
+  the store of one process), `redis_store.py` and `lua.py` (shared through Redis, every
+  decision one atomic script);
+- each upstream's capacity shared as leases: `leases.py`, settled by the script of
+  `lease_script.py`, with `capacity.py` (a lease and what waiting requests need, apart
+  because the pool holds them and leases.py imports the pool);
+- `redis_client.py`: Redis connections (short timeouts, one retry on a broken
+  connection, callers queued for a free one).
+
+May import, of the rest of the gateway: upstreams/pool.py alone (leases.py sets each
+upstream's lease). The counters are charged only through flow/fairness.py; app.py
+builds and starts the stores, and metrics.py and the state page read them.
+"""
