@@ -89,7 +89,7 @@ def decision_us(
         policy.on_admit(request, True, 0.0)
         policy.add(fresh[i], 0.0)
         charged = running[i % 32]
-        charged.output_token_ids.append(1)
+        charged.append_output(1)
         policy.on_output(charged, 1)
         if cache_events and i % 10 == 0:
             cache_system_prompt(kv, names[rng.randrange(clients)])

@@ -176,7 +176,7 @@ def test_a_whole_prompt_on_its_group_continues_it_with_the_output():
     # with that prompt and its answer, so both are cache hits.
     kv = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
     turn = grouped(8, "conv", 8)
-    turn.output_token_ids = [1] * 8
+    turn.extend_output([1] * 8)
     computed(kv, turn, 16)
     kv.free(turn)
     next_turn = grouped(20, "conv", 20)

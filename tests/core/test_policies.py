@@ -73,7 +73,7 @@ def test_sjf_prefers_short_but_ages_long_requests():
 def test_sjf_predicts_from_client_history():
     policy = make_policy("sjf")
     done = make_request(client="x", output_tokens=20, max_tokens=500)
-    done.output_token_ids = [1] * 20
+    done.extend_output([1] * 20)
     done.finish_reason = FinishReason.STOP
     policy.on_finish(done)
     x_req = make_request(client="x", arrival_s=5, max_tokens=500)
@@ -120,7 +120,7 @@ def test_vtc_admits_smallest_counter_and_charges_input_then_output():
     assert policy.counters()["a"] == 100
     assert policy.pop() is b1
     policy.on_admit(b1, True, 0)
-    b1.output_token_ids = [1, 1, 1]
+    b1.extend_output([1, 1, 1])
     policy.on_output(b1, 3)
     assert policy.counters()["b"] == 10 + 3 * 2
     assert policy.pop() is a2
@@ -188,16 +188,16 @@ def test_vtc_predict_charges_prediction_then_excess_and_refunds():
     policy.add(r, 0)
     policy.on_admit(policy.pop(), True, 0)
     assert policy.counters()["a"] == 10 + 2 * 20
-    r.output_token_ids = [1] * 5
+    r.extend_output([1] * 5)
     policy.on_output(r, 5)
     assert policy.counters()["a"] == 50  # within the prediction: nothing more
-    r.output_token_ids = [1] * 25
+    r.extend_output([1] * 20)  # 25 in all
     policy.on_output(r, 20)
     assert policy.counters()["a"] == 10 + 2 * 25
     short = make_request(client="a", input_tokens=10, output_tokens=5, predicted=20)
     policy.add(short, 0)
     policy.on_admit(policy.pop(), True, 0)
-    short.output_token_ids = [1] * 5
+    short.extend_output([1] * 5)
     short.finish_reason = FinishReason.STOP
     policy.on_output(short, 5)
     policy.on_finish(short)
@@ -304,7 +304,7 @@ def test_vtc_heap_agrees_with_brute_force_under_random_operations():
             admitted.append(r)
         elif op < 0.9 and admitted:
             r = rng.choice(admitted)
-            r.output_token_ids.append(1)
+            r.append_output(1)
             policy.on_output(r, 1)
         elif admitted:
             r = admitted.pop(rng.randrange(len(admitted)))
@@ -335,7 +335,7 @@ def test_waiting_requests_are_listed_in_pop_order(name):
             admitted.append(request)
         elif op < 0.9 and admitted:
             request = rng.choice(admitted)
-            request.output_token_ids.append(1)
+            request.append_output(1)
             policy.on_output(request, 1)
         elif admitted:
             policy.requeue(admitted.pop(rng.randrange(len(admitted))))  # preempted

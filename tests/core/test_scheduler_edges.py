@@ -5,7 +5,7 @@ import pytest
 from tokenfair.core.kv_cache import KVCacheManager
 from tokenfair.core.policies import make_policy
 from tokenfair.core.policies.priority import PriorityPolicy
-from tokenfair.core.request import FinishReason
+from tokenfair.core.request import FinishReason, Request
 from tokenfair.core.scheduler import ConfigError, Scheduler, SchedulerConfig
 
 from .helpers import fake_step, make_request
@@ -176,3 +176,26 @@ def test_router_settings_without_reserve_admission_are_refused():
     config = SchedulerConfig.paper()
     assert config.retry_admission_every_step and config.reserve_strictly_below_pool
     assert config.reserve_peak_excludes_last_token and config.adapter_tokens_per_client == 32
+
+
+def test_the_output_count_follows_the_output_through_preemption_and_swap():
+    # num_output_tokens is a plain field (read once per generated token), not a
+    # property over output_token_ids: every path that adds tokens keeps it current.
+    assert Request("r", "a", 4, 0.0, output_token_ids=[7, 8]).num_output_tokens == 2
+    config = SchedulerConfig(kv_tokens=256, block_size=4, swap_tokens=64, preemption="swap")
+    scheduler = Scheduler(config, make_policy("vtc"))
+    a, b = make_request(output_tokens=20), make_request(output_tokens=20)
+    for request in (a, b):
+        scheduler.add_request(request, 0)
+    for step in range(40):
+        if step == 3:
+            scheduler.force_preempt(a.request_id, "recompute")
+        if step == 6:
+            scheduler.force_preempt(b.request_id, "swap")
+        fake_step(scheduler, step)
+        for request in (a, b):
+            assert request.num_output_tokens == len(request.output_token_ids)
+    assert a.num_output_tokens == b.num_output_tokens == 20
+    a.extend_output([1, 2])
+    a.append_output(3)
+    assert a.num_output_tokens == len(a.output_token_ids) == 23

@@ -75,7 +75,7 @@ def test_a_slow_reader_never_stalls_the_steps():
 
 def output_of(req: Request, text: str, finished: bool = False) -> RequestOutput:
     """An output adding one token, labelled by its text."""
-    req.output_token_ids.append(len(req.output_token_ids))
+    req.append_output(req.num_output_tokens)
     return RequestOutput(req, [req.output_token_ids[-1]], new_text=text, finished=finished)
 
 

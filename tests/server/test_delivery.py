@@ -20,18 +20,22 @@ def request(rid: str) -> Request:
 
 def output_of(req: Request, text: str, finished: bool = False) -> RequestOutput:
     """An output adding one token, labelled by its text."""
-    req.output_token_ids.append(len(req.output_token_ids))
+    req.append_output(req.num_output_tokens)
     return RequestOutput(req, [req.output_token_ids[-1]], new_text=text, finished=finished)
 
 
-def registered_streams(engine: AsyncEngine, n: int, sink=None) -> list[RequestStream]:
-    """n registered streams whose requests already have one token (no engine thread)."""
+def registered_streams(
+    engine: AsyncEngine, n: int, sink=None, fresh: range = range(0)
+) -> list[RequestStream]:
+    """n registered streams whose requests already have one token, but for those
+    numbered in `fresh`, whose first token is yet to come (no engine thread)."""
     engine._loop = asyncio.get_running_loop()
     streams = []
     for i in range(n):
         stream = RequestStream(request(f"r{i}"), engine._loop)
         stream.sink = sink
-        stream.request.output_token_ids.append(0)
+        if i not in fresh:
+            stream.request.append_output(0)
         engine.streams[stream.request_id] = stream
         streams.append(stream)
     return streams
@@ -40,7 +44,7 @@ def registered_streams(engine: AsyncEngine, n: int, sink=None) -> list[RequestSt
 def test_delivery_order_puts_ends_then_first_tokens_first():
     reqs = [request(f"r{i}") for i in range(6)]
     for req in reqs[:4]:
-        req.output_token_ids.append(0)  # r0-r3 already have a token
+        req.append_output(0)  # r0-r3 already have a token
     outputs = [
         output_of(reqs[0], "middle-0"),
         output_of(reqs[4], "first-4"),
@@ -66,11 +70,10 @@ def test_urgent_outputs_go_out_in_the_first_slice_whatever_the_budget(monkeypatc
 
     async def main() -> list[str]:
         engine = AsyncEngine(make_engine())
-        streams = registered_streams(engine, 12, record)
+        # r8-r11 get their first token in this step
+        streams = registered_streams(engine, 12, record, fresh=range(8, 12))
         step = []
         for i, stream in enumerate(streams):
-            if i >= 8:
-                del stream.request.output_token_ids[0]  # r8-r11: their first token
             step.append(output_of(stream.request, f"r{i}", finished=i == 1))
         engine._dispatch(*delivery_order(step), 1.0, 1)
         in_first_slice = list(delivered)
@@ -158,10 +161,9 @@ def test_middle_tokens_and_verdict_wake_ups_wait_while_requests_are_taken_in():
         engine = AsyncEngine(make_engine())
         arrivals = [True]
         engine.urgent_work = lambda: arrivals[0]
-        streams = registered_streams(engine, 6, record)
+        streams = registered_streams(engine, 6, record, fresh=range(1))  # r0: first token
         waiting = RequestStream(request("new"), engine._loop)
         engine.streams["new"] = waiting
-        del streams[0].request.output_token_ids[0]  # r0: its first token
         step = [output_of(s.request, s.request_id, finished=s is streams[1]) for s in streams]
         engine._dispatch(*delivery_order(step), 1.0, 1)
         engine._accepted([("new", True)])

@@ -180,7 +180,7 @@ class Scheduler:
         while True:
             for request in todo:
                 start = request.num_computed_tokens
-                n = request.input_tokens + len(request.output_token_ids) - start
+                n = request.input_tokens + request.num_output_tokens - start
                 if n > left:
                     n = left if chunked else 0
                 if n:
@@ -390,14 +390,17 @@ class Scheduler:
             if not s.samples:
                 continue
             token = sampled[request.request_id]
+            # Request.append_output inline: this runs once per generated token, and the
+            # count must be current before on_output charges from it.
             request.output_token_ids.append(token)
+            generated = request.num_output_tokens + 1
+            request.num_output_tokens = generated
             if request.first_token_s is None:
                 request.first_token_s = now
             if charges:
                 on_output(request, 1)
             produced.append(request)
             reason = None
-            generated = len(request.output_token_ids)
             if token in request.eos_token_ids and not request.sampling.ignore_eos:
                 reason = FinishReason.STOP
             elif (target := request.target_output_tokens) is not None and generated >= target:

@@ -43,7 +43,7 @@ def apply_wire_output(wire: WireOutput, request: Request) -> RequestOutput:
     to date: its new tokens, first-token time, preemptions, prompt tokens found in the
     prefix cache and, at the end, its finish."""
     _, new_ids, new_text, finished, logprobs, reason, first_s, finish_s, preemptions, cached = wire
-    request.output_token_ids.extend(new_ids)
+    request.extend_output(new_ids)
     request.first_token_s = first_s
     request.preemptions = preemptions
     request.cached_tokens = cached

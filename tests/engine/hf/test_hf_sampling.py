@@ -136,7 +136,7 @@ def test_stop_string_ends_the_request_and_is_not_returned():
 
 def _request(prompt: list[int], output: list[int], **params) -> Request:
     request = sampled_request("p", prompt, **params)
-    request.output_token_ids.extend(output)
+    request.extend_output(output)
     return request
 
 
