@@ -43,17 +43,16 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.gateway.load import Done, closed_loop, one_stream, percentile  # noqa: E402
+from tests.gateway.load import Done, closed_loop, percentile  # noqa: E402
 from tests.gateway.processes import (  # noqa: E402
     ENV,
     GATEWAY_MAIN,
-    KEYS,
     Process,
     fake_upstream,
-    state,
     tenants_file,
 )
 from tests.gateway.redis_server import RedisServer, free_port  # noqa: E402
+from tests.gateway.test_fairness import _light_under_flood  # noqa: E402
 
 
 def start_gateway(
@@ -170,39 +169,13 @@ def flood(src: Path, tmp: Path, light_requests: int = 20) -> dict[str, Any]:
         redis={"url": redis.url, "namespace": "flood"},
         gateway_id="flood",
     )
-    import openai
-
-    async def run() -> list[float]:
-        t0 = time.perf_counter()
-        heavy: list[Done] = []
-        flooding = asyncio.ensure_future(closed_loop(gw.url, "heavy", 64, 10, t0 + 3600, t0, heavy))
-        for _ in range(400):
-            if state(gw)["waiting"].get("heavy", 0) >= 56:
-                break
-            await asyncio.sleep(0.05)
-        light = openai.AsyncOpenAI(
-            base_url=gw.url + "/v1", api_key=KEYS["light"], max_retries=0, timeout=120
-        )
-        ttfts = []
-        for _ in range(light_requests):
-            ttfts.append((await one_stream(light, "light", 4, t0)).first)
-            await asyncio.sleep(0.02)
-        flooding.cancel()
-        await light.close()
-        return ttfts
-
     try:
-        ttfts = asyncio.run(run())
-        rows = httpx.get(
-            gw.metrics_url + "/v1/gateway/requests/recent",
-            params={"tenant": "light", "limit": light_requests},
-            timeout=10,
-        ).json()["data"]
+        ttfts, dispatched_ahead = _light_under_flood(gw, 64, light_requests)
     finally:
         gw.stop()
         upstream.stop()
         redis.stop()
-    ahead = [float(row["dispatched_ahead"]) for row in rows]
+    ahead = [float(a) for a in dispatched_ahead]
     return {
         "light_ttft_p50_s": round(statistics.median(ttfts), 4),
         "light_ttft_p90_s": round(percentile(ttfts, 0.9), 4),
