@@ -22,7 +22,9 @@ when its environment exists (`pip install 'litellm[proxy]'` into a separate venv
 `--baseline-src`, the same gateways (least-loaded, and with Redis) from another tree,
 and that tree's gateway once more in a second process ("baseline twin"): the twin's
 figures over the baseline's show how far two identical targets differ in the run, the
-resolution of this tree's comparison with the baseline.
+resolution of this tree's comparison with the baseline. With `--plain-engine`, one more
+gateway with Redis whose upstreams are `engine: openai`: what telling the upstream the
+tenant (the default engine's `cache_salt` and `vllm_xargs` in every body) costs.
 Each model is listed twice, as two upstreams on the same server, so that routing has a
 choice to make. `--prompt-bytes N` gives every request a system prompt of N bytes, one
 per connection (a conversation repeating its prefix, as routing by prefix expects).
@@ -246,6 +248,11 @@ def main() -> None:
     )
     parser.add_argument("--skip-redis", action="store_true")
     parser.add_argument(
+        "--plain-engine",
+        action="store_true",
+        help="also a Redis gateway whose upstreams are told nothing of the tenant",
+    )
+    parser.add_argument(
         "--prompt-bytes", type=int, default=0, help="a system prompt of this size per connection"
     )
     parser.add_argument(
@@ -339,6 +346,15 @@ def main() -> None:
                 "redis": {"url": redis_server.url, "namespace": "bench"},
                 "routing": "least-loaded",  # the counters' cost alone, as the baseline's
             }
+            if args.plain_engine:
+                # The same, telling the upstream nothing of the tenant: what the default
+                # engine's per-tenant body rewrite (cache_salt, vllm_xargs) costs.
+                plain = [{**u, "engine": "openai"} for u in upstreams]
+                gateways["tokenfair+redis plain"] = {
+                    "redis": {"url": redis_server.url, "namespace": "bench-plain"},
+                    "routing": "least-loaded",
+                    "upstreams": plain,
+                }
         if args.baseline_src is not None:
             gateways["baseline"] = {}
             # The same gateway again in a second process: how far two identical targets
