@@ -187,7 +187,7 @@ PROPERTY_SETTINGS = settings(
 
 
 # The two bounds are the paper's, proved without preemption: reserve admission never
-# preempts. With optimistic admission a recompute-preempted request's client rejoins the
+# preempts for memory, and seat sharing (which moves seats between tenants) is off. With optimistic admission a recompute-preempted request's client rejoins the
 # waiting set carrying the charges of the tokens it already produced, which can exceed B
 # a little (docs/fairness.md).
 
@@ -197,7 +197,9 @@ PROPERTY_SETTINGS = settings(
 def test_vtc_counters_of_waiting_clients_stay_within_bound(workload, charge_first):
     excesses, observe = counter_spreads(workload)
 
-    config = engine_config(workload, admission="reserve", charge_first_token=charge_first)
+    config = engine_config(
+        workload, admission="reserve", share_seats=False, charge_first_token=charge_first
+    )
     scheduler = replay(workload, "vtc", config, observe)
     assert scheduler.num_preemptions == 0
     assert max(excesses, default=0.0) <= 0
@@ -212,7 +214,9 @@ def test_vtc_backlogged_clients_service_differs_by_at_most_twice_the_bound(workl
         waiting = {r.client for r in scheduler.policy.waiting_requests()}
         history.append((waiting, service(made, charge_first)))
 
-    config = engine_config(workload, admission="reserve", charge_first_token=charge_first)
+    config = engine_config(
+        workload, admission="reserve", share_seats=False, charge_first_token=charge_first
+    )
     replay(workload, "vtc", config, observe)
     assert widest_backlogged_gap(workload, history) <= 2 * bound(workload)
 
@@ -312,7 +316,11 @@ def test_dlpm_counters_of_waiting_clients_stay_within_bound_plus_quantum(
     excesses, observe = counter_spreads(workload)
 
     config = engine_config(
-        workload, admission="reserve", charge_first_token=charge_first, enable_prefix_caching=True
+        workload,
+        admission="reserve",
+        share_seats=False,
+        charge_first_token=charge_first,
+        enable_prefix_caching=True,
     )
     scheduler = replay(workload, f"dlpm:{quantum}", config, observe)
     assert scheduler.num_preemptions == 0
@@ -329,7 +337,9 @@ def test_locality_policies_keep_backlogged_service_within_twice_the_bound(worklo
         waiting = {r.client for r in scheduler.policy.waiting_requests()}
         history.append((waiting, service(made)))
 
-    config = engine_config(workload, admission="reserve", enable_prefix_caching=True)
+    config = engine_config(
+        workload, admission="reserve", share_seats=False, enable_prefix_caching=True
+    )
     replay(workload, policy, config, observe)
     assert widest_backlogged_gap(workload, history) <= 2 * (bound(workload) + quantum)
 
@@ -339,7 +349,9 @@ def test_locality_policies_keep_backlogged_service_within_twice_the_bound(worklo
 def test_dlpm_without_shared_prefixes_keeps_vtcs_bound(workload, caching):
     excesses, observe = counter_spreads(workload)
 
-    config = engine_config(workload, admission="reserve", enable_prefix_caching=caching)
+    config = engine_config(
+        workload, admission="reserve", share_seats=False, enable_prefix_caching=caching
+    )
     replay(workload, "dlpm:64", config, observe)
     assert max(excesses, default=0.0) <= 0
 
@@ -358,7 +370,9 @@ def test_the_bound_check_catches_longest_prefix_first_without_a_quantum():
         waiting = {r.client for r in scheduler.policy.waiting_requests()}
         history.append((waiting, service(made)))
 
-    config = engine_config(workload, admission="reserve", enable_prefix_caching=True)
+    config = engine_config(
+        workload, admission="reserve", share_seats=False, enable_prefix_caching=True
+    )
     replay(workload, "dlpm:1000000", config, observe)
     assert widest_backlogged_gap(workload, history) > 2 * (bound(workload) + 64)
 

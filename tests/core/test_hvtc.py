@@ -79,6 +79,7 @@ def config(workload: TreeWorkload, **overrides) -> SchedulerConfig:
         max_num_seqs=workload.max_num_seqs,
         max_batched_tokens=4096,
         admission="reserve",
+        share_seats=False,  # the bounds are proved for a system that never preempts
     )
     settings_.update(overrides)
     return SchedulerConfig(**settings_)

@@ -155,7 +155,11 @@ def test_priority_arrival_preempts_when_batch_is_full():
 
 
 def heavy_holds_the_batch(policy_name):
-    config = engine_config(kv_tokens=1024, max_num_seqs=4, max_batched_tokens=256)
+    # Seat sharing off: these are about counter-gap preemption alone (seat sharing has
+    # tests/core/test_seat_share.py).
+    config = engine_config(
+        kv_tokens=1024, max_num_seqs=4, max_batched_tokens=256, share_seats=False
+    )
     scheduler = Scheduler(config, make_policy(policy_name))
     heavy = [make_request(client="heavy", input_tokens=8, output_tokens=500) for _ in range(6)]
     for r in heavy:
@@ -190,7 +194,7 @@ def test_vtc_preempt_admits_underserved_client_within_one_step():
     assert scheduler.num_memory_preemptions == 0
 
 
-def test_plain_vtc_keeps_an_underserved_client_waiting_for_a_free_seat():
+def test_plain_vtc_without_seat_sharing_keeps_an_underserved_client_waiting_for_a_seat():
     scheduler, light = heavy_holds_the_batch("vtc")
     for step in range(41, 200):
         out = fake_step(scheduler, step)

@@ -30,7 +30,8 @@ class FakeUpstream:
         self.fail_status = fail_status
         self.name = name
         self.running = 0
-        self.peak_running = 0  # the most requests in flight at once
+        # The most sequences in flight at once: one per choice, as vLLM counts them.
+        self.peak_running = 0
         self.last_body: Any = None  # the last completion request's body, as received
         # ... and its x-tokenfair-tenant header (None: it had none)
         self.last_tenant_header: str | None = None
@@ -142,7 +143,8 @@ class FakeUpstream:
         kind = "chat.completion" if chat else "text_completion"
         model = request.get("model", "fake")
         self.started += 1
-        self.running += 1
+        sequences = int(request.get("n") or 1)
+        self.running += sequences
         self.peak_running = max(self.peak_running, self.running)
         try:
             if not request.get("stream"):
@@ -176,7 +178,7 @@ class FakeUpstream:
                 send,
             )
         finally:
-            self.running -= 1
+            self.running -= sequences
 
     async def stream(
         self,

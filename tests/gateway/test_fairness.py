@@ -166,3 +166,37 @@ def test_two_gateways_keep_one_fairness_order_only_when_sharing_redis(
         # and the gap grows with the window (past the bound here).
         assert gap > bound, service
         assert service["heavy"] > 2 * service["light"], service
+
+
+def test_a_request_takes_one_slot_per_choice(tmp_path: Path) -> None:
+    """An `n=3` request runs 3 sequences upstream: with `max_concurrent: 4` the next
+    such request waits in the gateway until the first ends, and the upstream never runs
+    more than 4 sequences. Counted as one slot, the two would run 6."""
+    upstream = fake_upstream(tmp_path, "u", token_interval=0.01)
+    config = [{"url": upstream.url, "models": ["fake"], "max_concurrent": 4}]
+    gw = gateway(tmp_path, config)
+
+    async def run() -> None:
+        async with httpx.AsyncClient(
+            base_url=gw.url, timeout=60, headers={"Authorization": f"Bearer {KEYS['heavy']}"}
+        ) as client:
+            body = {"model": "fake", "prompt": "p", "max_tokens": 50, "n": 3}
+            first = asyncio.ensure_future(client.post("/v1/completions", json=body))
+            for _ in range(200):
+                if stats(upstream)["peak_running"] == 3:
+                    break
+                await asyncio.sleep(0.02)
+            second = asyncio.ensure_future(client.post("/v1/completions", json=body))
+            for _ in range(20):  # it waits in the gateway, not upstream
+                await asyncio.sleep(0.02)
+                assert not second.done()
+            assert state(gw)["waiting"] == {"heavy": 1}
+            assert (await first).status_code == (await second).status_code == 200
+
+    try:
+        asyncio.run(run())
+        peak = stats(upstream)["peak_running"]
+    finally:
+        gw.stop()
+        upstream.stop()
+    assert peak == 3

@@ -179,3 +179,48 @@ def test_vtc_protects_the_light_tenant(flood_servers):
     )
     assert vtc_64[0] <= 0.2 * fcfs_64[0]
     assert vtc_256[0] <= 1.25 * vtc_64[0]
+
+
+def test_a_tenant_holding_every_seat_gives_one_up_to_another(flood_servers):
+    """Two heavy requests with `n` = half the seats each fill the batch with 3,000-token
+    generations (30 s each at 10 ms a step); the light tenant's 4-token request still
+    starts within a few engine steps, on a seat the heavy tenant gives up."""
+    server = flood_servers["vtc"]
+    preempted_before = server.metric("tokenfair:num_preemptions_total", tenant="heavy")
+
+    async def run() -> list[float]:
+        body = {
+            "model": MODEL,
+            "prompt": "hold the batch",
+            "n": SEATS // 2,
+            "max_tokens": 3000,
+            "stream": True,
+        }
+        async with httpx.AsyncClient(
+            base_url=server.url, timeout=60, headers={"Authorization": "Bearer heavy-key"}
+        ) as heavy:
+            holders = [
+                asyncio.ensure_future(heavy.post("/v1/completions", json=body)) for _ in range(2)
+            ]
+            try:
+                for _ in range(400):
+                    if server.metric("tokenfair:num_requests_running", tenant="heavy") == SEATS:
+                        break
+                    await asyncio.sleep(0.025)
+                else:
+                    raise AssertionError("the heavy tenant never held every seat")
+                return await asyncio.wait_for(light_ttfts(server, 3), timeout=20)
+            finally:
+                for holder in holders:
+                    holder.cancel()
+                await asyncio.gather(*holders, return_exceptions=True)
+
+    asyncio.run(run())
+    steps = server_ttft_steps(server, 3)
+    assert max(steps) <= 3, steps
+    preempted = server.metric("tokenfair:num_preemptions_total", tenant="heavy")
+    assert preempted > preempted_before
+    for _ in range(200):  # let the cancelled generations drain before another test
+        if server.metric("tokenfair:kv_cache_used_blocks") == 0:
+            break
+        time.sleep(0.05)

@@ -9,7 +9,8 @@ One step, top to bottom:
   3. admit waiting requests in policy order under max_num_seqs, the token budget
      (prefills may be chunked) and memory, the head's cached prefix looked up first and
      taken only with its admission; the first request that does not fit stops
-     admission (no skipping ahead), unless the policy preempts someone for it;
+     admission (no skipping ahead), unless the policy preempts someone for it (by
+     counters, or, with every seat taken, a tenant over its share of the seats);
   4. charge the policy: prompts at admission (here), output tokens as they are
      generated (`update`).
 
@@ -273,6 +274,13 @@ class Scheduler:
                     # run. Admissions append to `running`, so they are its tail.
                     settled = self.running[:-admitted] if admitted else self.running
                     chosen = policy.preempt_for(head, settled) if settled else None
+                    if (
+                        chosen is None
+                        and config.share_seats
+                        and settled
+                        and len(self.running) >= config.max_num_seqs
+                    ):
+                        chosen = policy.seat_victim(head, settled)
                     victim = None if chosen is None else self._own(chosen)
                 if victim is None:
                     break

@@ -26,6 +26,9 @@ class SchedulerConfig:
     preemption: Literal["recompute", "swap"] = "recompute"
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = False
+    # With every seat taken, the policy may move a seat from a tenant over its share of
+    # the seats to the one waiting (Policy.seat_victim; the VTC family shares by weight).
+    share_seats: bool = True
     # The paper's router (see the module docstring); 0 / False / None turn them off.
     admission_interval_steps: int = 0
     # After a failed admission attempt, try again at every step until one admits
@@ -102,6 +105,7 @@ class SchedulerConfig:
             reserve_peak_excludes_last_token=True,
             reserve_strictly_below_pool=True,
             adapter_tokens_per_client=PAPER_ADAPTER_TOKENS,
+            share_seats=False,  # the router keeps a seat until its request ends
         )
         settings.update(overrides)
         return cls(**settings)  # type: ignore[arg-type]

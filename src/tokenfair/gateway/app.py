@@ -157,7 +157,7 @@ class Gateway:
             need = demand.get(model)
             if need is None:
                 need = demand[model] = ModelDemand()
-            need.requests += len(queue)
+            need.seats += queue.seats()
             need.tokens += queue.tokens()
             if band not in counters:
                 store = self.stores.get(band)
@@ -170,7 +170,7 @@ class Gateway:
             need = demand.get(ticket.model)
             if need is None:
                 need = demand[ticket.model] = ModelDemand()
-            need.requests += 1
+            need.seats += ticket.seats
             need.tokens += ticket.tokens
             need.claim = (-1, 0.0)
         return demand

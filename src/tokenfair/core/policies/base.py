@@ -105,6 +105,16 @@ class Policy:
         """
         return None
 
+    def seat_victim(self, head: RequestView, running: Sequence[RequestView]) -> RequestView | None:
+        """Every seat of the batch is taken and `head` waits for one: a running request
+        whose seat goes to it, or None. Asked after `preempt_for` found no victim.
+
+        Asked only when the scheduler shares seats (its `share_seats` setting). By
+        default seats are kept until their requests finish; the VTC family shares them
+        among tenants by weight (batch_share.py).
+        """
+        return None
+
     def counters(self) -> dict[str, float]:
         """Per-client virtual counters, for policies that keep them."""
         return {}

@@ -15,6 +15,8 @@ Variants, all this one class:
   client, oracle = the true length);
 - preemption: when the head client's counter is more than `preempt_threshold` below a
   running client's, that client's newest request is pushed out to make room;
+- seat sharing (when the scheduler shares seats): with every seat taken, a tenant over
+  its weighted share of the seats gives one up to a tenant under it (batch_share.py);
 - the artifact's queue exactly (`vtc-artifact`): its lift, ties between equal counters
   going to the client seen first (its counters live in a dict in first-arrival order),
   and its charging quirk: whenever a request of the batch finishes, every request of
@@ -28,6 +30,7 @@ from collections.abc import Iterable, Iterator, MutableMapping, Sequence
 
 from tokenfair.core.cost import CostFunction
 from tokenfair.core.policies.base import Policy
+from tokenfair.core.policies.batch_share import seat_share_victim
 from tokenfair.core.policies.ledger import CounterLedger, LiftRule
 from tokenfair.core.policies.predictor import OutputLengthPredictor
 from tokenfair.core.policies.settings import PolicySettings
@@ -276,6 +279,12 @@ class VTCPolicy(Policy):
         candidate = self.victim(running)
         gap = self.ledger.counter(candidate.client) - self.ledger.counter(head.client)
         return candidate if gap > self.preempt_threshold else None
+
+    def seat_victim(self, head: RequestView, running: Sequence[RequestView]) -> RequestView | None:
+        if not running:
+            return None
+        weights = self.ledger.weights
+        return seat_share_victim(head, running, lambda client: weights.get(client, 1.0))
 
 
 def _insert_by_priority(

@@ -108,7 +108,7 @@ class Admission:
         """An upstream for `ticket` when it may skip the queue: nothing waits here."""
         if self.num_waiting or self._retries:
             return None
-        return self.pool.choose(ticket.model, ticket.tokens, prefix=ticket.prefix)
+        return self.pool.choose(ticket.model, ticket.tokens, ticket.seats, prefix=ticket.prefix)
 
     async def _take_now(self, ticket: Ticket, upstream: Upstream, fairness: Fairness) -> Upstream:
         """Dispatch at once: the slot is held before the fairness step, which then runs
@@ -173,7 +173,7 @@ class Admission:
         """The request is over: its upstream slot and tokens are free again."""
         if ticket.upstream is not None and not ticket.released:
             ticket.released = True
-            ticket.upstream.release(ticket.tokens)
+            ticket.upstream.release(ticket.tokens, ticket.seats)
             left = self.running.get(ticket.tenant, 0) - 1
             if left > 0:
                 self.running[ticket.tenant] = left
@@ -204,7 +204,7 @@ class Admission:
 
     # --- the dispatcher ---
     def _dispatch(self, ticket: Ticket, upstream: Upstream) -> None:
-        upstream.acquire(ticket.tokens)
+        upstream.acquire(ticket.tokens, ticket.seats)
         if not ticket.recorded:
             ticket.recorded = True
             self.recent.append(
@@ -236,17 +236,19 @@ class Admission:
     async def _step(self) -> bool:
         """Dispatch one request if any can go now; False when nothing can."""
         for ticket in list(self._retries):
-            upstream = self.pool.choose(ticket.model, ticket.tokens, ticket.exclude, ticket.prefix)
+            upstream = self.pool.choose(
+                ticket.model, ticket.tokens, ticket.seats, ticket.exclude, ticket.prefix
+            )
             if upstream is not None:
                 self._retries.remove(ticket)
                 self._dispatch(ticket, upstream)
                 return True
-        room: dict[tuple[str, int], bool] = {}
+        room: dict[tuple[str, int, int], bool] = {}
 
-        def has_room(model: str, tokens: int) -> bool:
-            known = room.get((model, tokens))
+        def has_room(model: str, tokens: int, seats: int) -> bool:
+            known = room.get((model, tokens, seats))
             if known is None:
-                known = room[model, tokens] = self.pool.has_room(model, tokens)
+                known = room[model, tokens, seats] = self.pool.has_room(model, tokens, seats)
             return known
 
         found = self._queues.candidates(has_room)
@@ -272,7 +274,7 @@ class Admission:
             return True
         self._queues.remove(chosen)
         self._unwait(chosen)
-        upstream = self.pool.choose(chosen.model, chosen.tokens, prefix=chosen.prefix)
+        upstream = self.pool.choose(chosen.model, chosen.tokens, chosen.seats, prefix=chosen.prefix)
         if upstream is None:  # capacity vanished during the pick (health, a lease)
             chosen.state = "retrying"
             self._retries.appendleft(chosen)

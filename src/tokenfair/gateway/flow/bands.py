@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from tokenfair.gateway.flow.order import TicketQueue
 from tokenfair.gateway.flow.ticket import Ticket
 
-HasRoom = Callable[[str, int], bool]
+HasRoom = Callable[[str, int, int], bool]  # (model, tokens, seats)
 
 
 class BandedQueues:
@@ -77,7 +77,9 @@ class BandedQueues:
                     if model in blocked:
                         continue
                     head = queue.head()
-                    if (best is None or head.key < best.key) and has_room(model, head.tokens):
+                    if (best is None or head.key < best.key) and has_room(
+                        model, head.tokens, head.seats
+                    ):
                         best = head
                 if best is not None:
                     heads.append(best)

@@ -67,3 +67,7 @@ class TicketQueue:
     def tokens(self) -> int:
         """The in-flight tokens its tickets would hold."""
         return sum(ticket.tokens for ticket in self._tickets)
+
+    def seats(self) -> int:
+        """The upstream sequences its tickets would run."""
+        return sum(ticket.seats for ticket in self._tickets)

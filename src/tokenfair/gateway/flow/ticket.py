@@ -20,6 +20,7 @@ class Ticket:
     model: str
     tokens: int  # in-flight tokens it holds: prompt + max_tokens
     charge: Charge  # charged at dispatch: (node, weighted amount) down the tenant's path
+    seats: int = 1  # sequences it runs upstream at once: one per choice (`n`, prompts)
     priority: int = 0
     max_tokens: int = 256
     band: int = 0

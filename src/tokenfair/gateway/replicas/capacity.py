@@ -13,7 +13,7 @@ Claim = tuple[int, float]  # (band, counter) of a waiting request: the lower goe
 class Lease:
     """This replica's part of an upstream's capacity."""
 
-    slots: int = 0  # requests it may have there at once
+    slots: int = 0  # sequences it may have running there at once (one per choice)
     tokens: int = 0  # in-flight tokens it may hold there
     giving_back: bool = False  # another replica has the better claim: what frees returns
     others_slots: int = 0  # held by the other live replicas, at the last sync
@@ -35,6 +35,6 @@ class Lease:
 class ModelDemand:
     """This replica's waiting requests for one model."""
 
-    requests: int = 0
+    seats: int = 0  # the upstream sequences they would run (one per choice)
     tokens: int = 0  # the in-flight tokens they would hold
     claim: Claim | None = None  # the best of them

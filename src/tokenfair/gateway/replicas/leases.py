@@ -238,7 +238,7 @@ class LeaseLedger:
                 # No new request on what is being given back, even before Redis hears.
                 lease.slots, lease.tokens = min(lease.slots, slots), min(lease.tokens, tokens)
             else:
-                slots = upstream.running + sum(d.requests for d in needs)
+                slots = upstream.running + sum(d.seats for d in needs)
                 tokens = upstream.inflight_tokens + sum(d.tokens for d in needs)
                 if theirs is None:  # nobody else waits for it: a share of the capacity
                     # in reserve, so that a request finds room here at once (and routing

@@ -215,6 +215,7 @@ class CompletionProxy:
             tenant=tenant.name,
             model=call.model,
             tokens=prompt + max_tokens,
+            seats=call.choices,
             charge=meter.dispatch_charge(),
             priority=call.priority if call.priority is not None else tenant.priority,
             max_tokens=max_tokens,

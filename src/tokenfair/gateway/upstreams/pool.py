@@ -99,15 +99,20 @@ class Upstream:
             running = max(running, self.reported + self.sent_since_scrape)
         return running
 
-    def has_room(self, tokens: int) -> bool:
+    def has_room(self, tokens: int, seats: int = 1) -> bool:
+        """Room for a request of `tokens` in-flight tokens running `seats` sequences
+        (one per choice: an `n=8` request takes 8 of `max_concurrent`). A request wider
+        than the whole of either limit still goes to an idle upstream."""
         if not self.healthy:
             return False
         cap = self.config
-        if cap.max_concurrent is not None and self.load() >= cap.max_concurrent:
-            return False
+        if cap.max_concurrent is not None:
+            load = self.load()
+            if load + seats > cap.max_concurrent and (seats <= cap.max_concurrent or load):
+                return False
         lease = self.lease
         if lease is not None:
-            return self._within(lease, tokens)
+            return self._within(lease, tokens, seats)
         # A request larger than the whole token budget still goes to an idle upstream.
         return not (
             cap.max_inflight_tokens is not None
@@ -115,11 +120,16 @@ class Upstream:
             and self.inflight_tokens + tokens > cap.max_inflight_tokens
         )
 
-    def _within(self, lease: Lease, tokens: int) -> bool:
-        """Room in this replica's lease; a request larger than the whole token budget
+    def _within(self, lease: Lease, tokens: int, seats: int) -> bool:
+        """Room in this replica's lease; a request larger than the whole of a limit
         goes when the lease holds all of it and nothing of this replica runs there."""
         cap = self.config
-        if cap.max_concurrent is not None and self.running >= lease.slots:
+        limit = cap.max_concurrent
+        if (
+            limit is not None
+            and self.running + seats > lease.slots
+            and (seats <= limit or lease.slots < limit or self.running)
+        ):
             return False
         budget = cap.max_inflight_tokens
         if budget is None or self.inflight_tokens + tokens <= lease.tokens:
@@ -134,13 +144,13 @@ class Upstream:
             parts.append(self.inflight_tokens / cap.max_inflight_tokens)
         return max(parts)
 
-    def acquire(self, tokens: int) -> None:
-        self.running += 1
+    def acquire(self, tokens: int, seats: int = 1) -> None:
+        self.running += seats
         self.inflight_tokens += tokens
-        self.sent_since_scrape += 1
+        self.sent_since_scrape += seats
 
-    def release(self, tokens: int) -> None:
-        self.running -= 1
+    def release(self, tokens: int, seats: int = 1) -> None:
+        self.running -= seats
         self.inflight_tokens -= tokens
         lease = self.lease
         if lease is not None and lease.giving_back:  # what frees goes back to the pool
@@ -178,24 +188,29 @@ class UpstreamPool:
     def serves(self, model: str) -> bool:
         return model in self.by_model
 
-    def has_room(self, model: str, tokens: int, exclude: frozenset[str] = frozenset()) -> bool:
-        """Whether some healthy upstream for `model` has room for `tokens` (no routing)."""
+    def has_room(
+        self, model: str, tokens: int, seats: int = 1, exclude: frozenset[str] = frozenset()
+    ) -> bool:
+        """Whether some healthy upstream for `model` has room for `tokens` and `seats`
+        (no routing)."""
         return any(
-            u.name not in exclude and u.has_room(tokens) for u in self.by_model.get(model, ())
+            u.name not in exclude and u.has_room(tokens, seats)
+            for u in self.by_model.get(model, ())
         )
 
     def choose(
         self,
         model: str,
         tokens: int,
+        seats: int = 1,
         exclude: frozenset[str] = frozenset(),
         prefix: PrefixKey | None = None,
     ) -> Upstream | None:
         """The upstream the router picks among the healthy ones for `model` with room for
-        `tokens` (None when none has room); the request is then sent there, which the
+        `tokens` and `seats` (None when none has room); the request is then sent there, which the
         router records."""
         serving = [u for u in self.by_model.get(model, ()) if u.healthy and u.name not in exclude]
-        candidates = [u for u in serving if u.has_room(tokens)]
+        candidates = [u for u in serving if u.has_room(tokens, seats)]
         if not candidates:
             return None
         return self.router.route(serving, candidates, prefix)
