@@ -124,3 +124,46 @@ def test_trace_help_has_examples():
     for command in (["trace", "gen", "--help"], ["trace", "convert", "--help"]):
         result = runner.invoke(app, command)
         assert result.exit_code == 0 and "Example" in result.stdout
+
+
+def test_trace_gen_documents_takes_its_options(tmp_path):
+    out = tmp_path / "docs.jsonl"
+    args = ["trace", "gen", "documents", "--out", str(out), "--clients", "3"]
+    args += ["--documents-per-client", "2", "--document-tokens", "800", "--skew", "1.5"]
+    args += ["--shared-documents", "1", "--question-tokens", "20-30", "--output-tokens", "64"]
+    args += ["--rate", "0.2", "--busy-factor", "1", "--duration", "120", "--seed", "4"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    records = read_trace(out)
+    assert {r.client for r in records} == {"client-0", "client-1", "client-2"}
+    assert {r.prefix_group for r in records} <= {
+        "shared/doc-0",
+        *(f"client-{i}/doc-0" for i in range(3)),
+    }
+    assert all(r.prefix_tokens == 800 and 20 <= r.input_tokens - 800 <= 30 for r in records)
+    assert {r.output_tokens for r in records} == {64}
+    assert max(r.arrival_s for r in records) < 120
+    again = tmp_path / "again.jsonl"
+    assert runner.invoke(app, [*args[:4], str(again), *args[5:]]).exit_code == 0
+    assert read_trace(again) == records
+
+
+def test_trace_gen_documents_refuses_bad_options_naming_them(tmp_path):
+    out = str(tmp_path / "d.jsonl")
+    cases = [
+        (["--shared-documents", "5"], "--shared-documents must be at most --documents-per-client"),
+        (["--question-tokens", "150-50"], "--question-tokens: expected N or LOW-HIGH"),
+        (["--output-tokens", "lots"], "--output-tokens: expected N or LOW-HIGH"),
+        (["--skew", "-1"], "--skew must be a finite number >= 0"),
+        (["--rate", "0"], "--rate must be a finite number > 0"),
+        (["--clients", "0"], "--clients must be a whole number >= 1"),
+        (["--duration", "nan"], "--duration must be a finite number > 0"),
+    ]
+    for extra, message in cases:
+        result = runner.invoke(app, ["trace", "gen", "documents", "--out", out, *extra])
+        assert result.exit_code == 2 and message in result.output, (extra, result.output)
+    # The documents options belong to the documents workload only.
+    result = runner.invoke(app, ["trace", "gen", "overload", "--out", out, "--skew", "1"])
+    assert result.exit_code == 2
+    assert "--skew is an option of the documents workload" in result.output
+    assert not (tmp_path / "d.jsonl").exists()

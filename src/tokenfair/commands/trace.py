@@ -1,4 +1,4 @@
-"""`tokenfair trace`: make trace files from the paper's suites or from public traces."""
+"""`tokenfair trace`: make trace files from the workload suites or from public traces."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -14,6 +14,10 @@ from rich.table import Table
 
 from tokenfair.commands.common import check_output_file, fail, user_errors
 from tokenfair.workloads.trace import TraceRecord
+
+if TYPE_CHECKING:
+    from tokenfair.workloads.documents import DocumentsSpec
+    from tokenfair.workloads.lengths import LengthDist
 
 trace_app = typer.Typer(
     help="Generate or convert trace files (JSONL, one request a line).", no_args_is_help=True
@@ -40,6 +44,59 @@ def _summary(records: Sequence[TraceRecord], out: Path) -> str:
     )
 
 
+DOCS_PANEL = "documents workload (tokenfair trace gen documents)"
+
+
+def _doc_option(help_text: str) -> typer.models.OptionInfo:
+    return typer.Option(help=help_text, rich_help_panel=DOCS_PANEL)
+
+
+# DocumentsSpec's parameters -> the options that set them.
+DOCUMENT_OPTIONS = {
+    "clients": "--clients",
+    "documents_per_client": "--documents-per-client",
+    "document_tokens": "--document-tokens",
+    "skew": "--skew",
+    "busy_factor": "--busy-factor",
+    "rate": "--rate",
+    "question": "--question-tokens",
+    "answer": "--output-tokens",
+    "shared_documents": "--shared-documents",
+    "duration_s": "--duration",
+}
+
+
+def parse_length_range(option: str, text: str) -> LengthDist:
+    """`N` (always N tokens) or `LOW-HIGH` (uniform, inclusive); a bad value names the option."""
+    from tokenfair.workloads.lengths import Fixed, UniformInt
+
+    low, dash, high = text.strip().partition("-")
+    try:
+        if not dash:
+            return Fixed(int(low))
+        return UniformInt(int(low), int(high))
+    except ValueError:
+        pass
+    fail(f"{option}: expected N or LOW-HIGH tokens (e.g. 50-150, LOW <= HIGH, >= 1), got {text!r}")
+
+
+def documents_spec(options: dict[str, Any]) -> DocumentsSpec:
+    """The `documents` workload from the options given (None: the default)."""
+    from tokenfair.workloads.documents import DocumentsOptionError, DocumentsSpec
+
+    values = {name: value for name, value in options.items() if value is not None}
+    for name in ("question", "answer"):
+        if name in values:
+            values[name] = parse_length_range(DOCUMENT_OPTIONS[name], values[name])
+    try:
+        return DocumentsSpec(**values)
+    except DocumentsOptionError as error:
+        problem = error.problem
+        for field, option in DOCUMENT_OPTIONS.items():
+            problem = problem.replace(field, option)
+        fail(f"{DOCUMENT_OPTIONS[error.option]} {problem}")
+
+
 @trace_app.command("gen")
 def generate(
     suite: Annotated[str | None, typer.Argument(help="Suite name (see --list).")] = None,
@@ -52,20 +109,58 @@ def generate(
         typer.Option(help="Also write the suite's client weights (JSON; weighted suites only)."),
     ] = None,
     list_suites: Annotated[bool, typer.Option("--list", help="List the suites and exit.")] = False,
+    clients: Annotated[int | None, _doc_option("Clients (default 6).")] = None,
+    documents_per_client: Annotated[
+        int | None, _doc_option("Documents each client asks about (default 4).")
+    ] = None,
+    document_tokens: Annotated[
+        int | None, _doc_option("Tokens of each document (default 2500).")
+    ] = None,
+    skew: Annotated[
+        float | None,
+        _doc_option(
+            "Popularity skew across a client's documents: document k is asked with "
+            "probability ~ 1/(k+1)^skew (Zipf exponent; default 0, uniform)."
+        ),
+    ] = None,
+    busy_factor: Annotated[
+        float | None, _doc_option("client-0's request rate as a multiple of the others' (2.5).")
+    ] = None,
+    rate: Annotated[
+        float | None,
+        _doc_option(
+            "Requests/s of each other client, Poisson (default 0.5: backlogged on the A10G)."
+        ),
+    ] = None,
+    question_tokens: Annotated[
+        str | None, _doc_option("Question after the document: N or LOW-HIGH (default 50-150).")
+    ] = None,
+    output_tokens: Annotated[
+        str | None, _doc_option("Answer length: N or LOW-HIGH (default 100-300).")
+    ] = None,
+    shared_documents: Annotated[
+        int | None,
+        _doc_option(
+            "How many of each client's documents are the same for every client (one "
+            "prefix group across clients; the most popular ones; default 0)."
+        ),
+    ] = None,
+    duration: Annotated[float | None, _doc_option("Seconds of arrivals (default 300).")] = None,
 ) -> None:
-    """Write one of the paper's workload suites (SPEC section 7) as a trace file.
+    """Write one of the workload suites (the paper's, SPEC section 7, and others) as a trace file.
+
+    `documents` (retrieval: clients asking about long documents of their own, the
+    documents cached as prefixes) takes the options of its panel below.
 
     \b
     Example: tokenfair trace gen overload --out overload.jsonl --seed 1
+    Example: tokenfair trace gen documents --skew 1 --shared-documents 1 --out docs.jsonl
     """
-    from tokenfair.workloads.suites import SUITES, generate_suite, suite_descriptions
+    from tokenfair.workloads.suites import SUITES, documents_workload, generate_suite
     from tokenfair.workloads.trace import write_trace
 
     if list_suites or suite is None:
-        table = Table("suite", "what it is")
-        for name, text in suite_descriptions().items():
-            table.add_row(name, text)
-        Console().print(table)
+        _list_suites()
         if suite is None and not list_suites:
             fail("name a suite to generate, e.g. `tokenfair trace gen overload --out t.jsonl`")
         return
@@ -73,6 +168,22 @@ def generate(
         fail("--out FILE is required")
     if suite not in SUITES:
         fail(f"unknown suite {suite!r}; known suites: {', '.join(SUITES)}")
+    options = {
+        "clients": clients,
+        "documents_per_client": documents_per_client,
+        "document_tokens": document_tokens,
+        "skew": skew,
+        "busy_factor": busy_factor,
+        "rate": rate,
+        "question": question_tokens,
+        "answer": output_tokens,
+        "shared_documents": shared_documents,
+        "duration_s": duration,
+    }
+    given = [DOCUMENT_OPTIONS[name] for name, value in options.items() if value is not None]
+    if given and suite != "documents":
+        fail(f"{given[0]} is an option of the documents workload, not of suite {suite!r}")
+    spec = documents_spec(options) if suite == "documents" else None
     check_output_file(out)
     check_output_file(weights_out, "--weights-out")
     # Checked before any work: a failed command leaves no half of its output behind.
@@ -83,11 +194,23 @@ def generate(
             f"(weighted suites: {', '.join(weighted)})"
         )
     with user_errors():
-        generated = generate_suite(suite, seed=seed)
+        if spec is not None:
+            generated = documents_workload(spec, seed=seed)
+        else:
+            generated = generate_suite(suite, seed=seed)
         write_trace(generated.records, out)
         if weights_out is not None:
             weights_out.write_text(json.dumps(generated.weights, indent=2) + "\n")
     print(_summary(generated.records, out))
+
+
+def _list_suites() -> None:
+    from tokenfair.workloads.suites import suite_descriptions
+
+    table = Table("suite", "what it is")
+    for name, text in suite_descriptions().items():
+        table.add_row(name, text)
+    Console().print(table)
 
 
 @trace_app.command("convert")

@@ -1,4 +1,4 @@
-"""Clients whose prompts share prefixes: a system prompt each, or conversations.
+"""Clients whose prompts share prefixes: a system prompt each, conversations, or documents.
 
 Production traffic repeats leading tokens: a product's system prompt (or few-shot
 template, or RAG document) before every question, and a chat's whole history before
@@ -6,9 +6,11 @@ every new turn. These client kinds draw such requests with their trace prefix fi
 (`prefix_group`, `prefix_tokens`: see workloads/trace.py), so the simulator's prefix
 cache can reuse them.
 
-Groups are named after the client (`client-0/system`, `client-0/conv-3`): prefixes are
-never shared across clients, as a server that salts its cache per tenant never shares
-them.
+Groups are named after the client (`client-0/system`, `client-0/conv-3`,
+`client-0/doc-1`): prefixes are never shared across clients, as a server that salts its
+cache per tenant never shares them. The one exception is asked for by name: documents
+that every client of a `documents` workload reads (`shared/doc-0`, ...), as on a server
+whose tenants share a cache.
 
 Conversations are open-loop: turn k+1 arrives a drawn gap after turn k arrived,
 whether or not turn k was answered by then (a trace cannot wait for a server); the gap
@@ -17,6 +19,7 @@ includes the answer's generation and the user's reading and typing.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,3 +106,49 @@ class ConversationClient:
                 context = prompt + int(answer)
                 arrival += float(gap)
         return draws
+
+
+@dataclass(frozen=True, slots=True)
+class DocumentClient:
+    """Every request is one of the client's documents followed by a question about it
+    (retrieval: the document is the prompt's prefix, its group the document's name).
+
+    `documents`: the groups the client reads, most popular first, each
+    `document_tokens` long. A request picks document k (0-based) with probability
+    proportional to 1 / (k + 1)^skew: 0 is uniform, 1 is Zipf. `question` is the length
+    of the question after the document, `answer` the output's.
+    """
+
+    client: str
+    arrivals: ArrivalProcess
+    documents: tuple[str, ...]
+    document_tokens: int
+    question: LengthDist
+    answer: LengthDist
+    skew: float = 0.0
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.documents:
+            raise ValueError(f"client {self.client!r} needs at least one document")
+        tokens = self.document_tokens
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+            raise ValueError(f"document_tokens must be an integer >= 1, got {tokens!r}")
+        if not (math.isfinite(self.skew) and self.skew >= 0):
+            raise ValueError(f"skew must be a finite number >= 0, got {self.skew}")
+
+    def popularity(self) -> np.ndarray:
+        """The probability of each document, in the order of `documents`."""
+        shares = 1.0 / np.arange(1, len(self.documents) + 1, dtype=float) ** self.skew
+        return shares / shares.sum()
+
+    def draw(self, rng: np.random.Generator, duration_s: float) -> list[RequestDraw]:
+        times = self.arrivals.times(rng, 0.0, duration_s)
+        picks = rng.choice(len(self.documents), size=len(times), p=self.popularity())
+        questions = self.question.sample(rng, len(times))
+        answers = self.answer.sample(rng, len(times))
+        tokens = self.document_tokens
+        return [
+            RequestDraw(float(t), tokens + int(q), int(a), self.documents[int(k)], tokens)
+            for t, k, q, a in zip(times, picks, questions, answers, strict=True)
+        ]

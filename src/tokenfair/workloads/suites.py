@@ -24,8 +24,14 @@ from tokenfair.workloads.arrivals import (
     Poisson,
     Uniform,
 )
+from tokenfair.workloads.documents import DocumentsSpec
 from tokenfair.workloads.lengths import ClientLengths, LogNormal, UniformInt, fixed
-from tokenfair.workloads.prefixes import ConversationClient, RequestDraw, SystemPromptClient
+from tokenfair.workloads.prefixes import (
+    ConversationClient,
+    DocumentClient,
+    RequestDraw,
+    SystemPromptClient,
+)
 from tokenfair.workloads.trace import TraceRecord
 
 ON_OFF_PERIOD_S = 60.0
@@ -50,7 +56,7 @@ class ClientWorkload:
 
 
 # What a suite's client may be: independent requests, or requests sharing prefixes.
-ClientSpec = ClientWorkload | SystemPromptClient | ConversationClient
+ClientSpec = ClientWorkload | SystemPromptClient | ConversationClient | DocumentClient
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +143,14 @@ SHORT_QUESTIONS = ClientLengths(
     input=LogNormal(median=80.0, sigma=0.8, low=8, high=1024),
     output=LogNormal(median=40.0, sigma=0.8, low=4, high=1024),
 )
+
+
+def documents_workload(spec: DocumentsSpec | None = None, seed: int = 0) -> Suite:
+    """The `documents` workload for `spec` (defaults: DocumentsSpec()). Deterministic
+    for a seed; each client draws from its own stream, as every suite's do."""
+    spec = spec or DocumentsSpec()
+    return generate_workload(spec.client_specs(), spec.duration_s, seed, "documents")
+
 
 SUITES: dict[str, SuiteDef] = {
     "overload": SuiteDef(
@@ -259,11 +273,16 @@ SUITES: dict[str, SuiteDef] = {
             for i, rate in enumerate(_zipf_rates(ARENA_RATE, ARENA_CLIENTS, ARENA_ZIPF))
         ),
     ),
+    "documents": SuiteDef(
+        DocumentsSpec().describe(),
+        DocumentsSpec().duration_s,
+        DocumentsSpec().client_specs(),
+    ),
 }
 
 
 # Suites whose clients share prompt prefixes (for the prefix cache; not the paper's).
-PREFIX_SUITES = ("system-prompt", "multiturn")
+PREFIX_SUITES = ("system-prompt", "multiturn", "documents")
 
 
 def generate_suite(name: str, seed: int = 0) -> Suite:
