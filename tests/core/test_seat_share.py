@@ -52,11 +52,25 @@ def test_a_newcomer_takes_a_seat_from_the_tenant_holding_them_all() -> None:
     heavy = fill_with_heavy(sched)
     light = make_request("light", input_tokens=4, output_tokens=4)
     sched.add_request(light, 1.0)
-    assert steps_until_first_token(sched, light, 1.0) == 1
+    # It waits the scheduler's patience for a seat to free by itself, then takes one.
+    patience = sched.config.seat_patience_steps
+    assert steps_until_first_token(sched, light, 1.0) == patience + 1
     # The heavy tenant's newest request gave its seat up, and waits at its queue's front.
     newest = max(heavy, key=lambda r: r.admit_seq)
     assert newest.status is RequestStatus.PREEMPTED
     assert sched.num_policy_preemptions == 1
+
+
+def test_a_seat_that_frees_within_the_patience_costs_no_preemption() -> None:
+    sched = scheduler()
+    heavy = [make_request("heavy", input_tokens=8, output_tokens=5) for _ in range(SEATS)]
+    for request in heavy:
+        sched.add_request(request, 0.0)
+    fake_step(sched, 0.0)
+    light = make_request("light", input_tokens=4, output_tokens=4)
+    sched.add_request(light, 0.5)
+    assert steps_until_first_token(sched, light, 0.5) <= sched.config.seat_patience_steps + 1
+    assert sched.num_policy_preemptions == 0
 
 
 def test_without_seat_sharing_the_newcomer_waits_for_a_generation_to_end() -> None:

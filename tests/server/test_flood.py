@@ -217,7 +217,7 @@ def test_a_tenant_holding_every_seat_gives_one_up_to_another(flood_servers):
 
     asyncio.run(run())
     steps = server_ttft_steps(server, 3)
-    assert max(steps) <= 3, steps
+    assert max(steps) <= 3 + 4, steps  # the scheduler's seat patience, 4 steps
     preempted = server.metric("tokenfair:num_preemptions_total", tenant="heavy")
     assert preempted > preempted_before
     for _ in range(200):  # let the cancelled generations drain before another test

@@ -57,6 +57,7 @@ def build_config(
     max_num_seqs: int | None,
     max_batched_tokens: int | None,
     prefix_caching: bool | None = None,
+    share_seats: bool | None = None,
 ) -> SchedulerConfig:
     """The scheduler settings of a preset with the options given on top."""
     if preset not in PRESETS:
@@ -80,6 +81,7 @@ def build_config(
             "max_num_seqs": max_num_seqs,
             "max_batched_tokens": max_batched_tokens,
             "enable_prefix_caching": prefix_caching,
+            "share_seats": share_seats,
         }.items()
         if value is not None
     }
@@ -207,6 +209,14 @@ def simulate(
             max=1.0,
         ),
     ] = 1.0,
+    share_seats: Annotated[
+        bool | None,
+        typer.Option(
+            "--share-seats/--no-share-seats",
+            help="With every seat taken, a tenant over its weighted share of the seats gives "
+            "one up to a tenant waiting for one (VTC policies). paper: off; engine: on.",
+        ),
+    ] = None,
     out: Annotated[
         Path | None, typer.Option(help="Write per-request results (JSONL) here.")
     ] = None,
@@ -232,6 +242,7 @@ def simulate(
         max_num_seqs,
         max_batched_tokens,
         prefix_caching,
+        share_seats,
     )
     records = read_trace_file(trace)
     step_profile = load_profile_option(profile)

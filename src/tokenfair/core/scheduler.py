@@ -68,6 +68,9 @@ class Scheduler:
         # Swap-out copies from force_preempt, delivered with the next step, by request.
         self._pending_swap_out: dict[str, list[tuple[int, int]]] = {}
         self._steps_since_admission = 0
+        self._step = 0  # schedule() calls so far
+        # The head waiting for a seat: (its id, the first and the last step it waited).
+        self._seat_wait: tuple[str, int, int] | None = None
         self.num_preemptions = 0  # all causes
         # The pool could not hold the running requests' next tokens (a sizing problem)...
         self.num_memory_preemptions = 0
@@ -144,6 +147,7 @@ class Scheduler:
 
     # --- one step ---
     def schedule(self, now: float) -> SchedulerOutput:
+        self._step += 1
         out = SchedulerOutput(block_size=self.config.block_size)
         if self._pending_swap_out:  # from force_preempt between steps
             out.swap_out = [copy for copies in self._pending_swap_out.values() for copy in copies]
@@ -279,6 +283,7 @@ class Scheduler:
                         and config.share_seats
                         and settled
                         and len(self.running) >= config.max_num_seqs
+                        and self._waited_for_a_seat(head) >= config.seat_patience_steps
                     ):
                         chosen = policy.seat_victim(head, settled)
                     victim = None if chosen is None else self._own(chosen)
@@ -306,6 +311,17 @@ class Scheduler:
             out.scheduled.append(ScheduledRequest(head, n, computed, table))
             admitted += 1
         return admitted
+
+    def _waited_for_a_seat(self, head: Request) -> int:
+        """Steps `head` has waited first in line with every seat taken, without a break
+        (0 in the first such step)."""
+        step, wait = self._step, self._seat_wait
+        if wait is None or wait[0] != head.request_id or wait[2] < step - 1:
+            wait = (head.request_id, step, step)  # a new wait
+        else:
+            wait = (wait[0], wait[1], step)
+        self._seat_wait = wait
+        return step - wait[1]
 
     def _schedule_separate_prefill(self, out: SchedulerOutput, now: float) -> None:
         """The paper's router: a step is either new prompts only, or decode for all."""

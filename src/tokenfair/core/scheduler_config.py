@@ -27,8 +27,11 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = False
     # With every seat taken, the policy may move a seat from a tenant over its share of
-    # the seats to the one waiting (Policy.seat_victim; the VTC family shares by weight).
+    # the seats to the one waiting (Policy.seat_victim; the VTC family shares by weight),
+    # once the head has waited this many steps for a seat: under ordinary churn a seat
+    # frees by then, and nobody's work is recomputed for nothing.
     share_seats: bool = True
+    seat_patience_steps: int = 4
     # The paper's router (see the module docstring); 0 / False / None turn them off.
     admission_interval_steps: int = 0
     # After a failed admission attempt, try again at every step until one admits
@@ -62,6 +65,8 @@ class SchedulerConfig:
             )
         if self.preemption not in ("recompute", "swap"):
             raise ConfigError(f"preemption must be 'recompute' or 'swap', got {self.preemption!r}")
+        if self.seat_patience_steps < 0:
+            raise ConfigError(f"seat_patience_steps must be >= 0, got {self.seat_patience_steps}")
         if self.admission_interval_steps < 0:
             raise ConfigError("admission_interval_steps must be >= 0")
         if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
