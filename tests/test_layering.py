@@ -157,7 +157,7 @@ SERVING_ARROWS = {
     "tokenfair.edge": ("tokenfair.core", "tokenfair.share_groups", "tokenfair.yaml_lines"),
     "tokenfair.gateway": ("tokenfair.core", "tokenfair.edge", "tokenfair.yaml_lines"),
     "tokenfair.server": ("tokenfair.core", "tokenfair.edge", "tokenfair.engine"),
-    "tokenfair.integrations": ("tokenfair.core", "tokenfair.share_groups"),
+    "tokenfair.integrations": ("tokenfair.core", "tokenfair.share_groups", "tokenfair.yaml_lines"),
 }
 
 

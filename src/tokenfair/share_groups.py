@@ -17,21 +17,33 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from tokenfair.core.share_tree import ShareTree, group_id
+from tokenfair.core.weights import weight_problem
 
 # A group's own name (its path joins the names with '/').
 GroupName = Annotated[
     str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@+-]*$")
 ]
-Weight = Annotated[float, Field(gt=0, le=1e9, allow_inf_nan=False)]
+
+
+def _weight(value: object) -> object:
+    problem = weight_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+# A node's weight (core/weights.py: a number from 0.01 to 100, never a boolean): the
+# one type of every weight read from a file or the admin API.
+Weight = Annotated[float, BeforeValidator(_weight)]
 MAX_GROUP_DEPTH = 8
 GROUP_NAME_RULE = "a group's name is letters, digits and . _ : @ + - (a path joins names with '/')"
 
 
 class Group(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     weight: Weight = 1.0
     groups: dict[GroupName, Group] = Field(default_factory=dict)

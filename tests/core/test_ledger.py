@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tokenfair.core.cost import LinearCost, ProfiledCost
 from tokenfair.core.policies import CounterLedger, PolicyRequest, PolicySettings
-from tokenfair.core.policies.ledger import weighted_charge
+from tokenfair.core.policies.ledger import REBASE_AT, weighted_charge
 from tokenfair.core.share_tree import ShareTree, group_id
 
 
@@ -114,7 +116,73 @@ def test_weights_change_in_place_and_bad_settings_are_refused():
     settings.weights["a"] = 4.0  # the admin API's change
     book.charge("a", 8.0)
     assert book.counter("a") == 2.0
-    with pytest.raises(ValueError, match="weight of 'a'"):
-        PolicySettings(weights={"a": 0.0})
+    for weight in (0.0, 1e-300, 1e-320, 1e300, float("inf"), float("nan"), True):
+        with pytest.raises(ValueError, match=r"weight of 'a' must be a number from 0\.01 to 100"):
+            PolicySettings(weights={"a": weight})
     with pytest.raises(ValueError, match="lift rule"):
         CounterLedger(lift="sometimes")  # type: ignore[arg-type]
+
+
+def test_a_level_is_rebased_past_its_reference_and_reports_the_same_counters():
+    tree = ShareTree.build({"org": None}, {"x": "org", "y": "org"})
+    book = ledger(tree=tree, weights={"x": 0.01, "@org": 100.0})
+    book.activate("x")
+    book.admitted("x")
+    book.charge("x", 2 * REBASE_AT)  # x's counter: 200 x REBASE_AT
+    book.admitted("x")  # past REBASE_AT: x's level (the group's) moves down
+    assert book.level_counter("x") == 0.0
+    assert book.counter("x") == 200 * REBASE_AT  # as reported: the base added back
+    assert book.level_counter("@org") == REBASE_AT / 50  # the top level is not past it
+    book.activate("y")  # lifted to x's counter, as before rebasing
+    assert book.counter("y") == book.counter("x")
+    book.charge("y", 0.01)  # the smallest charge there is registers
+    assert book.level_counter("y") == 0.01
+    assert book.smallest() == "x"
+
+
+@st.composite
+def ledger_events(draw):
+    clients = [f"c{i}" for i in range(draw(st.integers(2, 5)))]
+    weights = {c: draw(st.sampled_from([0.5, 1.0, 2.0, 4.0])) for c in clients}
+    grouped = draw(st.booleans())
+    members = {c: draw(st.sampled_from(["g0", "g1"])) for c in clients} if grouped else {}
+    tree = ShareTree.build({"g0": None, "g1": None} if grouped else {}, members)
+    events = st.tuples(
+        st.sampled_from(["arrive", "serve", "leave", "output"]),
+        st.sampled_from(clients),
+        st.integers(1, 64),
+    )
+    return tree, weights, draw(st.lists(events, max_size=200))
+
+
+@settings(max_examples=100, deadline=None)
+@given(ledger_events())
+def test_rebasing_changes_no_decision(run):
+    """Two ledgers, one rebasing past 64 units, the other never (dyadic weights and
+    whole charges: both exact): the same picks, backlogged order and counters of the
+    waiting clients throughout. (Only waiting clients are charged here: one charged
+    while idle more than the threshold below its level's reference keeps that much.)"""
+    tree, weights, events = run
+    books = [ledger(tree=tree, weights=weights) for _ in range(2)]
+    books[0].rebase_at = 64.0
+    waiting: set[str] = set()
+    for kind, client, tokens in events:
+        for book in books:
+            if kind == "arrive" and client not in waiting:
+                book.activate(client)
+            elif kind == "leave" and client in waiting:
+                book.deactivate(client)
+            elif kind == "serve" and waiting:
+                picked = book.smallest()
+                book.admitted(picked)
+                book.charge(picked, float(tokens))
+            elif kind == "output" and client in waiting:
+                book.charge(client, 2.0 * tokens)
+        if kind == "arrive":
+            waiting.add(client)
+        elif kind == "leave":
+            waiting.discard(client)
+        assert books[0].smallest() == books[1].smallest()
+        assert list(books[0].backlogged_in_order()) == list(books[1].backlogged_in_order())
+        for client in waiting:
+            assert books[0].counter(client) == books[1].counter(client)

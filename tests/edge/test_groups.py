@@ -56,7 +56,20 @@ def test_a_file_without_groups_is_the_flat_tree(tmp_path):
         ),
         (
             TREE.replace("ads: {weight: 3}", "ads: {weight: 0}"),
-            r"tenants.yaml:6: groups.org-a.groups.ads.weight: Input should be greater than 0",
+            r"tenants.yaml:6: groups.org-a.groups.ads.weight: must be a number from 0.01 to 100",
+        ),
+        (
+            TREE.replace("ads: {weight: 3}", "ads: {weight: 1.0e-300}"),
+            r"tenants.yaml:6: groups.org-a.groups.ads.weight: must be a number from 0.01 to "
+            r"100 \(weights are relative: scale them to fit\), got 1e-300",
+        ),
+        (
+            TREE.replace("ads: {weight: 3}", "ads: {weight: true}"),
+            r"tenants.yaml:6: groups.org-a.groups.ads.weight: must be a number .*, not a boolean",
+        ),
+        (
+            TREE.replace("ads: {weight: 3}", "ads: {weight: 3, weight: 5}"),
+            r"tenants.yaml:6: the key 'weight' is given twice in one mapping \(first at line 6\)",
         ),
         (
             TREE.replace("ads: {weight: 3}", "ads: {wieght: 3}"),

@@ -94,6 +94,36 @@ def test_inline_tenants_are_checked_too(tmp_path: Path) -> None:
     assert "gateway.yaml:1: tenants.tenants.0.rpm" in result.output  # the file and line
 
 
+def test_check_refuses_a_key_given_twice_at_its_line(tmp_path: Path) -> None:
+    """`policy: fcfs` then `policy: vtc`: YAML keeps the last; --check must not report
+    either as the one in force."""
+    path = _write(
+        tmp_path,
+        "policy: fcfs\nupstreams:\n  - {url: 'http://127.0.0.1:1', models: [m], max_concurrent: 2}\n"
+        "policy: vtc\n",
+    )
+    result = CliRunner().invoke(app, ["gateway", "--config", str(path), "--check"])
+    assert result.exit_code == 2
+    assert "gateway.yaml:4: the key 'policy' is given twice in one mapping (first at line 1)" in (
+        " ".join(result.output.split())
+    )
+    assert "ok" not in result.output
+
+
+def test_check_refuses_a_weight_out_of_range_and_a_key_twice_inline(tmp_path: Path) -> None:
+    for tenants, expected in (
+        ("{tenants: [{name: a, weight: 1.0e-300}]}", "gateway.yaml:1: tenants.tenants.0.weight"),
+        ("{tenants: [{name: a, weight: 1, weight: 5}]}", "gateway.yaml:1: the key 'weight'"),
+    ):
+        path = _write(
+            tmp_path,
+            f"tenants: {tenants}\nupstreams:\n  - {{url: 'http://127.0.0.1:1', models: [m], max_concurrent: 2}}\n",
+        )
+        result = CliRunner().invoke(app, ["gateway", "--config", str(path), "--check"])
+        assert result.exit_code == 2
+        assert expected in result.output
+
+
 def test_check_loads_the_tokenizers_as_the_start_does(tmp_path: Path) -> None:
     path = _write(
         tmp_path,

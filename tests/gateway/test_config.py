@@ -82,7 +82,42 @@ def test_a_good_config_loads() -> None:
         ),
         (
             "upstreams:\n  - {url: 'http://x', models: [m], max_concurrent: 1, name: a}\n  - {url: 'http://y', models: [m], max_concurrent: 1, name: a}\n",
-            "<config>:2: upstreams: the name 'a' of upstream 1 is used twice",
+            "<config>:3: upstreams.1.name: the name 'a' of upstream 1 is used twice",
+        ),
+        (  # one engine twice would have its capacity counted twice
+            "upstreams:\n  - {url: 'http://X:80/', models: [m], max_concurrent: 1}\n"
+            "  - url: http://x/v1\n    models: [n]\n    max_concurrent: 1\n",
+            "<config>:3: upstreams.1.url: http://x is upstream 'upstream-0' already: one "
+            "engine listed twice would have its capacity counted twice",
+        ),
+        (
+            "policy: fcfs\npolicy: vtc\nupstreams:\n  - {url: 'http://x', models: [m], max_concurrent: 1}\n",
+            "<config>:2: the key 'policy' is given twice in one mapping (first at line 1)",
+        ),
+        (
+            "upstreams:\n  - url: http://x\n    models: [m]\n    max_concurrent: 1\n    max_concurrent: 9\n",
+            "<config>:5: the key 'max_concurrent' is given twice in one mapping (first at line 4)",
+        ),
+        (
+            "upstreams:\n  - {url: 'http://x', models: [m], max_concurrent: true}\n",
+            "<config>:2: upstreams.0.max_concurrent: expected a number, got the boolean true",
+        ),
+        (
+            "cost: {w_out: false}\nupstreams:\n  - {url: 'http://x', models: [m], max_concurrent: 1}\n",
+            "<config>:1: cost.w_out: expected a number, got the boolean false",
+        ),
+        (
+            "tenant_from_user: true\ntenants: tenants.yaml\nupstreams:\n  - {url: 'http://x', models: [m], max_concurrent: 1}\n",
+            "<config>:1: tenant_from_user: tenant_from_user and tenants exclude each other",
+        ),
+        (
+            "listen: {metrics_host: 0.0.0.0}\nupstreams:\n  - {url: 'http://x', models: [m], max_concurrent: 1}\n",
+            "<config>:1: listen: metrics_host is the address of metrics_port: give metrics_port too",
+        ),
+        (
+            "policy: fcfs\norder_within_tenant: arrival\nupstreams:\n  - {url: 'http://x', models: [m], max_concurrent: 1}\n",
+            "<config>:2: order_within_tenant: order_within_tenant orders a tenant's requests "
+            "under the counter policies",
         ),
         (
             "upstreams:\n  - url: http://x:notaport/v1\n    models: [m]\n    max_concurrent: 1\n",

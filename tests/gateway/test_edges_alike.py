@@ -3,11 +3,12 @@
 
 One `tokenfair serve --model sim:` server (a tenants file with an admin key, a metrics
 port) and one gateway in front of it (a tenants file without one, a metrics port), both
-with a read timeout of 1 s.
+with a read timeout of 1 s and a body timeout of 3 s.
 """
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import time
@@ -19,13 +20,14 @@ import httpx
 import pytest
 import yaml
 
-from tests.gateway.processes import KEYS, Process, gateway, sim_upstream, tenants_file
+from tests.gateway.processes import KEYS, Process, gateway, metrics, sim_upstream, tenants_file
 from tests.gateway.redis_server import free_port
 from tokenfair.edge.defaults import DEFAULT_MAX_BODY_BYTES
 from tokenfair.edge.tenants import hash_key
 
 pytestmark = pytest.mark.slow
 ADMIN = "admin-key"
+SUCCESS = "tokenfair:request_success_total"
 
 
 def _key(tenant: str) -> dict[str, str]:
@@ -42,11 +44,11 @@ def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     metrics_port = free_port()
     server = sim_upstream(
         tmp, "server", "--tenants", str(server_tenants), "--metrics-port", str(metrics_port),
-        "--read-timeout", "1", profile="fixed:0.002",
+        "--read-timeout", "1", "--body-timeout", "3", profile="fixed:0.002",
     )  # fmt: skip
     server.metrics_port = metrics_port
     upstream = {"url": server.url + "/v1", "models": ["sim"], "max_concurrent": 8}
-    gw = gateway(tmp, [{**upstream, "api_key": KEYS["other"]}], read_timeout_s=1)
+    gw = gateway(tmp, [{**upstream, "api_key": KEYS["other"]}], read_timeout_s=1, body_timeout_s=3)
     try:
         yield {"server": server, "gateway": gw, "tmp": tmp, "server_tenants": server_tenants}
     finally:
@@ -110,6 +112,88 @@ def test_metrics_are_the_operators(edge: dict[str, Any]) -> None:
         assert httpx.get(process.metrics_url + "/health", timeout=10).status_code == 200
         elsewhere = httpx.post(process.metrics_url + "/v1/completions", json={}, timeout=10)
         assert _answer(elsewhere)[:2] == (404, "not_found")
+    # /health answers anyone with its status alone; the gateway names its upstreams to
+    # the operator only.
+    for headers in ({}, _key("light")):
+        assert httpx.get(gw.url + "/health", headers=headers, timeout=10).json() == {"status": "ok"}
+    operator_view = httpx.get(gw.metrics_url + "/health", timeout=10).json()
+    assert operator_view == {"status": "ok", "upstreams": ["upstream-0"]}
+
+
+def test_api_docs_are_off_by_default(edge: dict[str, Any]) -> None:
+    for process in (edge["server"], edge["gateway"]):
+        for path in ("/docs", "/redoc", "/openapi.json", "/docs/oauth2-redirect"):
+            for headers in ({}, _key("light")):
+                answer = httpx.get(process.url + path, headers=headers, timeout=10)
+                assert _answer(answer)[:2] == (404, "not_found"), (process.args[-1], path)
+
+
+def _delta(
+    before: dict[tuple[str, tuple[tuple[str, str], ...]], float],
+    after: dict[tuple[str, tuple[tuple[str, str], ...]], float],
+    name: str,
+    **labels: str,
+) -> float:
+    key = (name, tuple(sorted(labels.items())))
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+def test_the_same_traffic_counts_the_same_on_both(edge: dict[str, Any]) -> None:
+    """Requests through the gateway, which sends them all to the server as its own
+    tenant: a request of n=3 choices (streamed and not) and plain ones count as the
+    same requests and the same prompt tokens (each prompt once, as usage reports it)
+    at both ends; the server's choice families count the engine's requests."""
+    server, gw = edge["server"], edge["gateway"]
+    as_sent = "other"  # the gateway's upstream api_key is this tenant's key
+    before = {server: metrics(server), gw: metrics(gw)}
+    bodies = [
+        ("/v1/completions", {"prompt": "three choices of this", "n": 3, "max_tokens": 3}),
+        ("/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "three streamed choices"}],
+            "n": 3, "max_tokens": 2, "stream": True,
+        }),
+        ("/v1/completions", {"prompt": "one plain prompt", "max_tokens": 4}),
+        ("/v1/completions", {"prompt": "and another, streamed", "max_tokens": 2, "stream": True}),
+    ]  # fmt: skip
+    usage = {"prompt_tokens": 0, "completion_tokens": 0}
+    for path, body in bodies:
+        with httpx.stream(
+            "POST", gw.url + path, json={"model": "sim", **body}, headers=_key("light"),
+            timeout=30,
+        ) as answer:  # fmt: skip
+            assert answer.status_code == 200
+            text = answer.read().decode()
+        if body.get("stream"):
+            assert text.rstrip().endswith("data: [DONE]")
+        else:
+            for key in usage:
+                usage[key] += json.loads(text)["usage"][key]
+    deadline = time.monotonic() + 30  # the gateway counts a request as it lets it go
+    while True:
+        after = {server: metrics(server), gw: metrics(gw)}
+        ended = _delta(before[gw], after[gw], SUCCESS, tenant="light", finished_reason="length")
+        if ended >= len(bodies) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+
+    def both(name: str, **labels: str) -> tuple[float, float]:
+        at_server = _delta(before[server], after[server], name, tenant=as_sent, **labels)
+        return at_server, _delta(before[gw], after[gw], name, tenant="light", **labels)
+
+    assert both(SUCCESS, finished_reason="length") == (len(bodies), len(bodies))
+    prompt_tokens = both("tokenfair:prompt_tokens_total")
+    assert prompt_tokens[0] == prompt_tokens[1] > 0
+    generated = both("tokenfair:generation_tokens_total")
+    assert generated == (3 * 3 + 3 * 2 + 4 + 2,) * 2
+    assert both("tokenfair:e2e_request_latency_seconds_count") == (len(bodies), len(bodies))
+    # Per choice, the server's own families: what its engine ran.
+    per_choice = _delta(before[server], after[server], "tokenfair:choice_prompt_tokens_total",
+                        tenant=as_sent)  # fmt: skip
+    assert per_choice > prompt_tokens[0]  # the n=3 requests' prompts, once per choice
+    choices = _delta(before[server], after[server], "tokenfair:choice_success_total",
+                     tenant=as_sent, finished_reason="length")  # fmt: skip
+    assert choices == 3 + 3 + 1 + 1
+    assert usage["completion_tokens"] == 3 * 3 + 4
 
 
 def _closed_by_peer(sock: socket.socket, deadline: float) -> bool:
@@ -151,6 +235,35 @@ def test_slow_clients_are_cut_off(edge: dict[str, Any]) -> None:
             timeout=30,
         )
         assert ok.status_code == 200
+
+
+def test_a_body_trickled_in_is_cut_off_at_its_deadline(edge: dict[str, Any]) -> None:
+    """A body sent a byte every 0.2 s never pauses as long as the read timeout (1 s),
+    but it must be in whole within the body timeout (3 s) of the headers' end: past it
+    the connection is closed, on the server and on the gateway alike."""
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+        + KEYS["light"].encode()
+        + b"\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{"
+    )
+    for process in (edge["server"], edge["gateway"]):
+        sock = socket.create_connection(("127.0.0.1", process.port))
+        sock.settimeout(0.2)
+        sock.sendall(head)
+        start = time.monotonic()
+        closed = False
+        while not closed and time.monotonic() - start < 30:  # a bound, not a speed
+            try:
+                sock.sendall(b" ")
+                closed = sock.recv(4096) == b""
+            except TimeoutError:
+                continue
+            except OSError:  # reset, or a broken pipe
+                closed = True
+        took = time.monotonic() - start
+        sock.close()
+        assert closed, (process.args[-1], "still reading after 30 s")
+        assert took >= 2.5, (process.args[-1], took)  # not before the deadline
 
 
 def _tenants_in(process: Process, headers: dict[str, str] | None = None) -> set[str]:

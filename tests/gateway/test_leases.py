@@ -8,6 +8,7 @@ two gateway processes in front of one upstream.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 
@@ -186,11 +187,14 @@ def test_two_gateway_processes_share_an_upstream_s_capacity(tmp_path: Path) -> N
         redis.stop()
 
 
-def test_with_redis_gone_every_replica_dispatches_within_its_share(tmp_path: Path) -> None:
+def test_with_redis_gone_every_replica_dispatches_within_its_share(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Fail open: a replica that was giving its slots back (the other had the better
     claim) must not let its lease follow its running requests down to nothing while
     Redis is away. Within gateway_ttl_s it keeps what it holds; after it, each replica
-    holds exactly its share."""
+    holds exactly its share. Each replica warns of the outage, and says at INFO that
+    Redis answers again."""
     redis = RedisServer(tmp_path)
     redis.start()
 
@@ -237,7 +241,11 @@ def test_with_redis_gone_every_replica_dispatches_within_its_share(tmp_path: Pat
             await two.ledger.close()
             redis.stop()
 
-    asyncio.run(run())
+    with caplog.at_level(logging.INFO, logger="tokenfair.gateway"):
+        asyncio.run(run())
+    said = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert [level for level, text in said if "is unreachable" in text] == [logging.WARNING] * 2
+    assert [level for level, text in said if "answers again:" in text] == [logging.INFO] * 2
 
 
 def test_a_replica_started_while_redis_is_down_dispatches(tmp_path: Path) -> None:

@@ -1,10 +1,12 @@
 """One metric vocabulary for the server and the gateway, and one dashboard for both.
 
 A `tokenfair serve --model sim:` server behind a gateway (with Redis, so that the lease
-series exist too), real requests through both, then each process's /metrics read:
-every shared family has the same name, type and labels in both; a 4xx is counted as a
-refusal, never as a success; and every query of docs/grafana-tokenfair.json reads
-metrics, with the labels it groups by, that the processes its row is for export.
+series exist too, and tenants in groups, so that the group series do), real requests
+through both, then each process's /metrics read: every shared family has the same name,
+type and labels in both; a 4xx is counted as a refusal, never as a success; every query
+of docs/grafana-tokenfair.json reads metrics, with the labels it groups by, that the
+processes its row is for export; and every family either process exports is shown by
+some panel of a row for that process.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.gateway.processes import KEYS, Process, gateway, sim_upstream
-from tests.gateway.redis_server import RedisServer
+from tests.gateway.processes import KEYS, Process, gateway, sim_upstream, tenants_file
+from tests.gateway.redis_server import RedisServer, free_port
 from tokenfair.edge import metric_families
 from tokenfair.edge.metric_families import Family
 
@@ -52,6 +55,23 @@ class Scrape:
         return sum(1 for found in self.samples.get(name, []) if labels.items() <= found.items())
 
 
+def _grouped_tenants(tmp_path: Path) -> Path:
+    """The tests' tenants, light in org-a/search and heavy in org-a: group series."""
+    data = yaml.safe_load(tenants_file(tmp_path).read_text())
+    data["groups"] = {"org-a": {"weight": 2, "groups": {"search": {"weight": 1}}}}
+    for tenant in data["tenants"]:
+        if tenant["name"] in ("light", "heavy"):
+            tenant["group"] = "org-a/search" if tenant["name"] == "light" else "org-a"
+    path = tmp_path / "grouped.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _family(name: str) -> str:
+    """A sample's family as the parser names it (no _total, _bucket, _sum, _count)."""
+    return re.sub(r"_(total|bucket|sum|count)$", "", name)
+
+
 def _traffic(server: Process, gw: Process) -> None:
     light = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEYS["light"], max_retries=0)
     stream = light.chat.completions.create(
@@ -70,6 +90,7 @@ def _traffic(server: Process, gw: Process) -> None:
     direct = httpx.post(
         server.url + "/v1/completions",
         json={"model": "sim", "prompt": "x", "max_tokens": 2, "echo": True},
+        headers={"Authorization": f"Bearer {KEYS['light']}"},
         timeout=10,
     )
     assert direct.status_code == 400
@@ -89,12 +110,20 @@ def _rows(dashboard: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 def test_the_server_and_the_gateway_speak_one_vocabulary(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
-    server = sim_upstream(tmp_path, "sim", "--enable-prefix-caching")
+    grouped = _grouped_tenants(tmp_path)
+    metrics_port = free_port()
+    server = sim_upstream(
+        tmp_path, "sim", "--enable-prefix-caching", "--tenants", str(grouped),
+        "--metrics-port", str(metrics_port),
+    )  # fmt: skip
+    server.metrics_port = metrics_port
     gw = gateway(
         tmp_path,
-        [{"url": server.url + "/v1", "models": ["sim"], "max_concurrent": 4}],
+        [{"url": server.url + "/v1", "models": ["sim"], "max_concurrent": 4,
+          "api_key": KEYS["other"]}],
         redis={"url": redis_server.url, "namespace": "vocabulary"},
-    )
+        tenants=str(grouped),
+    )  # fmt: skip
     try:
         _traffic(server, gw)
         scrapes = {"server": Scrape(server), "gateway": Scrape(gw)}
@@ -102,11 +131,8 @@ def test_the_server_and_the_gateway_speak_one_vocabulary(
         gw.stop()
         server.stop()
 
-    # Names, types and labels: the same in both (the group families only with groups).
+    # Names, types and labels: the same in both.
     for family in SHARED:
-        if "group" in family.labels:
-            assert not any(family.name in s.types for s in scrapes.values()), family.name
-            continue
         for role, scrape in scrapes.items():
             kind = "histogram" if family.buckets else scrape.types.get(family.name)
             assert family.name in scrape.types, (role, family.name)
@@ -137,8 +163,11 @@ def test_the_server_and_the_gateway_speak_one_vocabulary(
         "tokenfair:requests_rejected_total", tenant="tight", reason="context_length_exceeded"
     )
     assert scrapes["server"].value_count(
-        "tokenfair:requests_rejected_total", tenant="default", reason="invalid_value"
+        "tokenfair:requests_rejected_total", tenant="light", reason="invalid_value"
     )
+    for scrape in scrapes.values():  # by path, every level of the tree
+        groups = {labels["group"] for labels in scrape.samples["tokenfair:group_weight"]}
+        assert groups == {"org-a", "org-a/search"}
 
     # The dashboard: each query reads metrics its row's processes export, and groups by
     # labels those metrics carry.
@@ -168,3 +197,21 @@ def test_the_server_and_the_gateway_speak_one_vocabulary(
                         assert grouped <= carried, (role, panel["title"], name, grouped - carried)
                 checked += 1
     assert checked >= 20
+
+    # Every family each process exports is on the dashboard: in a panel of a row for
+    # that process (the instance list reads build_info).
+    shown: dict[str, set[str]] = {role: {"tokenfair:build_info"} for role in COMMANDS}
+    for row, panel in _rows(dashboard):
+        for role, command in COMMANDS.items():
+            if command in row:
+                for target in panel["targets"]:
+                    shown[role] |= {
+                        _family(name)
+                        for name in re.findall(r"tokenfair:[a-z0-9_]+", target["expr"])
+                    }
+    for role, scrape in scrapes.items():
+        missing = sorted(name for name in scrape.types if name.startswith("tokenfair:")
+                         and name not in shown[role])  # fmt: skip
+        assert not missing, (role, "exported but on no panel", missing)
+    for family in SHARED:  # the shared ones on the rows both processes have
+        assert all(family.name in names for names in shown.values()), family.name

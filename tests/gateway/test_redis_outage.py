@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 
+import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -84,9 +86,12 @@ def test_charges_carried_by_failing_calls_are_all_counted(redis_server: RedisSer
     asyncio.run(run())
 
 
-def test_the_store_recovers_once_and_stays_recovered(redis_server: RedisServer) -> None:
+def test_the_store_recovers_once_and_stays_recovered(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
     """Pooled connections from before the outage are dead when Redis returns; calls
-    made on them after the reconciliation must not start another outage."""
+    made on them after the reconciliation must not start another outage. The outage is
+    one warning; the recovery one line at INFO (news, not a problem)."""
 
     async def run() -> None:
         store = RedisCounterStore(
@@ -111,4 +116,8 @@ def test_the_store_recovers_once_and_stays_recovered(redis_server: RedisServer) 
         finally:
             await store.close()
 
-    asyncio.run(run())
+    with caplog.at_level(logging.INFO, logger="tokenfair.gateway"):
+        asyncio.run(run())
+    said = [(r.levelno, r.getMessage()) for r in caplog.records]
+    assert [level for level, text in said if "is unreachable" in text] == [logging.WARNING]
+    assert [level for level, text in said if "answers again:" in text] == [logging.INFO]

@@ -93,6 +93,9 @@ def test_a_reader_passes_events_on_as_they_came_and_counts_their_tokens():
     odd = event({"choices": ["?", {"delta": {"content": "ab"}, "finish_reason": "length"}]})
     assert reader.feed(odd) == odd
     assert counted == [5, 1, 2] and reader.finish_reason == "length"
+    # With several choices the request ended as its first did (the server counts it so).
+    later = event({"choices": [{"index": 1, "delta": {}, "finish_reason": "stop"}]})
+    assert reader.feed(later) == later and reader.finish_reason == "length"
     # The usage-only chunk the gateway asked for itself is held back.
     usage = event({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 8}})
     assert reader.feed(usage + b"data: [DONE]\n\n") == b"data: [DONE]\n\n"

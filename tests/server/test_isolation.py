@@ -273,7 +273,9 @@ def test_admin_reaches_a_tenant_whose_name_has_a_slash(server_dir):
             assert changed.status_code == 200, changed.text
             assert changed.json() == {"name": "org/team", "weight": weight}
         assert server.metric("tokenfair:tenant_weight", tenant="org/team") == 4.0
-        for weight in ("3", True):  # strict: a number, not something that converts to one
+        # strict: a number, not something that converts to one; and in the weights'
+        # range (core/weights.py): 1e-320 would make every counter infinite
+        for weight in ("3", True, 1e-320, 0.001, 1000.0):
             refused = httpx.post(
                 f"{server.url}/admin/tenants/org/team/weight",
                 json={"weight": weight},

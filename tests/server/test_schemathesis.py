@@ -22,8 +22,9 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def fuzz_server(server_dir) -> Iterator[Server]:
     server = launch(
-        server_dir, "--model", "sim:zero", "--kv-tokens", "65536", tenants=tenants_data()
-    )
+        server_dir, "--model", "sim:zero", "--kv-tokens", "65536", "--api-docs",
+        tenants=tenants_data(),
+    )  # fmt: skip
     yield server
     server.stop()
 

@@ -3,7 +3,9 @@
 `tokenfair serve` writes tokens from the engine's step callback while a client keeps
 up; once the client's socket is full they wait in the server and go out through the
 response's task as the client reads. Under another ASGI server (no chunk writer) the
-task writes every token. Either way the client gets every token and the end.
+task writes every token. Either way the client gets every token and the end. What
+waits for one stream is bounded (`--max-stream-buffer-bytes`): past it the stream is
+cut, its generation stopped, and the client finds an error event after what it got.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httptools
 import httpx
@@ -21,18 +24,41 @@ import pytest
 from tests.server.conftest import KEYS, Server, free_port, launch, tenants_data
 
 TOKENS = 40_000  # ~5 MB of events: more than the kernel buffers a stuck client's socket
+BOUND = 256 << 10  # the bounded server's --max-stream-buffer-bytes
+SUCCESS = "tokenfair:request_success_total"
+CUT = "tokenfair:stream_backpressure_total"  # streams cut for their backlog
+
+
+def long_streams_allowed(tokens: int) -> dict[str, object]:
+    """The test tenants, team-a allowed `tokens` per request."""
+    tenants = tenants_data()
+    for tenant in tenants["tenants"]:  # type: ignore[union-attr]
+        if tenant["name"] == "team-a":
+            tenant["max_tokens_per_request"] = tokens
+    return tenants
 
 
 @pytest.fixture(scope="module")
 def zero_server(server_dir) -> Iterator[Server]:
-    """sim:zero: steps cost nothing, so a stream outruns any reader."""
-    tenants = tenants_data()
-    for tenant in tenants["tenants"]:  # type: ignore[union-attr]
-        if tenant["name"] == "team-a":
-            tenant["max_tokens_per_request"] = 2 * TOKENS
+    """sim:zero: steps cost nothing, so a stream outruns any reader. Its streams may
+    hold more than a whole answer: here slow clients are served to the end."""
     server = launch(
-        server_dir, "--model", "sim:zero", "--kv-tokens", str(2 * TOKENS), tenants=tenants
-    )
+        server_dir, "--model", "sim:zero", "--kv-tokens", str(2 * TOKENS),
+        "--max-stream-buffer-bytes", str(64 << 20),
+        tenants=long_streams_allowed(2 * TOKENS),
+    )  # fmt: skip
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def bounded_server(server_dir) -> Iterator[Server]:
+    """sim:zero with streams bounded at BOUND bytes."""
+    server = launch(
+        server_dir, "--model", "sim:zero", "--kv-tokens", str(4 * TOKENS),
+        "--max-stream-buffer-bytes", str(BOUND),
+        tenants=long_streams_allowed(4 * TOKENS),
+    )  # fmt: skip
     yield server
     server.stop()
 
@@ -43,11 +69,12 @@ def events_of(body: bytes) -> list[dict]:
     return [json.loads(event.removeprefix("data: ")) for event in events[:-2]]
 
 
-def stream_body(model: str, tokens: int) -> dict:
+def stream_body(model: str, tokens: int, n: int = 1) -> dict:
     return {
         "model": model,
         "prompt": "read me slowly",
         "max_tokens": tokens,
+        "n": n,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
@@ -67,11 +94,8 @@ class Response:
         self.complete = True
 
 
-def read_slowly(server: Server, body: dict, tenant: str = "team-a") -> bytes:
-    """Stream over a socket with a tiny receive buffer; read nothing until the server
-    reports the socket full (backpressure), then read everything."""
-    metric = "tokenfair:stream_backpressure_total"
-    before = server.metric(metric, tenant=tenant)
+def stuck_client(server: Server, body: dict, tenant: str = "team-a") -> socket.socket:
+    """A socket with a tiny receive buffer that has sent a request and reads nothing."""
     host, port = server.url.removeprefix("http://").split(":")
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -82,10 +106,18 @@ def read_slowly(server: Server, body: dict, tenant: str = "team-a") -> bytes:
         + f"Authorization: Bearer {KEYS[tenant]}\r\nContent-Length: {len(data)}\r\n\r\n".encode()
         + data
     )
+    return sock
+
+
+def wait_for_metric(server: Server, name: str, before: float, **labels: str) -> None:
     deadline = time.monotonic() + 60
-    while server.metric(metric, tenant=tenant) == before:
-        assert time.monotonic() < deadline, "the server never found the client's socket full"
+    while server.metric(name, **labels) == before:
+        assert time.monotonic() < deadline, f"{name} {labels} stayed at {before}"
         time.sleep(0.05)
+
+
+def read_all(sock: socket.socket) -> bytes:
+    """The rest of the response on `sock`, read as fast as it comes: its body."""
     response = Response()
     parser = httptools.HttpResponseParser(response)
     sock.settimeout(60)
@@ -96,6 +128,16 @@ def read_slowly(server: Server, body: dict, tenant: str = "team-a") -> bytes:
     sock.close()
     assert parser.get_status_code() == 200
     return b"".join(response.parts)
+
+
+def read_slowly(server: Server, body: dict, tenant: str = "team-a") -> bytes:
+    """Read nothing until the engine has generated the whole stream (all of it then
+    waits for the client, in the kernel's buffers and the server), then everything."""
+    ended = {"tenant": tenant, "finished_reason": "length"}
+    before = server.metric(SUCCESS, **ended)
+    sock = stuck_client(server, body, tenant)
+    wait_for_metric(server, SUCCESS, before, **ended)
+    return read_all(sock)
 
 
 def test_a_client_that_reads_slowly_gets_every_token_and_the_end(zero_server):
@@ -112,6 +154,42 @@ def test_a_client_that_reads_slowly_gets_every_token_and_the_end(zero_server):
         timeout=30,
     )
     assert quick.json()["usage"]["completion_tokens"] == 3
+
+
+def kernel_send_buffer_max() -> int:
+    """The most a TCP socket's kernel send buffer grows to (tcp_wmem's maximum)."""
+    return int(Path("/proc/sys/net/ipv4/tcp_wmem").read_text().split()[2])
+
+
+@pytest.mark.parametrize("n", [1, 8])
+def test_a_client_that_stops_reading_is_cut_at_the_bound(bounded_server, n):
+    """A stream that its client stopped reading holds at most the bound in the server:
+    past it the stream is cut (counted), its engine requests are aborted long before
+    their max_tokens, and the client, reading on, finds what it was sent (at most the
+    bound beyond the kernel's buffers), the error, the usage of exactly that, [DONE]."""
+    server = bounded_server
+    tokens = 3 * TOKENS // n  # 15 MB of events in all: far more than the kernel holds
+    cut_before = server.metric(CUT, tenant="team-a")
+    aborted = {"tenant": "team-a", "finished_reason": "abort"}
+    aborted_before = server.metric(SUCCESS, **aborted)
+    sock = stuck_client(server, stream_body("sim:zero", tokens, n))
+    wait_for_metric(server, CUT, cut_before, tenant="team-a")
+    wait_for_metric(server, SUCCESS, aborted_before, **aborted)
+    assert server.metric(CUT, tenant="team-a") == cut_before + 1  # one stream, once
+
+    body = read_all(sock)
+    chunks = events_of(body)
+    error, usage = chunks[-2]["error"], chunks[-1]["usage"]
+    assert error["code"] == "client_too_slow"
+    assert "--max-stream-buffer-bytes" in error["message"]
+    sent = [chunk["choices"][0] for chunk in chunks[:-2]]
+    assert {choice["index"] for choice in sent} == set(range(n))
+    assert all(choice["text"] == " tok" for choice in sent)  # sim: one token a chunk
+    assert usage["completion_tokens"] == len(sent)
+    assert len(sent) < n * tokens // 2  # cut, not run to its end
+    # Everything the server wrote for it: what the kernel's buffers took, then at most
+    # the bound plus the transport's own 64 KiB (and the events in hand at the cut).
+    assert len(body) < kernel_send_buffer_max() + BOUND + (256 << 10)
 
 
 @pytest.fixture(scope="module")

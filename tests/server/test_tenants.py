@@ -76,7 +76,24 @@ def test_load_reads_defaults_and_lowercases_hashes(tmp_path):
         ("tenants:\n  - weight: 1\n", "tenants.0.name: required key missing"),
         ("tenants:\n  - name: t\n  - name: t\n", "duplicate tenant name"),
         ("admin_key_sha256: nothex\n", "admin_key_sha256"),
-        ("tenants: [\n", "line"),
+        ("tenants: [\n", "tenants.yaml:2: not valid YAML"),
+        # Every mistake refused at its line: no weight out of range, no boolean for a
+        # number, no key given twice (YAML would keep the last one silently).
+        (
+            "tenants:\n  - name: t\n    weight: 1.0e-300\n",
+            "tenants.yaml:3: tenants.0.weight: must be",
+        ),
+        ("tenants:\n  - name: t\n    weight: 1000\n", "a number from 0.01 to 100"),
+        ("tenants:\n  - name: t\n    weight: true\n", "tenants.0.weight: must be a number"),
+        ("tenants:\n  - name: t\n    max_waiting: true\n", "expected a number, got the boolean"),
+        (
+            "tenants:\n  - name: t\n    weight: 1\n    weight: 5\n",
+            "tenants.yaml:4: the key 'weight' is given twice in one mapping (first at line 3)",
+        ),
+        (
+            "tenants:\n  - name: t\ntenants:\n  - name: u\n",
+            "tenants.yaml:3: the key 'tenants' is given twice",
+        ),
         ("- a\n- b\n", "expected a mapping"),
         ("tenants:\n  - name: t\n    max_waiting: -1\n", "tenants.0.max_waiting"),
         ("", "the file is empty"),  # a half-written file must not lock everyone out

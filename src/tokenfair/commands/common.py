@@ -39,6 +39,10 @@ ShutdownTimeout = Annotated[
     ),
 ]
 
+# The log lines of `tokenfair serve` and `tokenfair gateway` (uvicorn's too: they start
+# with no log config of uvicorn's own, so its lines reach the root logger).
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
 
 # What each extra brings that a command imports: the top-level modules to look for, so a
 # command that needs an extra says which one before it imports anything of it.

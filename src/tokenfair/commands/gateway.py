@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from tokenfair.commands.common import ShutdownTimeout, require_extra
+from tokenfair.commands.common import LOG_FORMAT, ShutdownTimeout, require_extra
 
 if TYPE_CHECKING:
     from tokenfair.gateway.config import GatewayConfig
@@ -82,18 +82,18 @@ def gateway(
     from tokenfair.commands.listeners import Server, bind
     from tokenfair.edge.read_timeout import read_timeout_protocol
 
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
     listen = settings.listen
     uv_config = uvicorn.Config(
         app,
         host=listen.host,
         port=listen.port,
         log_level=log_level,
+        # uvicorn's lines in the root logger's format (timestamps), not its own.
+        log_config=None,
         access_log=False,
         loop="uvloop",
-        http=read_timeout_protocol(settings.read_timeout_s),
+        http=read_timeout_protocol(settings.read_timeout_s, body_timeout_s=settings.body_timeout_s),
         proxy_headers=False,  # the client address is never used; skip the middleware
         timeout_graceful_shutdown=shutdown_timeout,
     )

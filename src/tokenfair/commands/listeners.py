@@ -1,15 +1,21 @@
 """The sockets `tokenfair serve` and `tokenfair gateway` listen on: the API port, and
 the metrics port when there is one (edge/operator_port.py), both served by one uvicorn
 server: the application tells them apart by the port a request came in on. And that
-server, which sets its start-up heap aside from the garbage collector."""
+server, which sets its start-up heap aside from the garbage collector, and, for
+`tokenfair serve`, ends what still runs at the end of its shutdown's grace period itself."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import logging
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
+
+log = logging.getLogger(__name__)
 
 
 def bind(
@@ -53,3 +59,53 @@ class Server(uvicorn.Server):
         gc.collect()
         gc.freeze()
         gc.set_threshold(YOUNG_COLLECTION_EVERY)
+
+
+# After the cut at the end of the grace period: the time the clients get to read their
+# answers' last events before their connections are closed, and then the margin before
+# uvicorn's own timeout, a backstop that should find nothing left.
+FLUSH_AFTER_CUT_S = 1
+BACKSTOP_AFTER_FLUSH_S = 1
+
+
+class GracefulServer(Server):
+    """A server whose shutdown ends the requests still running after the grace period
+    (`timeout_graceful_shutdown`) itself, through `cut`: each then answers as it should
+    (a stream its last events, a waiting request its 503) and the shutdown is an
+    orderly one. Left to uvicorn, their tasks would be cancelled at its timeout, with
+    an ERROR in the log for what is an ordinary stop of a server with long streams.
+    uvicorn's timeout moves later, to be the backstop for a request that did not end."""
+
+    def __init__(self, config: uvicorn.Config, cut: Callable[[], None]) -> None:
+        super().__init__(config)
+        self.cut = cut
+        self.grace_s = config.timeout_graceful_shutdown
+        if self.grace_s is not None:
+            config.timeout_graceful_shutdown = (
+                self.grace_s + FLUSH_AFTER_CUT_S + BACKSTOP_AFTER_FLUSH_S
+            )
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        ending = None if self.grace_s is None else asyncio.ensure_future(self._end_late())
+        try:
+            await super().shutdown(sockets)
+        finally:
+            if ending is not None:
+                ending.cancel()
+
+    async def _end_late(self) -> None:
+        assert self.grace_s is not None
+        await asyncio.sleep(self.grace_s)
+        self.cut()
+        await asyncio.sleep(FLUSH_AFTER_CUT_S)
+        # Connections still open now hold answers their clients have not read (a client
+        # that stopped reading): waiting for them would end in uvicorn's timeout.
+        unread = list(self.server_state.connections)
+        for connection in unread:
+            connection.transport.abort()
+        if unread:
+            log.warning(
+                "shutting down: closed %d connections whose clients had not read their "
+                "answers' ends",
+                len(unread),
+            )

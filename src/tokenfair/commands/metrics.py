@@ -33,7 +33,9 @@ def metrics(
     ] = None,
     window: Annotated[float, typer.Option(help="w: the rate window in seconds.")] = 60.0,
     warmup: Annotated[float, typer.Option(help="Seconds skipped at the start.", min=0.0)] = 30.0,
-    weights: Annotated[Path | None, typer.Option(help="JSON {client: weight > 0}.")] = None,
+    weights: Annotated[
+        Path | None, typer.Option(help="JSON {client: weight, 0.01 to 100}.")
+    ] = None,
     full: Annotated[bool, typer.Option(help="Print every per-tick series too.")] = False,
 ) -> None:
     """Print the fairness metrics of SPEC section 6 (Max/Avg/Var Diff, throughput,

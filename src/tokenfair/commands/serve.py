@@ -13,10 +13,17 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from tokenfair.commands.common import ShutdownTimeout, require_extra
-from tokenfair.edge.defaults import DEFAULT_MAX_BODY_BYTES, DEFAULT_READ_TIMEOUT_S
+from tokenfair.commands.common import LOG_FORMAT, ShutdownTimeout, require_extra
+from tokenfair.commands.conflicts import conflicting_options
+from tokenfair.edge.defaults import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_STREAM_BUFFER_BYTES,
+    DEFAULT_READ_TIMEOUT_S,
+)
 
 if TYPE_CHECKING:
+    from tokenfair.edge.directory import TenantDirectory
     from tokenfair.server.intake import Intake
 
 # One line however long (a policy spec, a path), never read as markup.
@@ -24,14 +31,19 @@ console = Console(stderr=True, soft_wrap=True)
 log = logging.getLogger("tokenfair.serve")
 
 
-def http_protocol(intake: Intake, read_timeout_s: float) -> str | type:
+def http_protocol(
+    intake: Intake, read_timeout_s: float, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+) -> str | type:
     """httptools with the chunk writer (see server/chunk_write.py) and read timeouts
     (edge/read_timeout.py), counting arrivals in `intake`, when installed."""
     if importlib.util.find_spec("httptools") is None:
         return "h11"
+    from tokenfair.edge.read_timeout import read_timeout_protocol
     from tokenfair.server.chunk_write import chunk_write_protocol
 
-    return chunk_write_protocol(intake, read_timeout_s)
+    return read_timeout_protocol(
+        read_timeout_s, chunk_write_protocol(intake, read_timeout_s), body_timeout_s
+    )
 
 
 ENGINE_ARRANGEMENTS = ("auto", "process", "thread")
@@ -51,6 +63,42 @@ def engine_arrangement(choice: str, model: str) -> str:
     from tokenfair.server.sim_model import SIM_PREFIX
 
     return "thread" if model.startswith(SIM_PREFIX) else "process"
+
+
+def summary(
+    name: str,
+    model: str,
+    policy: str,
+    arrangement: str,
+    kv_tokens: int,
+    directory: TenantDirectory,
+    tenants: Path | None,
+    host: str,
+    port: int,
+    metrics_port: int | None,
+    api_docs: bool,
+) -> str:
+    """The start-up line: what is served, how, to whom and where."""
+    served = model if name == model else f"{model} as {name!r}"
+    if tenants is not None:
+        count = len(directory.tenants)
+        admin = "an admin key" if directory.admin_enabled else "no admin key"
+        who = f"{count} tenant{'s' if count != 1 else ''} from {tenants} ({admin})"
+    elif directory.tenant_from_user:
+        who = "a tenant per request's user field"
+    else:
+        who = "one open tenant"
+    if metrics_port is not None:
+        metrics = f"; metrics on port {metrics_port}"
+    elif tenants is None or directory.admin_enabled:
+        metrics = "; metrics on the API port" + (" (admin key)" if tenants is not None else "")
+    else:
+        metrics = ""
+    return (
+        f"tokenfair serve: model {served}, policy {policy}, engine {arrangement}, KV pool "
+        f"{kv_tokens:,} tokens, {who}; on http://{host}:{port}{metrics}"
+        + ("; API docs on /docs" if api_docs else "")
+    )
 
 
 def _fail(message: str) -> typer.Exit:
@@ -103,6 +151,13 @@ def serve(
         ),
     ] = None,
     max_num_seqs: Annotated[int | None, typer.Option(help="Most requests running at once.")] = None,
+    share_seats: Annotated[
+        bool,
+        typer.Option(
+            help="When every seat is taken, a tenant over its weighted share of the seats "
+            "gives one up to a tenant waiting for one (VTC policies; docs/fairness.md)."
+        ),
+    ] = True,
     max_batched_tokens: Annotated[int | None, typer.Option(help="Most tokens per step.")] = None,
     block_size: Annotated[int | None, typer.Option(help="KV block size in tokens.")] = None,
     preemption: Annotated[str | None, typer.Option(help="recompute | swap.")] = None,
@@ -137,6 +192,14 @@ def serve(
     max_body_bytes: Annotated[
         int, typer.Option(help="Largest request body; bigger ones get 413.")
     ] = DEFAULT_MAX_BODY_BYTES,
+    max_stream_buffer_bytes: Annotated[
+        int,
+        typer.Option(
+            help="Bytes of events a stream may hold for a client reading slower than its "
+            "tokens come (beyond the kernel's socket buffer); past it the stream is cut "
+            "with an error event and its generation stopped (at least 64 KiB).",
+        ),
+    ] = DEFAULT_MAX_STREAM_BUFFER_BYTES,
     read_timeout: Annotated[
         float,
         typer.Option(
@@ -145,6 +208,22 @@ def serve(
             min=0.001,
         ),
     ] = DEFAULT_READ_TIMEOUT_S,
+    body_timeout: Annotated[
+        float,
+        typer.Option(
+            help="Seconds a client has, from the end of a request's headers, to send its "
+            "whole body; past it the connection is closed.",
+            min=0.001,
+        ),
+    ] = DEFAULT_BODY_TIMEOUT_S,
+    api_docs: Annotated[
+        bool,
+        typer.Option(
+            "--api-docs",
+            help="Serve /openapi.json, /docs and /redoc (off by default: they would be "
+            "open to anyone who reaches --port).",
+        ),
+    ] = False,
     max_waiting: Annotated[
         int, typer.Option(help="Requests waiting across tenants before 503.")
     ] = 4096,
@@ -170,6 +249,12 @@ def serve(
     if metrics_port is not None and metrics_port == port:
         # The server tells the two apart by the port a request came in on.
         raise _fail(f"--metrics-port must differ from --port ({port})")
+    conflict = conflicting_options(
+        model, tenants, tenant_from_user, metrics_host, metrics_port, device, dtype,
+        preemption, swap_tokens, enable_prefix_caching, charge_cached_tokens,
+    )  # fmt: skip
+    if conflict is not None:
+        raise _fail(conflict)
     require_extra("tokenfair serve", "server")
     from tokenfair.server.sim_model import SIM_PREFIX
 
@@ -181,7 +266,7 @@ def serve(
         )
     import uvicorn
 
-    from tokenfair.commands.listeners import Server, bind
+    from tokenfair.commands.listeners import GracefulServer, bind
     from tokenfair.core.scheduler import ConfigError
     from tokenfair.edge.directory import TenantDirectory
     from tokenfair.edge.tenants import TenantsFileError, load_tenants
@@ -192,7 +277,7 @@ def serve(
     from tokenfair.server.routes import FastPath
     from tokenfair.server.state import ServerConfig
 
-    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
     try:
         if tenants is not None:
             directory = TenantDirectory(load_tenants(tenants))
@@ -208,14 +293,17 @@ def serve(
         config = ServerConfig(
             default_max_tokens=default_max_tokens,
             max_body_bytes=max_body_bytes,
+            max_stream_buffer_bytes=max_stream_buffer_bytes,
             max_waiting_total=max_waiting,
             request_timeout_s=request_timeout,
             tenants_path=tenants,
             tenant_from_user=tenant_from_user,
             metrics_port=metrics_port,
+            api_docs=api_docs,
         )
         options = {
             "max_num_seqs": max_num_seqs,
+            "share_seats": share_seats,
             "max_batched_tokens": max_batched_tokens,
             "block_size": block_size,
             "preemption": preemption,
@@ -236,7 +324,8 @@ def serve(
             **{k: v for k, v in options.items() if v is not None},
         }
         runner: EngineClient | None = None
-        if engine_arrangement(engine, model) == "thread":
+        arrangement = engine_arrangement(engine, model)
+        if arrangement == "thread":
             served = build_served_model(model, **build)
         else:
             runner = EngineProcess.launch(
@@ -251,6 +340,11 @@ def serve(
     intake = Intake()
     app.state.server.engine.urgent_work = intake.pending
     has = importlib.util.find_spec
+    log.info(
+        "%s",
+        summary(served.name, model, policy, arrangement, served.kv_tokens, directory, tenants,
+                host, port, metrics_port, api_docs),
+    )  # fmt: skip
     if tenants is not None and metrics_port is None and not directory.admin_enabled:
         log.warning(
             "/metrics is not served: it shows every tenant's usage, so it needs "
@@ -261,8 +355,10 @@ def serve(
         host=host,
         port=port,
         loop="uvloop" if has("uvloop") else "asyncio",
-        http=http_protocol(intake, read_timeout),
+        http=http_protocol(intake, read_timeout, body_timeout),
         log_level=log_level.lower(),
+        # uvicorn's lines in the root logger's format (timestamps), not its own.
+        log_config=None,
         access_log=False,
         # No client addresses are read (tenants come from API keys, or from the trusted
         # tenant header behind a proxy): rewriting them from X-Forwarded-For per request
@@ -270,7 +366,7 @@ def serve(
         proxy_headers=False,
         timeout_graceful_shutdown=shutdown_timeout,
     )
-    server = Server(uv_config)
+    server = GracefulServer(uv_config, cut=app.state.server.cut_at_shutdown)
     sockets = bind(uv_config.app, host, port, metrics_host, metrics_port)
 
     async def main() -> None:

@@ -184,7 +184,7 @@ def simulate(
     weights: Annotated[
         Path | None,
         typer.Option(
-            help="JSON {client: weight > 0}, or a tree of groups with weights (docs/fairness.md),"
+            help="JSON {client: weight, 0.01 to 100}, or a tree of groups with weights (docs/fairness.md),"
             " for wvtc and the VTC family."
         ),
     ] = None,

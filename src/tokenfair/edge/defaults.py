@@ -11,3 +11,13 @@ DEFAULT_MAX_BODY_BYTES = 4 << 20
 # Seconds a client has to send a request's headers, and may pause inside its body
 # (edge/read_timeout.py).
 DEFAULT_READ_TIMEOUT_S = 30.0
+
+# Seconds a client has, from the end of a request's headers, to send its whole body
+# (edge/read_timeout.py): at 4 MiB, the largest body by default, about 70 KB/s.
+DEFAULT_BODY_TIMEOUT_S = 60.0
+
+# Bytes of events a stream may hold for a client that reads slower than its tokens come
+# before it is cut (server/backlog.py): several times a long answer's whole stream
+# (8,000 tokens stream as some 1.4 MB of events, about 170 bytes each), so only a client
+# that has stopped keeping up meets it.
+DEFAULT_MAX_STREAM_BUFFER_BYTES = 4 << 20

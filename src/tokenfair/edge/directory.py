@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from urllib.parse import unquote
 
 from tokenfair.core.share_tree import ShareTree, group_id
+from tokenfair.core.weights import check_weight
 from tokenfair.edge.errors import APIError, ErrorCode
 from tokenfair.edge.tenants import (
     ACTING_HEADER,
@@ -304,18 +305,18 @@ class TenantDirectory:
 
     # --- run-time changes (admin API) ---
     def set_group_weight(self, path: str, weight: float) -> None:
-        """Change a group's weight until the next reload; KeyError if unknown."""
-        if not weight > 0 or weight == float("inf"):
-            raise ValueError("weight must be a finite number > 0")
+        """Change a group's weight until the next reload; KeyError if unknown,
+        ValueError outside the weights' range (core/weights.py)."""
+        weight = check_weight(weight)
         with self._lock:
             if path not in self._group_weights:
                 raise KeyError(path)
             self._group_weights[path] = weight
 
     def set_weight(self, name: str, weight: float) -> Tenant:
-        """Change a tenant's weight until the next reload; KeyError if unknown."""
-        if not weight > 0 or weight == float("inf"):
-            raise ValueError("weight must be a finite number > 0")
+        """Change a tenant's weight until the next reload; KeyError if unknown,
+        ValueError outside the weights' range (core/weights.py)."""
+        weight = check_weight(weight)
         with self._lock:
             if name in self._by_name:
                 tenant = self._by_name[name] = self._by_name[name].model_copy(

@@ -53,6 +53,7 @@ class ErrorCode(StrEnum):
     TENANT_HEADER_NOT_ALLOWED = "tenant_header_not_allowed"
     TIMEOUT = "timeout"
     SHUTTING_DOWN = "shutting_down"
+    CLIENT_TOO_SLOW = "client_too_slow"  # a stream's backlog passed its bound
     NO_UPSTREAM = "no_upstream"
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
     ENGINE_DEAD = "engine_dead"

@@ -50,7 +50,7 @@ from tokenfair.share_groups import (
     share_tree,
     too_deep,
 )
-from tokenfair.yaml_lines import line_of, load_with_nodes
+from tokenfair.yaml_lines import line_of, load_with_nodes, validation_message, yaml_error
 
 OPEN_TENANT = "default"
 # The header with which a trusted proxy (a tenant with `acts_for_tenants`, such as a
@@ -75,8 +75,9 @@ def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
+# strict: a boolean is not a number here (`weight: true` is refused, not read as 1).
 class Tenant(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     name: TenantName
     group: str | None = Field(default=None, min_length=1)
@@ -103,7 +104,7 @@ class Tenant(BaseModel):
 
 
 class TenantsFile(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     admin_key_sha256: KeyHash | None = None
     trusted_tenant_header: str | None = Field(
@@ -185,7 +186,7 @@ def _check(file: TenantsFile) -> None:
 def _describe(error: ValidationError) -> tuple[tuple[int | str, ...], str]:
     first = error.errors()[0]
     loc = tuple(first["loc"])
-    message = first["msg"].removeprefix("Value error, ")
+    message = validation_message(first)
     if first["type"] == "extra_forbidden":
         message = "unknown key"
     elif first["type"] == "missing":
@@ -236,7 +237,5 @@ def load_tenants(path: str | Path) -> TenantsFile:
     try:
         data, root = load_with_nodes(text)
     except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        raise TenantsFileError(f"{path}:{where} not valid YAML") from None
+        raise TenantsFileError(yaml_error(error, str(path))) from None
     return parse_tenants(data, str(path), root)

@@ -4,7 +4,8 @@
 before its next step (so an abort is honoured before the next step and nothing races a
 step in progress), and each step's outputs come back in ONE hand-over, which the client
 appends to per-request streams (`RequestStream`) that readers take at their own pace. A
-slow reader therefore never stalls a step: its tokens queue up in its stream.
+slow reader therefore never stalls a step: its tokens queue up in its stream (the
+server bounds what waits for each of its clients: server/backlog.py).
 
 Two engines implement it: `AsyncEngine` (async_engine.py) steps the Engine on a thread
 of this process, and `EngineProcess` (engine_process.py) in a process of its own, where
@@ -64,6 +65,8 @@ class RequestStream:
         return self.request.request_id
 
     def _put(self, output: RequestOutput, offer: bool = True) -> None:
+        if self.done:  # cut (EngineClient.cut): its reader has stopped
+            return
         sink = self.sink
         if offer and sink is not None and not self._pending and sink(output):
             return
@@ -78,6 +81,22 @@ class RequestStream:
                 return []
             self._event.clear()
             await self._event.wait()
+        return self.take()
+
+    async def wait(self) -> None:
+        """Until an output waits to be taken, the stream is done, or `wake()` is called:
+        for a reader that has something else to wait for too (its client's socket)."""
+        if self._pending or self.done:
+            return
+        self._event.clear()
+        await self._event.wait()
+
+    def wake(self) -> None:
+        """End the reader's `wait()` now."""
+        self._event.set()
+
+    def take(self) -> list[RequestOutput]:
+        """Every output waiting now (none: empty), without waiting."""
         batch = list(self._pending)
         self._pending.clear()
         return batch
@@ -162,6 +181,19 @@ class EngineClient(abc.ABC):
         if request_id not in self.streams:
             return
         self._send_abort(request_id, reason)
+
+    def cut(self, request_id: str) -> None:
+        """Abort a request and end its stream now, with the outputs already delivered,
+        rather than at the engine's last output of it (which waits for the step in
+        progress, and for a slow reader's backlog before it). That output still comes,
+        for the metrics; what arrives meanwhile is never read. Unknown or finished ids:
+        no-op."""
+        stream = self.streams.get(request_id)
+        if stream is None or stream.done:
+            return
+        self._send_abort(request_id, FinishReason.ABORT)
+        stream.done = True
+        stream._event.set()
 
     async def call(self, fn: Callable[[Engine], T]) -> T:
         """Run `fn(engine)` where the engine steps, between two steps; return its result.

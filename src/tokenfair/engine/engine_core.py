@@ -141,7 +141,9 @@ def main(fd: int) -> int:
         return 0
     _, factory, kwargs, log_level = build
     try:
-        logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+        logging.basicConfig(
+            level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
         card, engine = factory(**kwargs)
     except (ValueError, OSError) as error:
         sock.sendall(frame([("failed", str(error))]))

@@ -208,7 +208,7 @@ class Gateway:
             return
         # Removed tenants' series go once nothing of theirs waits or runs.
         self.metrics.per_tenant.tenants_now(t.name for t in self.directory.tenants)
-        log.warning("tenants file reloaded")
+        log.info("tenants file reloaded: %d tenant(s)", len(self.directory.tenants))
 
     def token_counter(self, model: str) -> TokenCounter:
         return self._counters.get(model, self._estimate)

@@ -21,8 +21,12 @@ from pydantic import (
     model_validator,
 )
 
-from tokenfair.edge.defaults import DEFAULT_MAX_BODY_BYTES, DEFAULT_READ_TIMEOUT_S
-from tokenfair.yaml_lines import line_of, load_with_nodes
+from tokenfair.edge.defaults import (
+    DEFAULT_BODY_TIMEOUT_S,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_READ_TIMEOUT_S,
+)
+from tokenfair.yaml_lines import line_of, load_with_nodes, validation_message, yaml_error
 
 # Policies whose counters can be shared between gateway replicas (the store's VTC).
 SHARED_COUNTER_POLICIES = {
@@ -40,7 +44,16 @@ class GatewayConfigError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict: a boolean is not a number (`max_concurrent: true` is refused, not read as 1)
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class _At(ValueError):
+    """A mistake with its key path under the field (`(3, "url")`), for its line."""
+
+    def __init__(self, loc: tuple[int | str, ...], message: str) -> None:
+        super().__init__(message)
+        self.loc = loc
 
 
 class ListenConfig(_Strict):
@@ -57,6 +70,8 @@ class ListenConfig(_Strict):
         # The application tells the two apart by the port a request came in on.
         if self.metrics_port is not None and self.metrics_port == self.port:
             raise ValueError(f"metrics_port must differ from port ({self.port})")
+        if self.metrics_host is not None and self.metrics_port is None:
+            raise ValueError("metrics_host is the address of metrics_port: give metrics_port too")
         return self
 
 
@@ -216,6 +231,10 @@ class GatewayConfig(_Strict):
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=1024)
     # A client's time to send a request's headers, and its longest pause in the body.
     read_timeout_s: float = Field(default=DEFAULT_READ_TIMEOUT_S, gt=0)
+    # A client's time, from the end of a request's headers, to send its whole body.
+    body_timeout_s: float = Field(default=DEFAULT_BODY_TIMEOUT_S, gt=0)
+    # Serve /openapi.json, /docs and /redoc (open to whoever reaches the API port).
+    api_docs: bool = False
     gateway_id: str | None = None
     # The key of the per-tenant cache salts the gateway sends upstream (the same in
     # every replica, like the Redis namespace); without it the salts are keyed by the
@@ -261,15 +280,44 @@ class GatewayConfig(_Strict):
 
     @field_validator("upstreams")
     @classmethod
-    def _unique_names(cls, upstreams: list[UpstreamConfig]) -> list[UpstreamConfig]:
-        seen: set[str] = set()
+    def _unique_upstreams(cls, upstreams: list[UpstreamConfig]) -> list[UpstreamConfig]:
+        """Each upstream once, by name and by URL."""
+        names: set[str] = set()
+        urls: dict[str, UpstreamConfig] = {}
         for index, upstream in enumerate(upstreams):
             if upstream.name is None:
                 upstream.name = f"upstream-{index}"
-            if upstream.name in seen:
-                raise ValueError(f"the name {upstream.name!r} of upstream {index} is used twice")
-            seen.add(upstream.name)
+            if upstream.name in names:
+                raise _At(
+                    (index, "name"), f"the name {upstream.name!r} of upstream {index} is used twice"
+                )
+            names.add(upstream.name)
+            same = urls.setdefault(same_engine(upstream.url), upstream)
+            if same is not upstream:
+                raise _At(
+                    (index, "url"),
+                    f"{upstream.url} is upstream {same.name!r} already: one engine listed twice "
+                    "would have its capacity counted twice (list it once, with all its models)",
+                )
         return upstreams
+
+    @model_validator(mode="after")
+    def _no_setting_ignored(self) -> GatewayConfig:
+        """Two settings of which one would be silently ignored are refused together."""
+        if self.tenant_from_user and self.tenants is not None:
+            raise _At(
+                ("tenant_from_user",),
+                "tenant_from_user and tenants exclude each other: with a tenants file the "
+                "API key names the tenant and `user` is only a label; remove one",
+            )
+        if "order_within_tenant" in self.model_fields_set and not self.shared_counters:
+            raise _At(
+                ("order_within_tenant",),
+                f"order_within_tenant orders a tenant's requests under the counter policies "
+                f"({', '.join(SHARED_COUNTER_POLICIES)}); policy {self.policy!r} orders every "
+                "request itself: remove one",
+            )
+        return self
 
     @property
     def shared_counters(self) -> bool:
@@ -284,6 +332,14 @@ class GatewayConfig(_Strict):
         for upstream in self.upstreams:
             models.extend(m for m in upstream.models if m not in models)
         return models
+
+
+def same_engine(url: str) -> str:
+    """An upstream URL (without its trailing / or /v1) as one engine has it: the host
+    in lower case, the scheme's port written out; names are not resolved."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme.lower() == "https" else 80)
+    return f"{parts.scheme.lower()}://{(parts.hostname or '').lower()}:{port}{parts.path}"
 
 
 def _user_policy(spec: str) -> str:
@@ -312,11 +368,7 @@ def parse_config(
     try:
         data, root = load_with_nodes(text)
     except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f"{source}:{mark.line + 1}" if mark is not None else source
-        raise GatewayConfigError(
-            f"{where}: not valid YAML: {getattr(error, 'problem', error)}"
-        ) from None
+        raise GatewayConfigError(yaml_error(error, source)) from None
     if not isinstance(data, dict):
         raise GatewayConfigError(f"{source}: expected a mapping of settings at the top level")
     try:
@@ -326,10 +378,11 @@ def parse_config(
         loc = tuple(
             p for p in first["loc"] if not (isinstance(p, str) and p.startswith("function-"))
         )
+        loc += getattr(first.get("ctx", {}).get("error"), "loc", ())
         key = ".".join(str(p) for p in loc) or "(top level)"
         line = line_of(root, loc)
         where = f"{source}:{line}" if line else source
-        message = first["msg"].removeprefix("Value error, ")
+        message = validation_message(first)
         raise GatewayConfigError(f"{where}: {key}: {message}") from None
     config.base_dir = base_dir or Path(".")
     config.source = source

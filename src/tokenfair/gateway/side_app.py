@@ -3,7 +3,9 @@ server's error handlers, and the gateway's lifecycle.
 
 - /v1/models and /v1/models/{id}: the models the upstreams serve, to a tenant's key (as
   the server answers, and OpenAI);
-- /health: 200 while some upstream is in rotation, no key;
+- /health: 200 while some upstream is in rotation, no key; which upstreams, only to
+  the operator (the metrics port, or the admin key);
+- /openapi.json, /docs, /redoc: only with `api_docs: true` (then to anyone);
 - /metrics, /v1/gateway/state, /v1/gateway/requests/recent: the operator's pages, open
   on the metrics port, behind the admin key on the API port (edge/operator_port.py);
 - /admin/...: weight changes, behind the admin key;
@@ -64,13 +66,29 @@ def side_app(gateway: SideParts) -> FastAPI:
         finally:
             await gateway.close()
 
-    app = FastAPI(title="tokenfair gateway", lifespan=lifespan)
+    docs = gateway.config.api_docs
+    app = FastAPI(
+        title="tokenfair gateway",
+        lifespan=lifespan,
+        openapi_url="/openapi.json" if docs else None,
+        docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None,
+    )
     install_error_handlers(app)
     metrics_port = gateway.config.listen.metrics_port
 
     def operator(request: Request, page: str) -> None:
         if not on_port(request.scope, metrics_port):
             gateway.directory.check_operator(request.headers.get("authorization"), page, PORT_HINT)
+
+    def is_operator(request: Request) -> bool:
+        """Whether the operator asks: on the metrics port, or with the admin key (or
+        without a tenants file, where the operator's pages are open)."""
+        try:
+            operator(request, "/health")
+        except APIError:
+            return False
+        return True
 
     def tenant_key(request: Request) -> None:
         gateway.directory.authenticate(request.headers.get("authorization"), request.headers)
@@ -109,10 +127,12 @@ def side_app(gateway: SideParts) -> FastAPI:
             )
 
     @app.get("/health")
-    async def health() -> JSONResponse:
+    async def health(request: Request) -> JSONResponse:
         healthy = [u.name for u in gateway.pool.upstreams if u.healthy]
         if not healthy:
             raise APIError(503, "no upstream is in rotation", code=ErrorCode.NO_UPSTREAM)
+        if not is_operator(request):  # a probe, or anyone: the status alone
+            return JSONResponse({"status": "ok"})
         return JSONResponse({"status": "ok", "upstreams": healthy})
 
     @app.get("/metrics")

@@ -1,7 +1,8 @@
 """The FastAPI application: `create_app(model, tenants, config)`.
 
 Endpoints: /v1/completions, /v1/chat/completions (routes), /v1/models, /health,
-/metrics (Prometheus text), /admin/* (admin), /openapi.json. The engine (on a thread of
+/metrics (Prometheus text), /admin/* (admin); /openapi.json, /docs and /redoc only
+when the config asks for them (`--api-docs`: they answer anyone). The engine (on a thread of
 this process, or an EngineProcess already launched) starts with the app and stops with
 it; on shutdown requests still in flight are aborted.
 """
@@ -65,11 +66,15 @@ def create_app(
                 engine.abort(request_id)
             await engine.stop()
 
+    docs = config.api_docs
     app = FastAPI(
         title="tokenfair",
         summary="OpenAI-compatible LLM server with fair sharing between tenants (VTC)",
         version="0.1.0",
         lifespan=lifespan,
+        openapi_url="/openapi.json" if docs else None,
+        docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None,
     )
     app.state.server = state
     install_error_handlers(app)

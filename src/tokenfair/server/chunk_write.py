@@ -14,9 +14,10 @@ stream's tokens, its end included, itself. `ready()` is False, and the callback 
 nothing, whenever uvicorn's own `send` would do more than that: before the response started,
 after it completed, after a disconnect, without chunked encoding, and under
 backpressure (the transport paused writing). The caller then hands the outputs to the
-stream's task, whose `send` waits for the socket as usual, so a slow client still never
-stalls a step. Under another ASGI server there is no extension and the task path serves
-every token.
+stream's task, which holds them until the socket has room again (`on_writable`), so a
+slow client never stalls a step, and which can see how much waits in the transport
+(`buffered`) to bound what a client that reads too slowly costs. Under another ASGI
+server there is no extension and the task path serves every token.
 """
 
 from __future__ import annotations
@@ -35,12 +36,15 @@ class ChunkWriter:
     """Synchronous chunk writes for one uvicorn request-response cycle, and the news of
     its client's disconnect."""
 
-    __slots__ = ("counted", "cycle", "intake", "on_disconnect")
+    __slots__ = ("counted", "cycle", "intake", "on_disconnect", "on_writable")
 
     def __init__(self, cycle: Any, intake: Intake | None = None) -> None:
         self.cycle = cycle
         # Called (on the loop) when the connection is lost before the response completed.
         self.on_disconnect: Callable[[], None] | None = None
+        # Called (on the loop) when the transport resumes writing: the client has read
+        # enough of what waited that the socket has room again.
+        self.on_writable: Callable[[], None] | None = None
         self.intake = intake
         self.counted = intake is not None  # in intake.arrived until its handler starts
         if intake is not None:
@@ -73,9 +77,9 @@ class ChunkWriter:
         )
 
     @property
-    def paused(self) -> bool:
-        """The client's socket is full: the transport paused writing."""
-        return bool(self.cycle.flow.write_paused)
+    def buffered(self) -> int:
+        """Bytes written that wait in the transport, beyond what the kernel took."""
+        return int(self.cycle.transport.get_write_buffer_size())
 
     def write(self, data: bytes) -> None:
         """Write `data` as one chunk of the body; only when `ready()`."""
@@ -92,6 +96,23 @@ class ChunkWriter:
         if not cycle.keep_alive:
             cycle.transport.close()
         cycle.on_response()
+
+    def finish(self, data: bytes) -> bool:
+        """Write `data` as the body's last chunk and complete the response even while
+        the client's socket is full (the transport keeps it until the client reads):
+        a stream's last few events, so that ending a stream never waits for a slow
+        client. False, writing nothing, when the response cannot take a body (not
+        started, already complete, the client gone)."""
+        cycle = self.cycle
+        if (
+            cycle.disconnected
+            or cycle.response_complete
+            or not cycle.response_started
+            or not cycle.chunked_encoding
+        ):
+            return False
+        self.end(data)
+        return True
 
 
 def writer_of(scope: MutableMapping[str, Any]) -> ChunkWriter | None:
@@ -124,6 +145,12 @@ class ChunkWriteProtocol(ReadTimeoutProtocol):
         if self.writer is not None:
             self.writer.handler_started()  # (it has: an app that never said so)
         super().on_response_complete()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        writer = self.writer
+        if writer is not None and writer.on_writable is not None:
+            writer.on_writable()
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)

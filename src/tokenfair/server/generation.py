@@ -3,8 +3,9 @@
 `prepare` tokenizes, applies the tenant's bounds and builds the Request (400 for what
 can never run); `start` passes admission control (429/503), submits to the engine
 thread and waits for its verdict (a policy rejection such as rpm:N is a 429). The job
-then ends one of four ways: finished (stop, length), timed out, client gone, or aborted
-by an operator; in every case the engine frees its slot and blocks before its next step.
+then ends one of five ways: finished (stop, length), timed out, client gone, cut (the
+shutdown's grace ran out, or its client read too slowly), or aborted by an operator; in
+every case the engine frees its slot and blocks before its next step.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, Protocol
 from starlette.types import Receive, Scope
 
 from tokenfair.core.request import FinishReason, Request
-from tokenfair.edge.errors import APIError, ErrorCode
+from tokenfair.edge.errors import APIError, ErrorCode, shutting_down
 from tokenfair.edge.limits import WaitingSlot
 from tokenfair.edge.tenants import Tenant
 from tokenfair.engine.engine import RequestOutput
@@ -199,7 +200,7 @@ def prepare(
     return prepared
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # eq=False: hashed by identity (ServerState.answering)
 class Job:
     """One request in flight, from admission to its last output."""
 
@@ -210,6 +211,7 @@ class Job:
     timed_out: bool = False
     client_gone: bool = False
     finished: bool = False
+    cut_by: APIError | None = None  # see cut
     stream: Any = None
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -227,19 +229,48 @@ class Job:
             self.client_gone = True
             self.state.engine.abort(self.request.request_id)
 
+    @property
+    def streaming(self) -> bool:
+        return self.prepared.stream
+
+    def cut(self, error: APIError) -> None:
+        """End the request now with `error` (the shutdown's grace ran out, its client
+        reads too slowly): the engine drops it before its next step, and its stream
+        ends at once with the outputs already delivered. A request that has ended
+        already, or was cut, stays as it is."""
+        if self.cut_by is None and not self.stream.done:
+            self.cut_by = error
+            self.state.engine.cut(self.request.request_id)
+
+    def cancelled(self) -> None:
+        """Its task is being cancelled: the server's shutdown outlasted its grace period
+        (and the cut at its end did not reach this request). It ends now, with what it
+        was sent and a `shutting_down` error, whatever the engine did meanwhile."""
+        self.cut(shutting_down())
+        if self.cut_by is None:
+            self.cut_by = shutting_down()
+
     def on_output(self) -> None:
         if self.slot.waiting:
             self.slot.release()  # a first token or the end: no longer waiting
 
     async def next_batch(self) -> list[RequestOutput]:
-        batch = await self.stream.next_batch()
-        self.on_output()
-        if not batch or batch[-1].finished:
-            self.finished = True
+        return self._taken(await self.stream.next_batch())
+
+    def take(self) -> list[RequestOutput]:
+        """The outputs waiting now, without waiting (see RequestStream.wait)."""
+        return self._taken(self.stream.take())
+
+    def _taken(self, batch: list[RequestOutput]) -> list[RequestOutput]:
+        if batch or self.stream.done:
+            self.on_output()
+            if not batch or batch[-1].finished:
+                self.finished = True
         return batch
 
     def close(self) -> None:
         """Always called last: stop the timer, free the admission, abort if unfinished."""
+        self.state.answering.discard(self)
         if self.timer is not None:
             self.timer.cancel()
         self.slot.release()
@@ -314,6 +345,11 @@ async def _receive_disconnect(receive: Receive, job: Watched) -> None:
         if message["type"] == "http.disconnect":
             job.on_disconnect()
             return
+
+
+def tokens_of(batch: list[RequestOutput]) -> int:
+    """The tokens a batch of outputs carries."""
+    return sum(len(output.new_token_ids) for output in batch)
 
 
 def timeout_error(job: Job) -> APIError:

@@ -9,6 +9,12 @@ gateway's too (`edge/tenant_metrics.py`); KV, preemptions and steps are the engi
 
 Latencies are in engine time: arrival, first token and finish are stamped by the
 engine's clock when the step that produced them ends.
+
+Request-level families count HTTP requests, as the gateway's do: a request of several
+choices (`n` > 1, a list of prompts) is one success or error, its prompts count once
+(as its usage reports them), its TTFT is its first token, its latency its last choice's
+end. `choice_*` count per choice (an engine request); `tenant_service` is what the
+tenant's counter was charged, the prompt once per choice.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from tokenfair.core.cost import LinearCost
 from tokenfair.core.request import FinishReason, Request
 from tokenfair.core.share_tree import ShareTree, group_id, is_group
-from tokenfair.edge.loop_counter import LoopCounter
+from tokenfair.edge.loop_counter import LoopCounter, LoopCounterSeries
 from tokenfair.edge.tenant_metrics import (
     TenantMetrics,
     TenantSeries,
@@ -79,6 +85,19 @@ class Snapshot:
         )
 
 
+@dataclass(slots=True)
+class _Answer:
+    """The choices of one request (`n` > 1, or a list of prompts), counted as one
+    request by the request-level families."""
+
+    left: int  # choices not ended yet
+    first: str  # choice 0's request id: the request ended as it did
+    reason: str = "abort"
+    prompts: set[int] = field(default_factory=set)  # the prompts counted so far
+    started: bool = False  # some choice has its first token
+    timed_out: bool = False
+
+
 class ServerMetrics:
     def __init__(self, cost: LinearCost | None = None) -> None:
         disable_created_metrics()  # no *_created series, as vLLM does
@@ -88,11 +107,32 @@ class ServerMetrics:
         self.registry.register(self.per_tenant)
         self.backpressure = LoopCounter(
             "tokenfair:stream_backpressure",
-            "Times a streamed token found its client's socket full (the client reads slower "
-            "than tokens come): the token waited in the server, the engine did not.",
+            "Streams cut because their client read too slowly: what waited for it passed "
+            "--max-stream-buffer-bytes.",
             ("tenant",),
         )
         self.registry.register(self.backpressure)
+        # Per choice (an engine request): what the engine ran. The request-level
+        # families count a request of several choices once.
+        self.choice_success = LoopCounter(
+            "tokenfair:choice_success",
+            "Choices (engine requests: n per prompt of a request) answered and ended, by "
+            "how; request_success counts the requests.",
+            ("tenant", "finished_reason"),
+        )
+        self.choice_prompt_tokens = LoopCounter(
+            "tokenfair:choice_prompt_tokens",
+            "Prompt tokens per choice: a request of n choices counts its prompt n times "
+            "(the engine's work); prompt_tokens counts it once, as usage does.",
+            ("tenant",),
+        )
+        self.registry.register(self.choice_success)
+        self.registry.register(self.choice_prompt_tokens)
+        self._choice_prompts: dict[str, LoopCounterSeries] = {}
+        # A choice of several -> its request and its prompt's index; the choices of a
+        # request refused whole, whose ends count at the choice level only.
+        self._answers: dict[str, tuple[_Answer, int]] = {}
+        self._quiet: set[str] = set()
         self.tree = ShareTree()  # the tenants' groups, for the per-group series
         self.snapshot = Snapshot()
         self._last_token_s: dict[str, float] = {}  # request id -> engine time of its last token
@@ -122,6 +162,20 @@ class ServerMetrics:
         """The request is aborted for its timeout: its end is an error (a 408)."""
         self._timed_out.add(request_id)
 
+    def choices(self, request_ids: list[str], per_prompt: int) -> None:
+        """These engine requests are the choices of one request (`per_prompt` choices of
+        each prompt, prompt by prompt): count it once. Called before any is submitted."""
+        answer = _Answer(left=len(request_ids), first=request_ids[0])
+        for index, request_id in enumerate(request_ids):
+            self._answers[request_id] = (answer, index // per_prompt)
+
+    def choices_refused(self, request_ids: list[str], submitted: list[str]) -> None:
+        """The request was refused whole (its refusal already counted): the choices
+        `submitted` to the engine end at the choice level only."""
+        for request_id in request_ids:
+            self._answers.pop(request_id, None)
+        self._quiet.update(submitted)
+
     def arrived(self, request_id: str, step: int) -> None:
         """Note the engine's step count when a request was submitted."""
         self._arrival_step[request_id] = step
@@ -129,6 +183,7 @@ class ServerMetrics:
     def on_step(self, outputs: list[RequestOutput], now: float, step: int = 0) -> None:
         """Record one engine step's outputs (called on the loop before streams see them)."""
         last = self._last_token_s
+        answers = self._answers
         generated: dict[str, TenantSeries] = {}
         counts: dict[str, int] = {}
         w_in = self.cost.w_in
@@ -138,6 +193,7 @@ class ServerMetrics:
             tenant = request.client
             rid = request.request_id
             series = per_tenant.of(tenant)
+            entry = answers.get(rid) if answers else None
             n = len(output.new_token_ids)
             if n:
                 generated[tenant] = series
@@ -145,12 +201,19 @@ class ServerMetrics:
                 previous = last.get(rid)
                 if previous is None:
                     self._first_step[rid] = (step, now)
-                    first = request.first_token_s if request.first_token_s is not None else now
-                    series.ttft.observe(first - request.arrival_s)
-                    if request.scheduled_s is not None:
-                        series.queue.observe(request.scheduled_s - request.arrival_s)
-                    series.prompt_tokens.inc(request.input_tokens)
+                    self._choice_prompt(tenant).inc(request.input_tokens)
                     series.service.inc(w_in * request.input_tokens)
+                    if entry is None:
+                        series.prompt_tokens.inc(request.input_tokens)
+                        self._first_token(series, request, now)
+                    else:
+                        answer, prompt = entry
+                        if prompt not in answer.prompts:  # each prompt once, as usage
+                            answer.prompts.add(prompt)
+                            series.prompt_tokens.inc(request.input_tokens)
+                        if not answer.started:
+                            answer.started = True
+                            self._first_token(series, request, now)
                 else:
                     series.itl.observe(now - previous)
                 last[rid] = now
@@ -158,19 +221,67 @@ class ServerMetrics:
                 last.pop(rid, None)
                 self._log_finished(request, now, step)
                 reason = request.finish_reason
-                if rid in self._timed_out:
+                label = reason.value if reason is not None else "abort"
+                timed_out = rid in self._timed_out
+                if timed_out:
                     self._timed_out.discard(rid)
-                    series.failed("timeout")
-                elif reason is not FinishReason.REJECTED:
-                    series.succeeded(reason.value if reason is not None else "abort")
-                if reason is not FinishReason.REJECTED:
-                    finish = request.finish_s if request.finish_s is not None else now
+                rejected = reason is FinishReason.REJECTED
+                if not (timed_out or rejected):
+                    self.choice_success.labels(tenant, label).inc()
+                finish = request.finish_s if request.finish_s is not None else now
+                if entry is not None:
+                    self._choice_ended(series, entry[0], rid, label, timed_out, finish, request)
+                    del answers[rid]
+                elif self._quiet and rid in self._quiet:
+                    self._quiet.discard(rid)
+                elif not rejected:
+                    if timed_out:
+                        series.failed("timeout")
+                    else:
+                        series.succeeded(label)
                     series.e2e.observe(finish - request.arrival_s)
         w_out = self.cost.w_out
         for tenant, series in generated.items():
             n = counts[tenant]
             series.generation_tokens.inc(n)
             series.service.inc(w_out * n)
+
+    def _choice_prompt(self, tenant: str) -> LoopCounterSeries:
+        series = self._choice_prompts.get(tenant)
+        if series is None:
+            series = self._choice_prompts[tenant] = self.choice_prompt_tokens.labels(tenant)
+        return series
+
+    @staticmethod
+    def _first_token(series: TenantSeries, request: Request, now: float) -> None:
+        first = request.first_token_s if request.first_token_s is not None else now
+        series.ttft.observe(first - request.arrival_s)
+        if request.scheduled_s is not None:
+            series.queue.observe(request.scheduled_s - request.arrival_s)
+
+    @staticmethod
+    def _choice_ended(
+        series: TenantSeries,
+        answer: _Answer,
+        rid: str,
+        label: str,
+        timed_out: bool,
+        finish: float,
+        request: Request,
+    ) -> None:
+        """One choice of several ended; the request ends with its last choice, as its
+        choice 0 ended (or in an error, when one choice timed out)."""
+        answer.left -= 1
+        answer.timed_out = answer.timed_out or timed_out
+        if rid == answer.first:
+            answer.reason = label
+        if answer.left:
+            return
+        if answer.timed_out:
+            series.failed("timeout")
+        else:
+            series.succeeded(answer.reason)
+        series.e2e.observe(finish - request.arrival_s)
 
     def _log_finished(self, request: Request, now: float, step: int) -> None:
         rid = request.request_id
@@ -205,7 +316,13 @@ class ServerMetrics:
 
     def render(self, snapshot: Snapshot) -> bytes:
         self.snapshot = snapshot
-        self.per_tenant.sweep({*snapshot.running, *snapshot.waiting, *snapshot.swapped})
+        per_tenant = self.per_tenant
+        retired = set(per_tenant.retired)
+        per_tenant.sweep({*snapshot.running, *snapshot.waiting, *snapshot.swapped})
+        for tenant in retired - per_tenant.retired:  # swept: its server-only series too
+            self._choice_prompts.pop(tenant, None)
+            for counter in (self.choice_success, self.choice_prompt_tokens, self.backpressure):
+                counter.remove_first(tenant)
         return generate_latest(self.registry)
 
 

@@ -18,16 +18,18 @@ from tokenfair.server.model import ModelTokenizer
 DONE = b"data: [DONE]\n\n"
 
 
-def usage(job: Job) -> dict[str, Any]:
-    return usage_of([job], 1)
+def usage(job: Job, completion: int | None = None) -> dict[str, Any]:
+    return usage_of([job], 1, completion)
 
 
-def usage_of(jobs: list[Job], per_prompt: int) -> dict[str, Any]:
+def usage_of(jobs: list[Job], per_prompt: int, completion: int | None = None) -> dict[str, Any]:
     """One answer's usage: each prompt counted once (its first choice's), as OpenAI
-    counts them, every choice's output."""
+    counts them, every choice's output; or, for an answer cut short, the `completion`
+    tokens it was sent."""
     prompts = jobs[::per_prompt]
     prompt = sum(job.request.input_tokens for job in prompts)
-    completion = sum(len(job.request.output_token_ids) for job in jobs)
+    if completion is None:
+        completion = sum(len(job.request.output_token_ids) for job in jobs)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -210,8 +212,9 @@ class ChunkEncoder:
             }
         return self._event({**self._head, "choices": [choice]})
 
-    def usage(self) -> bytes:
-        return self.event_with({"choices": [], "usage": usage(self.job)})
+    def usage(self, completion: int | None = None) -> bytes:
+        """The usage event; `completion`: the tokens sent, for a stream cut short."""
+        return self.event_with({"choices": [], "usage": usage(self.job, completion)})
 
     def event_with(self, fields: dict[str, Any]) -> bytes:
         """An event of this answer's id, model and time with these fields."""

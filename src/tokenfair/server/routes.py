@@ -24,7 +24,8 @@ from tokenfair.edge.errors import APIError, ClientGone, ErrorCode, shutting_down
 from tokenfair.edge.operator_port import on_port, only_operator_pages
 from tokenfair.engine.engine import RequestOutput
 from tokenfair.server.choices import ChoicesStream, collect, start_all
-from tokenfair.server.chunk_write import ChunkWriter, writer_of
+from tokenfair.server.chunk_write import writer_of
+from tokenfair.server.event_stream import EventStreamResponse
 from tokenfair.server.generation import (
     Job,
     Prepared,
@@ -34,7 +35,7 @@ from tokenfair.server.generation import (
     watch_disconnect,
 )
 from tokenfair.server.protocol import ChatCompletionRequest, CompletionRequest
-from tokenfair.server.responses import DONE, ChunkEncoder, LogprobsBuilder, completion_body
+from tokenfair.server.responses import LogprobsBuilder, completion_body
 from tokenfair.server.state import ServerState
 
 M = TypeVar("M", bound=BaseModel)
@@ -114,6 +115,7 @@ async def generate(
         raise
     if len(prepared) > 1:  # n > 1, or several prompts
         together = await start_all(state, prepared, body.choices)
+        state.answering.add(together)  # until its close
         if body.stream:
             return ChoicesStream(together)
         answer = await collect(scope, receive, together)
@@ -122,6 +124,7 @@ async def generate(
         request_id = together.jobs[0].request.request_id
         return json_response(answer, headers={"x-request-id": request_id})
     job = await start(state, prepared[0])
+    state.answering.add(job)  # until its close
     if prepared[0].stream:
         return EventStreamResponse(job)
     return await _collect(scope, receive, job, prepared[0])
@@ -162,6 +165,8 @@ async def _collect(scope: Scope, receive: Receive, job: Job, prepared: Prepared)
         raise timeout_error(job)
     if job.client_gone:
         return Response(status_code=CLIENT_CLOSED)
+    if job.cut_by is not None:
+        raise job.cut_by
     headers = {"x-request-id": job.request.request_id}
     return json_response(completion_body(job, "".join(parts), logprobs), headers=headers)
 
@@ -215,97 +220,6 @@ class FastPath:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
-
-
-class EventStreamResponse(Response):
-    """Server-sent events from a running job; a disconnect aborts the job.
-
-    When the server offers a chunk writer (`chunk_write`), the step callback writes
-    every token and the end itself; the response's task writes the opening, whatever
-    the writer refused (a slow client, a timeout) and then the end.
-    """
-
-    media_type = "text/event-stream"
-
-    def __init__(self, job: Job) -> None:
-        # Not Response.__init__: it would declare a Content-Length for an empty body.
-        self.status_code = 200
-        self.background = None
-        self.raw_headers = [
-            (b"content-type", b"text/event-stream; charset=utf-8"),
-            (b"cache-control", b"no-cache"),
-            (b"x-request-id", job.request.request_id.encode()),
-        ]
-        self.job = job
-        self.encoder = ChunkEncoder(job)
-        self.writer: ChunkWriter | None = None
-        self.sending = False  # the task is inside `send`: the writer must not overtake it
-        self.ended = False  # the writer completed the response
-
-    def write_through(self, output: RequestOutput) -> bool:
-        """The stream's sink: write `output` at once, or refuse and leave it to the task."""
-        writer, job = self.writer, self.job
-        if writer is None or self.sending or job.timed_out or not writer.ready():
-            if writer is not None and writer.paused:
-                job.state.metrics.backpressure.labels(job.request.client).inc()
-            return False
-        job.on_output()
-        data = self.encoder.output(output)
-        if not output.finished:
-            if data:
-                writer.write(data)
-            return True
-        if job.prepared.include_usage:
-            data += self.encoder.usage()
-        writer.end(data + DONE)
-        self.ended = job.finished = True
-        return True
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        job, encoder = self.job, self.encoder
-        unwatch = watch_disconnect(scope, receive, job)
-        try:
-            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            opening = encoder.first()
-            if opening:
-                await send({"type": "http.response.body", "body": opening, "more_body": True})
-            self.writer = writer_of(scope)
-            if self.writer is not None:
-                job.stream.sink = self.write_through
-            last = b""
-            cancelled = False
-            try:
-                while batch := await job.next_batch():
-                    data = encoder.outputs(batch)
-                    if job.finished:  # the last chunk leaves with the usage and [DONE]
-                        last = data
-                        break
-                    if data:
-                        self.sending = True
-                        try:
-                            await send(
-                                {"type": "http.response.body", "body": data, "more_body": True}
-                            )
-                        finally:
-                            self.sending = False
-            except asyncio.CancelledError:  # the shutdown's grace ran out (shutting_down)
-                job.stream.sink = None  # nothing may overtake the closing event
-                cancelled = True
-            if self.ended:
-                return
-            if cancelled:
-                last += encoder.error(503, shutting_down().body())
-            elif job.timed_out:
-                last += encoder.error(408, timeout_error(job).body())
-            elif job.prepared.include_usage:
-                last += encoder.usage()
-            await send({"type": "http.response.body", "body": last + DONE, "more_body": False})
-        except OSError:
-            job.on_disconnect()
-        finally:
-            job.stream.sink = None
-            unwatch()
-            job.close()
 
 
 @router.post(

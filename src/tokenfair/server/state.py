@@ -9,13 +9,16 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from tokenfair.core.share_tree import ShareTree, group_id
-from tokenfair.edge.defaults import DEFAULT_MAX_BODY_BYTES
+from tokenfair.edge.defaults import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_STREAM_BUFFER_BYTES
 from tokenfair.edge.directory import TenantDirectory
+from tokenfair.edge.errors import APIError, shutting_down
 from tokenfair.edge.limits import Limits
 from tokenfair.edge.tenants import TenantsFileError, load_tenants
 from tokenfair.engine.engine_client import EngineClient
+from tokenfair.server.backlog import MIN_STREAM_BUFFER_BYTES
 from tokenfair.server.metrics import ServerMetrics, Snapshot
 from tokenfair.server.model import ServedModel
 
@@ -35,6 +38,11 @@ class ServerConfig:
     tenant_from_user: bool = False
     # The port serving /metrics and /health only, without a key (edge/operator_port.py).
     metrics_port: int | None = None
+    # Events a stream may hold for a client reading too slowly before it is cut
+    # (server/backlog.py).
+    max_stream_buffer_bytes: int = DEFAULT_MAX_STREAM_BUFFER_BYTES
+    # Serve /openapi.json, /docs and /redoc (open to whoever reaches the API port).
+    api_docs: bool = False
 
     def __post_init__(self) -> None:
         if self.default_max_tokens < 1:
@@ -43,6 +51,22 @@ class ServerConfig:
             raise ValueError(f"max_body_bytes must be >= 1024, got {self.max_body_bytes}")
         if self.request_timeout_s is not None and not self.request_timeout_s > 0:
             raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
+        if self.max_stream_buffer_bytes < MIN_STREAM_BUFFER_BYTES:
+            raise ValueError(
+                f"max_stream_buffer_bytes must be >= {MIN_STREAM_BUFFER_BYTES}, "
+                f"got {self.max_stream_buffer_bytes}"
+            )
+
+
+class Answer(Protocol):
+    """A request being answered: one engine request, or the choices of one."""
+
+    @property
+    def streaming(self) -> bool: ...
+
+    def cut(self, error: APIError) -> None:
+        """End it now with `error`: its engine requests are aborted, and what was
+        already generated is answered with the error."""
 
 
 @dataclass(slots=True)
@@ -54,11 +78,30 @@ class ServerState:
     metrics: ServerMetrics
     limits: Limits
     created: int = field(default_factory=lambda: int(time.time()))
+    # The requests being answered, from their admission to their answer's end.
+    answering: set[Answer] = field(default_factory=set)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     _id_prefix: str = field(default_factory=lambda: secrets.token_hex(4))
 
     def new_request_id(self, kind: str) -> str:
         return f"{kind}-{self._id_prefix}{next(self._ids):x}"
+
+    def cut_at_shutdown(self) -> None:
+        """The shutdown's grace period is over: cut every request still being answered.
+        A stream ends with what it was sent, a `shutting_down` error event, its usage
+        (when asked) and `[DONE]`; a request not yet answered gets a 503. They end
+        themselves, so the server's shutdown then finds nothing left to cancel."""
+        answers = list(self.answering)
+        streams = sum(answer.streaming for answer in answers)
+        for answer in answers:
+            answer.cut(shutting_down())
+        if answers:
+            log.info(
+                "shutting down: %d streams and %d other requests still running after "
+                "the grace period were cut",
+                streams,
+                len(answers) - streams,
+            )
 
     async def snapshot(self) -> Snapshot:
         return await self.engine.call(Snapshot.take)

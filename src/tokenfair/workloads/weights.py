@@ -1,12 +1,14 @@
 """Client weights files, for weighted and hierarchical VTC.
 
-Either flat, a JSON object {client: weight > 0}, or a tree of groups (JSON, or YAML with
-PyYAML installed) in the tenants file's `groups:` format (docs/fairness.md):
+Either flat, a JSON object {client: weight} (weights from 0.01 to 100, core/weights.py),
+or a tree of groups (JSON, or YAML with PyYAML installed) in the tenants file's
+`groups:` format (docs/fairness.md):
 
     {"groups": {"org-a": {"weight": 2, "groups": {"search": {}}}, "org-b": {}},
      "clients": {"heavy": {"group": "org-a/search"}, "b1": {"group": "org-b", "weight": 2}}}
 
-A client that the file does not name weighs 1 at the top level.
+A client that the file does not name weighs 1 at the top level. A key given twice in
+one object (JSON or YAML) is refused at its line, as a weight that is not a number.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tokenfair.core.share_tree import ShareTree, ShareTreeError
+from tokenfair.core.weights import check_weight
 from tokenfair.share_groups import (
     GROUP_NAME_RULE,
     MAX_GROUP_DEPTH,
@@ -36,14 +39,14 @@ class WeightsError(ValueError):
 
 
 class ClientShare(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     group: str | None = Field(default=None, min_length=1)
     weight: Weight = 1.0
 
 
 class SharesFile(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     groups: dict[GroupName, Group] = Field(default_factory=dict)
     clients: dict[str, ClientShare] = Field(default_factory=dict)
@@ -69,28 +72,56 @@ def _load(path: Path) -> tuple[Any, Any]:
     except UnicodeDecodeError:
         raise WeightsError(f"weights file {path}: not UTF-8 text") from None
     try:
-        return json.loads(text), _nodes(text)
+        return json.loads(text, object_pairs_hook=_unique_keys), _nodes(path, text)
+    except _DuplicateKey as error:
+        _nodes(path, text)  # raises naming the line, when PyYAML can give it
+        raise WeightsError(
+            f"weights file {path}: the key {error.key!r} is given twice in one object; give it once"
+        ) from None
     except json.JSONDecodeError as error:
         if path.suffix not in (".yaml", ".yml"):
             raise WeightsError(
                 f"weights file {path}:{error.lineno}: not JSON: {error.msg}"
             ) from None
     try:
-        from tokenfair.yaml_lines import load_with_nodes
+        import yaml
 
-        return load_with_nodes(text)
+        from tokenfair.yaml_lines import load_with_nodes, yaml_error
     except ImportError:
         raise WeightsError(f"weights file {path}: YAML needs PyYAML (pip install pyyaml)") from None
-    except Exception as error:  # yaml.YAMLError
-        raise WeightsError(f"weights file {path}: not valid YAML: {error}") from None
-
-
-def _nodes(text: str) -> Any:
     try:
-        from tokenfair.yaml_lines import load_with_nodes
+        return load_with_nodes(text)
+    except yaml.YAMLError as error:
+        raise WeightsError(yaml_error(error, f"weights file {path}")) from None
 
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json.loads keeps the last of a key given twice; a weights file may not."""
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise _DuplicateKey(key)
+        found[key] = value
+    return found
+
+
+def _nodes(path: Path, text: str) -> Any:
+    """The YAML node tree of a JSON file (JSON is YAML), for line numbers."""
+    try:
+        from tokenfair.yaml_lines import DuplicateKeyError, load_with_nodes
+    except ImportError:  # no PyYAML: no lines
+        return None
+    try:
         return load_with_nodes(text)[1]
-    except Exception:  # no PyYAML, or JSON that PyYAML reads differently: no lines
+    except DuplicateKeyError as error:  # the line JSON's own parser cannot give
+        raise WeightsError(f"weights file {path}:{error.line}: {error.problem}") from None
+    except Exception:  # JSON that PyYAML reads differently: no lines
         return None
 
 
@@ -109,13 +140,15 @@ def read_shares(path: str | Path) -> ClientShares:
     if not isinstance(data, dict):
         raise WeightsError(f"weights file {path}: expected a JSON object mapping client to weight")
     if not ("groups" in data and "clients" in data and isinstance(data["clients"], dict)):
-        return ClientShares(_flat(path, data))
+        return ClientShares(_flat(path, data, root))
     try:
         parsed = SharesFile.model_validate(data)
     except ValidationError as error:
         first = error.errors()[0]
         loc = tuple(first["loc"])
-        message = first["msg"]
+        message = str(first["msg"]).removeprefix("Value error, ")
+        if isinstance(first.get("input"), bool) and first["type"] in ("float_type", "int_type"):
+            message = f"expected a number, got the boolean {str(first['input']).lower()}"
         if loc and loc[-1] == "[key]":
             loc, message = loc[:-1], GROUP_NAME_RULE
         elif first["type"] == "extra_forbidden":
@@ -140,14 +173,13 @@ def read_shares(path: str | Path) -> ClientShares:
     return ClientShares(weights, tree)
 
 
-def _flat(path: Path, data: dict[str, Any]) -> dict[str, float]:
+def _flat(path: Path, data: dict[str, Any], root: Any) -> dict[str, float]:
     weights = {}
     for client, weight in data.items():
-        if isinstance(weight, bool) or not isinstance(weight, int | float) or not weight > 0:
-            raise WeightsError(
-                f"weights file {path}: weight of {client!r} must be a number > 0, got {weight!r}"
-            )
-        weights[str(client)] = float(weight)
+        try:
+            weights[str(client)] = check_weight(weight, f"weight of {client!r}")
+        except ValueError as error:
+            raise WeightsError(f"{_where(path, root, (client,))}: {error}") from None
     return weights
 
 

@@ -29,6 +29,7 @@ def test_groups_make_the_policy_hierarchical():
         ({**TREE, "tenant_groups": {"t": "org-c"}}, "tokenfair.tenant_groups: client 't'"),
         ({"groups": {"a/b": {}}}, "tokenfair.groups.a/b.[key]"),
         ({"groups": {"a": {"weight": 0}}}, "tokenfair.groups.a.weight"),
+        ({"groups": {"a": {"weight": 1000}}}, "tokenfair.groups.a.weight: must be a number"),
         ({**TREE, "policy": "vtc-predict"}, "does not share by groups"),
     ],
 )

@@ -50,7 +50,10 @@ def test_settings_inline_from_a_file_and_both(tmp_path):
     ("entry", "message"),
     [
         ({"polcy": "vtc"}, "tokenfair.polcy: Extra inputs are not permitted"),
-        ({"weights": {"a": 0}}, "tokenfair.weights.a: must be > 0"),
+        ({"weights": {"a": 0}}, "tokenfair.weights.a: must be a number from 0.01 to 100"),
+        ({"weights": {"a": 1e-300}}, "tokenfair.weights.a: must be a number from 0.01 to 100"),
+        ({"weights": {"a": True}}, "tokenfair.weights.a: must be a number from 0.01 to 100"),
+        ({"w_out": True}, "tokenfair.w_out: expected a number, got the boolean true"),
         ({"policy": "wvtc"}, "tokenfair.weights: policy 'wvtc' needs tenant weights"),
         ({"policy": "rpm:5"}, "tokenfair.policy: 'rpm:5' is not supported inside vLLM"),
         ({"policy": "vtc-preempt"}, "not supported inside vLLM"),
@@ -106,6 +109,14 @@ def test_a_bad_file_names_the_file_and_line(tmp_path):
     file.write_text('{"weights": {"a": "heavy"}}')
     with pytest.raises(PluginConfigError, match=r"bad.json: tokenfair.weights.a:"):
         load_plugin_config({"tokenfair": str(file)})
+    # A key given twice is refused, not the last one kept.
+    file.write_text('{"policy": "fcfs", "policy": "vtc"}')
+    with pytest.raises(PluginConfigError, match=r"bad.json: the key 'policy' is given twice"):
+        load_plugin_config({"tokenfair": str(file)})
+    as_yaml = tmp_path / "bad.yaml"
+    as_yaml.write_text("policy: fcfs\nweights: {a: 2}\npolicy: vtc\n")
+    with pytest.raises(PluginConfigError, match=r"bad.yaml:3: the key 'policy' is given twice"):
+        load_plugin_config({"tokenfair": str(as_yaml)})
 
 
 def test_tenant_and_hint_fields():

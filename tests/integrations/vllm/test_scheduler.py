@@ -49,7 +49,10 @@ def start_order_vllm(scheduler) -> list[str]:
 
 def start_order_tokenfair(max_num_seqs: int, policy: str = "vtc") -> list[str]:
     """The same workload through tokenfair's own scheduler and policy (VTC by default)."""
-    config = SchedulerConfig(max_num_seqs=max_num_seqs, max_batched_tokens=2048, kv_tokens=1 << 16)
+    # Seat sharing off: vLLM cannot preempt a running request for a waiting one.
+    config = SchedulerConfig(
+        max_num_seqs=max_num_seqs, max_batched_tokens=2048, kv_tokens=1 << 16, share_seats=False
+    )
     scheduler = CoreScheduler(config, make_policy(policy))
 
     def submit(rows):

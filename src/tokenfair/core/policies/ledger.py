@@ -21,6 +21,13 @@ its siblings. A tree with no group is the flat case, one level under the root.
 - **Charges**: the prompt at the first admission (its cached tokens at the configured
   share, core/cost.py), every output token as the driver reports it (the first one
   free under the paper's router, which makes it in the prefill step).
+- **Rebasing**: a float64 counter far larger than a charge no longer registers it, so
+  each level keeps its children's counters less a base of its own: an admission that
+  finds the level's reference (the least counter of its backlogged children and the
+  admitted one) past REBASE_AT moves them all down by it, none below -REBASE_AT (where
+  a newcomer starts once the base passes it). Only siblings are compared, so no pick
+  changes, bar a node more than REBASE_AT behind: it keeps that much of its credit.
+  `counter(s)` add the base back.
 
 Every counter policy (vtc, wvtc, lcf, vtc-artifact, vtc-predict, vtc-oracle,
 vtc-preempt, vtc-lpm, dlpm, and the hierarchical one) keeps its counters here, and so
@@ -46,6 +53,9 @@ LIFT_RULES: tuple[LiftRule, ...] = ("paper", "artifact", "none")
 # (node, amount) pairs from the top-level group down to the client, each amount
 # already divided by that node's weight: what one service costs each node.
 Charge = tuple[tuple[str, float], ...]
+# Counters then stay below about 2^31, where float64 resolves 2^-22: a charge of 0.01 (a
+# token at the largest weight, core/weights.py) registers to within 0.003%.
+REBASE_AT = float(2**30)
 
 
 def weighted_charge(weighted_path: Sequence[tuple[str, float]], service: float) -> Charge:
@@ -104,6 +114,9 @@ class CounterLedger:
         self._paths: dict[str, tuple[tuple[str, str], ...]] = {}  # client -> (parent, node)..
         self._rank: dict[str, int] = {}
         self._seq = itertools.count()
+        self._base: dict[str, float] = {}  # level -> what its children's counters omit
+        self._parent: dict[str, str] = {}  # node -> its level (not placed: the top level)
+        self.rebase_at = REBASE_AT
 
     # --- the tree ---
     @property
@@ -120,7 +133,7 @@ class CounterLedger:
     def set_path(self, client: str, nodes: Sequence[str]) -> None:
         """Place `client` at `nodes` (top-level group down to the client itself), for
         drivers that learn the tree request by request (the gateway)."""
-        self._paths[client] = tuple(zip((ROOT, *nodes[:-1]), nodes, strict=True))
+        self._paths[client] = self._placed(tuple(zip((ROOT, *nodes[:-1]), nodes, strict=True)))
         if len(nodes) > 1:
             self._flat = False
 
@@ -129,7 +142,18 @@ class CounterLedger:
         path = self._paths.get(client)
         if path is None:
             nodes = self._tree.path(client)
-            path = self._paths[client] = tuple(zip((ROOT, *nodes[:-1]), nodes, strict=True))
+            path = tuple(zip((ROOT, *nodes[:-1]), nodes, strict=True))
+            path = self._paths[client] = self._placed(path)
+        return path
+
+    def _placed(self, path: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+        """Record each node's level; a node that changes level keeps its counter."""
+        counter, parents, base = self._counter, self._parent, self._base
+        for parent, node in path:
+            before = parents.get(node, ROOT)
+            if before != parent and node in counter:
+                counter[node] += base.get(before, 0.0) - base.get(parent, 0.0)
+            parents[node] = parent
         return path
 
     def nodes(self, client: str) -> tuple[str, ...]:
@@ -137,15 +161,26 @@ class CounterLedger:
 
     # --- counters ---
     def counter(self, node: str) -> float:
-        return self._counter.get(node, 0.0)
+        value = self._counter.get(node)  # reported: the level's base added back
+        return 0.0 if value is None else value + self._base.get(self._parent.get(node, ROOT), 0.0)
 
     def counters(self) -> dict[str, float]:
         """The clients' counters."""
-        return {n: c for n, c in self._counter.items() if not is_group(n)}
+        return {n: self.counter(n) for n in self._counter if not is_group(n)}
 
     def node_counters(self) -> dict[str, float]:
         """Every node's counter, groups (`@path`) and clients."""
-        return dict(self._counter)
+        if not self._base:
+            return dict(self._counter)
+        return {n: self.counter(n) for n in self._counter}
+
+    def level_counter(self, node: str) -> float:
+        """The counter as compared with its siblings': less its level's base (Rebasing)."""
+        value = self._counter.get(node)
+        return self._fresh(self._parent.get(node, ROOT)) if value is None else value
+
+    def _fresh(self, level: str) -> float:  # a node new at `level`: 0, less its base
+        return -min(self._base.get(level, 0.0), self.rebase_at)
 
     def tie_rank(self, node: str) -> int:
         if not self.ties_to_first_seen:
@@ -158,16 +193,22 @@ class CounterLedger:
         path = self.path(client)
         counter, weights = self._counter, self.weights
         if len(path) == 1:  # no groups: the usual case, on every output token
-            counter[client] = counter.get(client, 0.0) + service / weights.get(client, 1.0)
+            value = counter.get(client)
+            value = self._fresh(ROOT) if value is None else value
+            counter[client] = value + service / weights.get(client, 1.0)
             return
-        for _, node in path:
-            counter[node] = counter.get(node, 0.0) + service / weights.get(node, 1.0)
+        for parent, node in path:
+            value = counter.get(node)
+            value = self._fresh(parent) if value is None else value
+            counter[node] = value + service / weights.get(node, 1.0)
 
     def apply(self, charge: Charge) -> None:
         """Add amounts already divided by each node's weight (`weighted_charge`)."""
-        counter = self._counter
+        counter, parents = self._counter, self._parent
         for node, amount in charge:
-            counter[node] = counter.get(node, 0.0) + amount
+            value = counter.get(node)
+            value = self._fresh(parents.get(node, ROOT)) if value is None else value
+            counter[node] = value + amount
 
     def prompt_service(self, request: RequestView) -> float:
         """What the request's prompt costs, its cached tokens at their share."""
@@ -201,9 +242,9 @@ class CounterLedger:
             client = request.client
             if self._flat:  # one counter per client
                 counter = self._counter
-                counter[client] = counter.get(client, 0.0) + (
-                    w_out * new_tokens / self.weights.get(client, 1.0)
-                )
+                value = counter.get(client)
+                value = self._fresh(ROOT) if value is None else value
+                counter[client] = value + w_out * new_tokens / self.weights.get(client, 1.0)
             else:
                 self.charge(client, w_out * new_tokens)
             return
@@ -251,7 +292,7 @@ class CounterLedger:
             level = self._level(parent)
             if node in level.live:
                 continue  # waiting below already
-            counter = self._counter.get(node, 0.0)
+            counter = self.level_counter(node)
             if lift and self.lift != "none":
                 others = self._min_child(level)
                 if others is not None:
@@ -281,8 +322,25 @@ class CounterLedger:
         """A request of `client` was admitted: the lift's reference at every level."""
         counter = self._counter
         for parent, node in self.path(client):
-            self._level(parent).last = node
-            counter.setdefault(node, 0.0)
+            level = self._level(parent)
+            level.last = node
+            if counter.setdefault(node, self._fresh(parent)) >= self.rebase_at:
+                self._rebase(parent, level, node)
+
+    def _rebase(self, parent: str, level: _Level, admitted: str) -> None:
+        """Move the level's counters down by its reference, when past `rebase_at`."""
+        counter = self._counter
+        shift = min(counter[admitted], counter[self._min_child(level) or admitted])
+        if not shift >= self.rebase_at:
+            return
+        parents, floor = self._parent, -self.rebase_at
+        for node in counter:
+            if parents.get(node, ROOT) == parent:
+                counter[node] = max(counter[node] - shift, floor)
+        self._base[parent] = self._base.get(parent, 0.0) + shift
+        # The heap's entries move with their counters (fresh or stale alike, as before).
+        level.heap = [(stored - shift, rank, seq, n) for stored, rank, seq, n in level.heap]
+        heapq.heapify(level.heap)
 
     def smallest(self) -> str | None:
         """The backlogged client the descent picks, or None when nobody waits."""
@@ -324,7 +382,7 @@ class CounterLedger:
         among them alone; ties go to the earliest listed."""
         if not clients:
             raise ValueError("best_of needs at least one client")
-        counter = self._counter
+        value = self.level_counter
         remaining = list(range(len(clients)))
         paths = [self.nodes(client) for client in clients]
         depth = 0
@@ -332,7 +390,7 @@ class CounterLedger:
             best: str | None = None
             for index in remaining:
                 node = paths[index][depth]
-                if best is None or counter.get(node, 0.0) < counter.get(best, 0.0):
+                if best is None or value(node) < value(best):
                     best = node
             remaining = [index for index in remaining if paths[index][depth] == best]
             if len(paths[remaining[0]]) == depth + 1:

@@ -14,15 +14,17 @@ from dataclasses import dataclass, field
 
 from tokenfair.core.cost import DEFAULT_COST, CostFunction
 from tokenfair.core.share_tree import ShareTree
+from tokenfair.core.weights import check_weight
 
 
 @dataclass(frozen=True, slots=True)
 class PolicySettings:
     """The deployment's settings a policy may use.
 
-    `weights`: node id -> weight (clients, and groups as `@path`), 1 when absent. The
-    mapping is shared, not copied: an operator's weight change at run time (the admin
-    API) is seen by the policy at its next decision.
+    `weights`: node id -> weight (clients, and groups as `@path`), 1 when absent, each
+    from 0.01 to 100 (core/weights.py: ValueError otherwise). The mapping is shared,
+    not copied: an operator's weight change at run time (the admin API) is seen by the
+    policy at its next decision.
     `cost`: the price of prompt and output tokens (core/cost.py).
     `tree`: the groups clients belong to; a tree with no group is the flat case.
     `charge_cached_tokens`: what a prompt token served from the prefix cache costs, as
@@ -41,5 +43,4 @@ class PolicySettings:
                 f"charge_cached_tokens must be between 0 and 1, got {self.charge_cached_tokens}"
             )
         for node, weight in self.weights.items():
-            if not weight > 0:
-                raise ValueError(f"weight of {node!r} must be > 0, got {weight}")
+            check_weight(weight, f"weight of {node!r}")

@@ -294,7 +294,7 @@ class LeaseLedger:
         self._synced, self._failing_since = True, None
         if self.degraded:
             self.degraded = False
-            log.warning("Redis at %s answers again: upstream capacity leases settled", self.url)
+            log.info("Redis at %s answers again: upstream capacity leases settled", self.url)
         self._settle(wants, answer)
 
     def _settle(self, wants: list[_Want], answer: list[Any]) -> None:

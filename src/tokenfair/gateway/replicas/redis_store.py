@@ -215,7 +215,7 @@ class RedisCounterStore:
             # whose Redis call succeeded after another had failed.
             self._local = None
             self._generation += 1
-            log.warning("Redis at %s answers again: counters reconciled", self.url)
+            log.info("Redis at %s answers again: counters reconciled", self.url)
             await self._heartbeat()
 
     async def heartbeat_now(self) -> None:

@@ -99,7 +99,9 @@ class SSEReader:
         self._buffer = b""
         self.saw_done = False
         self.error: Any = None
-        self.finish_reason: Any = None  # the last one a choice reported
+        # Choice 0's, as a non-streaming answer's is read (finish_reason_of) and as the
+        # server counts a request of several choices.
+        self.finish_reason: Any = None
 
     def feed(self, chunk: bytes) -> bytes:
         buffer = self._buffer + chunk if self._buffer else chunk
@@ -144,7 +146,7 @@ class SSEReader:
                     if text:
                         tokens += self.count_text(text)
                     reason = choice.get("finish_reason") if isinstance(choice, dict) else None
-                    if reason is not None:
+                    if reason is not None and choice.get("index", 0) == 0:
                         self.finish_reason = reason
             if tokens:
                 self.on_tokens(tokens)

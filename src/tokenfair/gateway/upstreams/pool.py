@@ -231,7 +231,7 @@ class UpstreamPool:
         upstream.failures = 0
         if not upstream.healthy:
             upstream.healthy = True
-            log.warning("upstream %s is back in rotation", upstream.name)
+            log.info("upstream %s is back in rotation", upstream.name)
             self.on_change()
 
     async def _check(self, upstream: Upstream) -> None:

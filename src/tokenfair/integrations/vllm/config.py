@@ -29,7 +29,7 @@ from tokenfair.core.policies import Policy, PolicyError, make_policy
 from tokenfair.core.policies.loading import is_user_spec
 from tokenfair.core.share_tree import ShareTreeError
 from tokenfair.integrations.vllm.policies import PluginPolicy, plugin_policy
-from tokenfair.share_groups import Group, GroupName, group_weights, share_tree
+from tokenfair.share_groups import Group, GroupName, Weight, group_weights, share_tree
 
 CONFIG_KEY = "tokenfair"
 
@@ -55,10 +55,11 @@ class PluginConfigError(ValueError):
 
 
 class PluginConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: a boolean is not a number (`"w_out": true` is refused, not read as 1)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     policy: str = "vtc"
-    weights: dict[str, float] = Field(default_factory=dict)
+    weights: dict[str, Weight] = Field(default_factory=dict)
     # Hierarchical shares: a tree of groups with weights (the tenants file's `groups:`)
     # and each tenant's group by path; tenants not named sit at the top level.
     groups: dict[GroupName, Group] = Field(default_factory=dict)
@@ -126,9 +127,6 @@ class PluginConfig(BaseModel):
                 f"use one of {', '.join(SUPPORTED_POLICIES)}, or your own policy class "
                 "as package.module:ClassName"
             )
-        for tenant, weight in self.weights.items():
-            if not weight > 0:
-                raise PluginConfigError(f"{CONFIG_KEY}.weights.{tenant}: must be > 0, got {weight}")
         if name == "wvtc" and not self.weights:
             raise PluginConfigError(f"{CONFIG_KEY}.weights: policy 'wvtc' needs tenant weights")
         try:
@@ -152,7 +150,23 @@ class PluginConfig(BaseModel):
 def _describe(error: ValidationError, source: str) -> str:
     first = error.errors()[0]
     where = ".".join(str(part) for part in (CONFIG_KEY, *first["loc"]))
-    return f"{source}: {where}: {first['msg']}"
+    message = str(first["msg"]).removeprefix("Value error, ")
+    if isinstance(first.get("input"), bool) and first["type"] in ("float_type", "int_type"):
+        message = f"expected a number, got the boolean {str(first['input']).lower()}"
+    return f"{source}: {where}: {message}"
+
+
+class _DuplicateKey(ValueError):
+    """A key given twice in one JSON object (json.loads would keep the last)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise _DuplicateKey(f"the key {key!r} is given twice in one object; give it once")
+        found[key] = value
+    return found
 
 
 def _read_file(path: str) -> dict[str, Any]:
@@ -163,17 +177,22 @@ def _read_file(path: str) -> dict[str, Any]:
         raise PluginConfigError(
             f"{CONFIG_KEY}: cannot read config file {file}: {error.strerror}"
         ) from None
-    try:
-        if file.suffix in (".yaml", ".yml"):
-            import yaml
+    if file.suffix in (".yaml", ".yml"):
+        import yaml
 
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise PluginConfigError(f"{file}:{error.lineno}: invalid JSON: {error.msg}") from None
-    except Exception as error:  # yaml.YAMLError carries the line in its str()
-        raise PluginConfigError(f"{file}: invalid YAML: {error}") from None
+        from tokenfair.yaml_lines import safe_load, yaml_error
+
+        try:
+            data = safe_load(text)  # a key given twice is refused at its line
+        except yaml.YAMLError as error:
+            raise PluginConfigError(yaml_error(error, str(file))) from None
+    else:
+        try:
+            data = json.loads(text, object_pairs_hook=_unique_keys)
+        except _DuplicateKey as error:
+            raise PluginConfigError(f"{file}: {error}") from None
+        except json.JSONDecodeError as error:
+            raise PluginConfigError(f"{file}:{error.lineno}: invalid JSON: {error.msg}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
