@@ -118,6 +118,30 @@ def test_tenant_timeout_ends_the_request(any_sim_server):
     assert wait_until_idle(any_sim_server)["blocks"] == 0
 
 
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_stream_cut_by_its_timeout_reports_the_usage_it_was_sent(any_sim_server, n):
+    body = {
+        "model": "sim:fixed:0.002",
+        "prompt": "long",
+        "max_tokens": 8000,
+        "n": n,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with httpx.stream(
+        "POST", f"{any_sim_server.url}/v1/completions", json=body,
+        headers=any_sim_server.headers("slow"), timeout=30,
+    ) as stream:  # fmt: skip
+        events = [line[6:] for line in stream.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    error, usage = json.loads(events[-3]), json.loads(events[-2])
+    assert error["error"]["code"] == "timeout"
+    streamed = sum(1 for e in events[:-3] for c in json.loads(e)["choices"] if c["text"])
+    assert usage["choices"] == []
+    assert 0 < usage["usage"]["completion_tokens"] == streamed < 8000 * n
+    assert wait_until_idle(any_sim_server)["blocks"] == 0
+
+
 def test_admin_aborts_a_request_by_id(any_sim_server):
     body = {"model": "sim:fixed:0.002", "prompt": "abort me", "max_tokens": 8000, "stream": True}
     with httpx.stream(

@@ -229,15 +229,16 @@ class ChoicesStream(Response):
         usage when asked (for an answer cut short, of the tokens it was sent), `[DONE]`."""
         choices, first = self.choices, self.encoders[0]
         include_usage = choices.jobs[0].prepared.include_usage
-        if choices.cut_by is not None:
-            events = first.error(choices.cut_by.status_code, choices.cut_by.body())
+        late = choices.timed_out
+        error = choices.cut_by
+        if error is None and late is not None:
+            error = timeout_error(late)
+        if error is not None:  # cut short: its usage is what it was sent
+            events = first.error(error.status_code, error.body())
             if include_usage:
                 usage = usage_of(choices.jobs, choices.per_prompt, self.sent_tokens)
                 events += first.event_with({"choices": [], "usage": usage})
             return events + DONE
-        late = choices.timed_out
-        if late is not None:
-            return first.error(408, timeout_error(late).body()) + DONE
         if include_usage:
             usage = usage_of(choices.jobs, choices.per_prompt)
             return first.event_with({"choices": [], "usage": usage}) + DONE

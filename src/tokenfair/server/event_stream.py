@@ -77,12 +77,13 @@ class EventStreamResponse(Response):
         usage when asked (for a stream cut short, of the tokens it was sent), `[DONE]`."""
         job, encoder = self.job, self.encoder
         include_usage = job.prepared.include_usage
-        if job.cut_by is not None:
-            events = encoder.error(job.cut_by.status_code, job.cut_by.body())
+        error = job.cut_by
+        if error is None and job.timed_out:
+            error = timeout_error(job)
+        if error is not None:  # cut short: its usage is what it was sent
+            events = encoder.error(error.status_code, error.body())
             if include_usage:
                 events += encoder.usage(self.sent_tokens)
-        elif job.timed_out:
-            events = encoder.error(408, timeout_error(job).body())
         else:
             events = encoder.usage() if include_usage else b""
         return events + DONE
