@@ -180,17 +180,21 @@ def test_a_request_takes_one_slot_per_choice(tmp_path: Path) -> None:
         async with httpx.AsyncClient(
             base_url=gw.url, timeout=60, headers={"Authorization": f"Bearer {KEYS['heavy']}"}
         ) as client:
-            body = {"model": "fake", "prompt": "p", "max_tokens": 50, "n": 3}
+            # 3 s of generation each: the first is still running when the second comes.
+            body = {"model": "fake", "prompt": "p", "max_tokens": 300, "n": 3}
             first = asyncio.ensure_future(client.post("/v1/completions", json=body))
-            for _ in range(200):
+            for _ in range(400):
                 if stats(upstream)["peak_running"] == 3:
                     break
                 await asyncio.sleep(0.02)
             second = asyncio.ensure_future(client.post("/v1/completions", json=body))
-            for _ in range(20):  # it waits in the gateway, not upstream
+            for _ in range(400):  # it waits in the gateway, not upstream
+                if state(gw)["waiting"].get("heavy") == 1:
+                    break
                 await asyncio.sleep(0.02)
-                assert not second.done()
-            assert state(gw)["waiting"] == {"heavy": 1}
+            else:
+                raise AssertionError("the second request never waited in the gateway")
+            assert not second.done()
             assert (await first).status_code == (await second).status_code == 200
 
     try:
