@@ -20,7 +20,6 @@ waiting request and is not charged again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import time
 from collections import deque
@@ -28,6 +27,7 @@ from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 from tokenfair.edge.errors import APIError, ErrorCode
+from tokenfair.edge.tasks import cancel_and_wait
 from tokenfair.gateway.flow.bands import BandedQueues
 from tokenfair.gateway.flow.fairness import Fairness
 from tokenfair.gateway.flow.order import TicketQueue
@@ -63,10 +63,7 @@ class Admission:
         self._task = asyncio.create_task(self._run())
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait([self._task])
 
     def wake(self) -> None:
         self._wake.set()

@@ -55,6 +55,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from tokenfair.edge.tasks import cancel_and_wait
 from tokenfair.gateway.replicas.capacity import Claim, Lease, ModelDemand
 from tokenfair.gateway.replicas.lease_script import SYNC
 from tokenfair.gateway.replicas.redis_client import connect, subscriber
@@ -142,11 +143,7 @@ class LeaseLedger:
         # The flag as well as the cancel: a cancel that lands inside a Redis call can
         # be lost there, and the loop must still end.
         self._closing = True
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         # Give everything back at once rather than after the TTL (a restart, a scale-in).
         none = [_Want(u, 0, 0, True) for u in self.upstreams]
         with contextlib.suppress(*_FAILURES):

@@ -29,6 +29,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from tokenfair.edge.tasks import cancel_and_wait
 from tokenfair.gateway.replicas import lua
 from tokenfair.gateway.replicas.counters import Candidate, Charge, LocalCounters, path_of
 from tokenfair.gateway.replicas.redis_client import connect
@@ -115,11 +116,7 @@ class RedisCounterStore:
 
     async def close(self) -> None:
         self._closing = True
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         if self._local is None:
             with contextlib.suppress(*_FAILURES):
                 await self._flush()

@@ -16,12 +16,12 @@ their own, each bounded by `health.timeout_s` in all.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterable
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tokenfair.edge.tasks import cancel_and_wait
 from tokenfair.gateway.config import HealthConfig, RoutingConfig, UpstreamConfig
 from tokenfair.gateway.replicas.capacity import Lease
 from tokenfair.gateway.transport.upstream_client import UpstreamClient, failure_name
@@ -290,11 +290,7 @@ class UpstreamPool:
             )
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         for upstream in self.upstreams:
             await upstream.close()
         for client in self._probes.values():
