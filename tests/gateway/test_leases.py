@@ -147,6 +147,42 @@ def test_tokens_are_leased_like_requests(redis_server: RedisServer) -> None:
     asyncio.run(run())
 
 
+def test_a_sync_answered_late_never_overwrites_a_later_one(redis_server: RedisServer) -> None:
+    """Two syncs of one replica in flight, the first one's answer back last: the lease
+    this replica acts on must be the one Redis holds for it, not the older answer."""
+
+    async def run() -> None:
+        gone = Replica(redis_server, "late0")
+        await gone.ledger.sync()
+        await gone.ledger.close()  # gave its lease back, but still counts as live
+        one = Replica(redis_server, "late1")
+        await one.ledger.sync()  # two live replicas: a reserve of 2 slots
+        script = one.ledger._sync
+        calls = 0
+
+        async def first_answer_late(*args: object, **kwargs: object) -> object:
+            nonlocal calls
+            calls += 1
+            answer = await script(*args, **kwargs)
+            if calls == 1:
+                await asyncio.sleep(0.2)  # the second sync's answer arrives meanwhile
+            return answer
+
+        one.ledger._sync = first_answer_late  # type: ignore[assignment]
+        try:
+            one.wants(4, counter=0.0)
+            first = asyncio.create_task(one.ledger.sync())  # asks for 4
+            await asyncio.sleep(0.05)
+            one.wants(0, counter=0.0)  # then only for its reserve
+            await asyncio.gather(first, one.ledger.sync())
+            held = await one.ledger._redis.hget(f"cap:lease:s:{CAP.url}", "late1")
+            assert one.slots == int(held or 0) == 2
+        finally:
+            await one.ledger.close()
+
+    asyncio.run(run())
+
+
 @pytest.mark.slow
 def test_two_gateway_processes_share_an_upstream_s_capacity(tmp_path: Path) -> None:
     """Two replicas over one Redis in front of one upstream of 4 slots, both flooded:

@@ -129,6 +129,9 @@ class LeaseLedger:
         self._failing_since: float | None = None  # the first failed sync of an outage
         self._announce = False  # capacity went back since the last sync: publish it
         self._nudged: asyncio.Event | None = None
+        # One sync at a time: two in flight could settle out of order, and the older
+        # answer would leave a lease here that Redis no longer holds for this replica.
+        self._syncing = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
         self.degraded = False
@@ -146,8 +149,9 @@ class LeaseLedger:
         await cancel_and_wait(self._tasks)
         # Give everything back at once rather than after the TTL (a restart, a scale-in).
         none = [_Want(u, 0, 0, True) for u in self.upstreams]
-        with contextlib.suppress(*_FAILURES):
-            await self._sync(args=self._args(none, {}, announce=True))
+        async with self._syncing:
+            with contextlib.suppress(*_FAILURES):
+                await self._sync(args=self._args(none, {}, announce=True))
         for client in (self._redis, self._listener):
             with contextlib.suppress(*_FAILURES):
                 await client.aclose()
@@ -277,7 +281,11 @@ class LeaseLedger:
         return args
 
     async def sync(self) -> None:
-        """Settle this replica's leases with Redis now."""
+        """Settle this replica's leases with Redis now (after any sync in flight)."""
+        async with self._syncing:
+            await self._sync_once()
+
+    async def _sync_once(self) -> None:
         demand = self.demand()
         self._busy = bool(demand)
         self._claimed = {m for m, d in demand.items() if d.claim is not None}
