@@ -5,7 +5,7 @@ request, pop it and charge its client (VTC: the smallest counter among backlogge
 clients, O(log n)). A new arrival replaces it so the queue stays the same size.
 Every client is backlogged. Prints one JSON line; compare ratios, not absolute times.
 
-The locality-aware policies (vtc-lpm, dlpm) run over a real prefix cache: every client
+The locality-aware policies (vtc-lpm, vtc-hit, dlpm) run over a real prefix cache: every client
 has a system prompt, half of them cached at the start (so arrivals and decisions look
 their prefixes up). `*_with_cache_events_us` adds what the cache's changes cost them:
 every tenth decision another client's prompt becomes cached, and its waiting requests'
@@ -26,7 +26,7 @@ from tokenfair.core.kv_cache import KVCacheManager
 from tokenfair.core.policies import make_policy
 from tokenfair.core.request import Request, SamplingParams
 
-LOCALITY_POLICIES = ("vtc-lpm", "dlpm")
+LOCALITY_POLICIES = ("vtc-lpm", "vtc-hit", "dlpm")
 SYSTEM_PROMPT = 64  # tokens: four 16-token blocks
 
 
@@ -130,6 +130,10 @@ def main() -> None:
             "dlpm_with_cache_events_us"
         ],
         "vtc_lpm_us_at_1000_clients_10000_waiting": points[2]["vtc-lpm_us"],
+        "vtc_hit_us_at_1000_clients_10000_waiting": points[2]["vtc-hit_us"],
+        "vtc_hit_with_cache_events_us_at_1000_clients_10000_waiting": points[2][
+            "vtc-hit_with_cache_events_us"
+        ],
         "vtc_us_at_10000_clients": vtc_large,
         # log n grows 4x from 10 to 10,000 clients: a ratio under that is sub-logarithmic growth.
         "vtc_growth_10_to_10000_clients": round(vtc_large / vtc_small, 2),

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tokenfair.core.batch import ExecutorOutput
 from tokenfair.core.policies import make_policy
+from tokenfair.core.policies.miss_avoiding import MissAvoidingVTCPolicy
 from tokenfair.core.request import Request, RequestStatus
 from tokenfair.core.scheduler import Scheduler, SchedulerConfig
 
@@ -296,16 +298,20 @@ def test_work_conservation(workload, policy_name):
 
 
 @PROPERTY_SETTINGS
-@given(prefix_workloads(), st.sampled_from(["fcfs", "vtc", "vtc-lpm", "dlpm", "dlpm:8"]))
+@given(
+    prefix_workloads(),
+    st.sampled_from(["fcfs", "vtc", "vtc-lpm", "vtc-hit", "vtc-hit:8", "dlpm", "dlpm:8"]),
+)
 def test_work_conservation_with_shared_prefixes(workload, policy_name):
     config = engine_config(workload, enable_prefix_caching=True)
     check_work_conservation(workload, policy_name, config)
 
 
 # Locality-aware policies: dlpm lets a client run up to its quantum ahead of the least
-# served backlogged client while its prefix is cached, so VTC's bounds grow by the
-# quantum (docs/fairness.md); vtc-lpm only reorders a client's own requests and keeps
-# VTC's bounds.
+# served backlogged client while its prefix is cached, and vtc-hit up to its window when
+# VTC's own choice would miss, so VTC's bounds grow by the quantum or the window
+# (docs/fairness.md); vtc-lpm only reorders a client's own requests and keeps VTC's
+# bounds.
 
 
 @PROPERTY_SETTINGS
@@ -328,7 +334,29 @@ def test_dlpm_counters_of_waiting_clients_stay_within_bound_plus_quantum(
 
 
 @PROPERTY_SETTINGS
-@given(prefix_workloads(), st.sampled_from(["dlpm:1", "dlpm:16", "dlpm:64", "vtc-lpm"]))
+@given(prefix_workloads(), st.integers(1, 64), st.booleans())
+def test_vtc_hit_counters_of_waiting_clients_stay_within_bound_plus_window(
+    workload, window, charge_first
+):
+    excesses, observe = counter_spreads(workload)
+
+    config = engine_config(
+        workload,
+        admission="reserve",
+        share_seats=False,
+        charge_first_token=charge_first,
+        enable_prefix_caching=True,
+    )
+    scheduler = replay(workload, f"vtc-hit:{window}", config, observe)
+    assert scheduler.num_preemptions == 0
+    assert max(excesses, default=0.0) <= window
+
+
+@PROPERTY_SETTINGS
+@given(
+    prefix_workloads(),
+    st.sampled_from(["dlpm:1", "dlpm:16", "dlpm:64", "vtc-hit:1", "vtc-hit:64", "vtc-lpm"]),
+)
 def test_locality_policies_keep_backlogged_service_within_twice_the_bound(workload, policy):
     quantum = float(policy.partition(":")[2] or 0)
     history: list[tuple[set[str], dict[str, float]]] = []
@@ -345,36 +373,85 @@ def test_locality_policies_keep_backlogged_service_within_twice_the_bound(worklo
 
 
 @PROPERTY_SETTINGS
-@given(workloads(), st.booleans())
-def test_dlpm_without_shared_prefixes_keeps_vtcs_bound(workload, caching):
+@given(workloads(), st.booleans(), st.sampled_from(["dlpm:64", "vtc-hit:64"]))
+def test_locality_policies_without_shared_prefixes_keep_vtcs_bound(workload, caching, policy):
     excesses, observe = counter_spreads(workload)
 
     config = engine_config(
         workload, admission="reserve", share_seats=False, enable_prefix_caching=caching
     )
-    replay(workload, "dlpm:64", config, observe)
+    replay(workload, policy, config, observe)
     assert max(excesses, default=0.0) <= 0
 
 
-def test_the_bound_check_catches_longest_prefix_first_without_a_quantum():
+class ScanningMissAvoidingVTC(MissAvoidingVTCPolicy):
+    """vtc-hit's rule read off every backlogged client, with no heap: the reference."""
+
+    def _nearest_hit(self, limit: float) -> str | None:
+        ledger, found, found_key = self.ledger, None, None
+        for client, queue in self._queues.items():
+            blocks, counter = queue.head_blocks(), ledger.counter(client)
+            key = (-blocks, counter, ledger.tie_rank(client))
+            if blocks and counter < limit and (found_key is None or key < found_key):
+                found, found_key = client, key
+        return found
+
+
+def admission_order(workload: Workload, policy: str, **config) -> list[tuple]:
+    seen: list[list[Request]] = []
+
+    def observe(scheduler, made, step):
+        seen[:] = [made]
+
+    settings_ = dict(admission="reserve", share_seats=False, **config)
+    replay(workload, policy, engine_config(workload, **settings_), observe)
+    admitted = sorted((r for r in seen[0] if r.ever_admitted), key=lambda r: r.admit_seq)
+    return [(r.client, r.arrival_s, r.input_tokens) for r in admitted]
+
+
+@PROPERTY_SETTINGS
+@given(prefix_workloads(), st.sampled_from([1, 8, 64]))
+def test_vtc_hit_chooses_as_a_scan_of_every_client_would(workload, window):
+    reference = f"{__name__}:ScanningMissAvoidingVTC(window={window})"
+    assert admission_order(
+        workload, f"vtc-hit:{window}", enable_prefix_caching=True
+    ) == admission_order(workload, reference, enable_prefix_caching=True)
+
+
+@PROPERTY_SETTINGS
+@given(workloads(), st.booleans())
+def test_vtc_hit_without_shared_prefixes_is_vtc_decision_for_decision(workload, caching):
+    """No prompt ever finds a cached prefix it shares with another: every VTC choice
+    misses and nobody else hits, so vtc-hit admits exactly as vtc-lpm (VTC) does."""
+    assert admission_order(workload, "vtc-hit:64", enable_prefix_caching=caching) == (
+        admission_order(workload, "vtc-lpm", enable_prefix_caching=caching)
+    )
+
+
+@pytest.mark.parametrize("policy", ["dlpm", "vtc-hit"])
+def test_the_bound_check_catches_longest_prefix_first_without_a_quantum(policy):
     # Longest prefix first alone starves a client whose prefix is never cached: the
-    # same check must fail for dlpm with a quantum too large to matter.
+    # same check must fail for dlpm (vtc-hit) with a quantum (window) too large to
+    # matter, and hold with one of 64.
     requests = [(0.0, "c0", 20, 4)] * 30 + [(0.0, "c1", 20, 4)] * 10
     prefixes = [("c0/system", 16)] * 30 + [None] * 10
     workload = Workload(
         requests=requests, aborts=[], max_num_seqs=1, kv_tokens=48, prefixes=prefixes
     )
-    history = []
+    gaps = {}
+    for limit in (64, 1000000):
+        history = []
 
-    def observe(scheduler, made, step):
-        waiting = {r.client for r in scheduler.policy.waiting_requests()}
-        history.append((waiting, service(made)))
+        def observe(scheduler, made, step, history=history):
+            waiting = {r.client for r in scheduler.policy.waiting_requests()}
+            history.append((waiting, service(made)))
 
-    config = engine_config(
-        workload, admission="reserve", share_seats=False, enable_prefix_caching=True
-    )
-    replay(workload, "dlpm:1000000", config, observe)
-    assert widest_backlogged_gap(workload, history) > 2 * (bound(workload) + 64)
+        config = engine_config(
+            workload, admission="reserve", share_seats=False, enable_prefix_caching=True
+        )
+        replay(workload, f"{policy}:{limit}", config, observe)
+        gaps[limit] = widest_backlogged_gap(workload, history)
+    assert gaps[64] <= 2 * (bound(workload) + 64) < gaps[1000000]
 
 
 @PROPERTY_SETTINGS

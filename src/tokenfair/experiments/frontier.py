@@ -54,6 +54,7 @@ FRONTIER_POLICIES = (
     "fcfs",
     "vtc",
     "vtc-lpm",
+    "vtc-hit",
     "dlpm:2048",
     "dlpm",
     "dlpm:8192",

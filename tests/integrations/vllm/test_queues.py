@@ -37,7 +37,14 @@ def test_async_load_requests_wait_in_the_fair_order_and_are_charged(tiny_model_d
 
 @pytest.mark.parametrize(
     ("policy", "kept"),
-    [("fcfs", True), ("vtc", True), ("sjf", False), ("priority", False), ("dlpm", False)],
+    [
+        ("fcfs", True),
+        ("vtc", True),
+        ("sjf", False),
+        ("priority", False),
+        ("dlpm", False),
+        ("vtc-hit", False),
+    ],
 )
 def test_the_cache_aware_window_is_kept_only_where_it_keeps_the_order(
     tiny_model_dir, policy, kept, caplog

@@ -326,12 +326,13 @@ def test_charge_settings_that_disagree_are_refused():
         load_plugin_config({"tokenfair": {"charge_prefix_hits": True, "charge_cached_tokens": 0}})
 
 
-def test_dlpm_inside_vllm_takes_the_cached_prefix_first(tiny_model_dir):
+def test_cache_aware_policies_inside_vllm_take_the_cached_prefix_first(tiny_model_dir):
     # vLLM's own prefix cache holds tenant a's prompt; b's requests are shorter, so VTC
     # would take b's second request before a's, while dlpm lets a reuse its prefix
-    # within its quantum.
+    # within its quantum. Under vtc-hit, VTC's choice (b) would miss and a, within the
+    # window, has its prompt cached: a's requests go first.
     orders = {}
-    for policy in ("vtc", "dlpm"):
+    for policy in ("vtc", "dlpm", "vtc-hit"):
         fair = make_scheduler(
             tiny_model_dir,
             FairScheduler,
@@ -354,6 +355,7 @@ def test_dlpm_inside_vllm_takes_the_cached_prefix_first(tiny_model_dir):
         orders[policy] = [rid for output in run(fair) for rid in new_ids(output)]
     assert orders["vtc"] == ["b1", "a1", "b2", "a2"]
     assert orders["dlpm"] == ["b1", "a1", "a2", "b2"]
+    assert orders["vtc-hit"] == ["a1", "a2", "b1", "b2"]
 
 
 def test_a_users_policy_class_orders_vllms_queue(tiny_model_dir, tmp_path, monkeypatch):

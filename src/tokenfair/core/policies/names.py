@@ -8,6 +8,7 @@ name), and the registry, which hands user specs to the loader, do not import eac
 from __future__ import annotations
 
 from tokenfair.core.policies.locality import DEFAULT_QUANTUM
+from tokenfair.core.policies.miss_avoiding import DEFAULT_HIT_WINDOW
 
 # Tuned on the arena trace (docs/fairness.md): lower thresholds preempt more and cost
 # throughput in recomputation; higher ones rarely preempt at all.
@@ -35,6 +36,9 @@ POLICY_HELP: dict[str, str] = {
     f"when a waiting client is more than `threshold` (default {DEFAULT_PREEMPT_THRESHOLD:g}) behind",
     "vtc-lpm": "VTC between clients; within the chosen client, the request with the longest "
     "cached prefix first",
+    "vtc-hit[:window]": "vtc-lpm while VTC's choice finds its prompt cached; on a miss, the "
+    f"longest cached prefix among clients within `window` (default {DEFAULT_HIT_WINDOW:g}) "
+    "weighted tokens of the least served",
     "dlpm[:quantum]": "deficit longest prefix match: among clients within `quantum` (default "
     f"{DEFAULT_QUANTUM:g}) weighted tokens of the least served, the longest cached prefix first",
 }
@@ -54,6 +58,7 @@ WEIGHTED_POLICIES = frozenset(
         "vtc-oracle",
         "vtc-preempt",
         "vtc-lpm",
+        "vtc-hit",
         "dlpm",
     }
 )

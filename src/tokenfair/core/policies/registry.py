@@ -1,6 +1,6 @@
 """Policies by name: `fcfs`, `priority`, `sjf[:aging]`, `rpm:N`, `lcf`, `vtc`, `wvtc`,
 `vtc-artifact`, `vtc-predict`, `vtc-oracle`, `vtc-preempt[:threshold]`, `vtc-lpm`,
-`dlpm[:quantum]`."""
+`vtc-hit[:window]`, `dlpm[:quantum]`."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from tokenfair.core.policies.ledger import LiftRule
 from tokenfair.core.policies.loading import load_policy
 from tokenfair.core.policies.loading import uses_weights as user_policy_uses_weights
 from tokenfair.core.policies.locality import DEFAULT_QUANTUM, DeficitLPMPolicy, LocalityVTCPolicy
+from tokenfair.core.policies.miss_avoiding import DEFAULT_HIT_WINDOW, MissAvoidingVTCPolicy
 from tokenfair.core.policies.names import (
     DEFAULT_PREEMPT_THRESHOLD,
     POLICY_HELP,
@@ -132,6 +133,9 @@ def make_policy(
             preempt_threshold=_number(spec, arg, DEFAULT_PREEMPT_THRESHOLD),
         ),
         "vtc-lpm": lambda: LocalityVTCPolicy(settings, name="vtc-lpm"),
+        "vtc-hit": lambda: MissAvoidingVTCPolicy(
+            settings, name="vtc-hit", window=_number(spec, arg, DEFAULT_HIT_WINDOW)
+        ),
         "dlpm": lambda: DeficitLPMPolicy(
             settings, name="dlpm", quantum=_number(spec, arg, DEFAULT_QUANTUM)
         ),
@@ -140,7 +144,7 @@ def make_policy(
     if builder is None:
         known = ", ".join(POLICY_HELP)
         raise PolicyError(f"unknown policy {spec!r}; known policies: {known}")
-    if arg and name not in ("sjf", "rpm", "vtc-preempt", "dlpm"):
+    if arg and name not in ("sjf", "rpm", "vtc-preempt", "vtc-hit", "dlpm"):
         raise PolicyError(f"policy {name!r} takes no argument (got {spec!r})")
     try:
         policy = builder()

@@ -46,6 +46,7 @@ SUPPORTED_POLICIES = (
     "vtc-artifact",
     "vtc-predict",
     "vtc-lpm",
+    "vtc-hit",
     "dlpm",
 )
 

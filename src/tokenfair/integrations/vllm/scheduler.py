@@ -477,7 +477,7 @@ class FairSchedulerMixin:
         self.plugin_policy: PluginPolicy = config.make_plugin_policy()
         self.ledger: Ledger[Request] = Ledger(self.plugin_policy.policy)
         if self.plugin_policy.prefix_cache:
-            # vtc-lpm and dlpm (and a user's policy that asks for it) order by what
+            # vtc-lpm, vtc-hit and dlpm (and a user's policy that asks for it) order by what
             # vLLM's own prefix cache holds.
             access = VllmCacheAccess(self.kv_cache_manager, self.ledger.vllm_request)
             if access.enabled:  # the rest of the surface was checked at import
@@ -538,7 +538,7 @@ class FairSchedulerMixin:
         front of its own tenant's queue. Under `fcfs` that is stock vLLM's behaviour,
         and under VTC it reorders a tenant's own requests, never which tenant goes
         next: the window is kept. Under the policies with an order of their own
-        (priority, sjf, rpm, and vtc-lpm and dlpm, which already pick a tenant's
+        (priority, sjf, rpm, and vtc-lpm, vtc-hit and dlpm, which already pick a tenant's
         request with the longest cached prefix) a put-back would break that order:
         the window is turned off, saying so once."""
         if not getattr(self, "cache_aware_window", 0):
@@ -548,7 +548,7 @@ class FairSchedulerMixin:
             self.cache_aware_window = 0
             logger.warning(
                 "tokenfair: --cache-aware-admission-window is off under policy %s, whose "
-                "order it would break; vtc-lpm and dlpm are the cache-aware fair policies",
+                "order it would break; vtc-lpm, vtc-hit and dlpm are the cache-aware fair policies",
                 policy_name,
             )
 

@@ -1,0 +1,176 @@
+"""`vtc-hit`: VTC's order, except where VTC's choice would miss the prefix cache.
+
+`vtc-lpm` keeps VTC's order between clients and so, on a pool too small for every
+client's working prefix, makes each client's turn a miss: its document was evicted
+while the others had theirs. `dlpm` lets every client within a quantum of the least
+served go by longest cached prefix, whether or not VTC's own choice would have hit.
+This policy deviates from VTC only where that saves a prefill:
+
+- VTC chooses the client (the smallest counter, after the lift); within it, the request
+  with the longest cached prefix, as in `vtc-lpm`. If that request finds any of its
+  prompt cached, it goes: VTC's choice is a hit.
+- Otherwise, among the clients whose counter is below the least served's plus the
+  window, the one whose next request has the longest cached prefix goes instead (ties:
+  the smallest counter). If none has any, VTC's choice goes, and pays the miss.
+
+So where every prefix fits the pool (or none is shared) it is `vtc-lpm` decision for
+decision, and it is never more than the window ahead of the least served: a chosen
+client's counter was below the least served's plus the window, so VTC's bound grows by
+the window plus the request's own charge, as `dlpm`'s grows by its quantum
+(docs/fairness.md). Unlike `dlpm` the window slides with the least served counter, with
+no rounds to refill.
+
+A peek costs one look at VTC's choice. On a miss, the clients whose next request hits
+are kept in a heap by cached prefix and counter, as `dlpm` keeps its eligible clients:
+the answer is near its top, past only the clients more than the window ahead, which
+the bound keeps few (the choice is kept until a counter, the cache or a queue changes).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+
+from tokenfair.core.policies.locality import LocalityVTCPolicy, LongestPrefixQueue
+from tokenfair.core.policies.settings import PolicySettings
+from tokenfair.core.policies.view import RequestView
+
+# A window below one document's worth of weighted tokens (prompt + output, the workload
+# of docs/experiments.md): a cached client may take a request or two ahead of its turn,
+# not a run of them (docs/fairness.md: how it was chosen).
+DEFAULT_HIT_WINDOW = 2048.0
+
+
+class MissAvoidingVTCPolicy(LocalityVTCPolicy):
+    """`vtc-hit`: VTC's choice when it hits the prefix cache; else the longest cached
+    prefix among the clients within `window` weighted tokens of the least served."""
+
+    _queues: dict[str, LongestPrefixQueue]
+
+    def __init__(
+        self,
+        settings: PolicySettings | None = None,
+        *,
+        window: float = DEFAULT_HIT_WINDOW,
+        **vtc_options,
+    ) -> None:
+        if not window > 0:
+            raise ValueError(f"window must be > 0, got {window}")
+        super().__init__(settings, **vtc_options)
+        self.window = window
+        # Clients whose next request finds some of its prompt cached: (-cached blocks,
+        # counter, tie rank, seq, client), one live entry per client (`_filed`: client
+        # -> (seq, blocks)). An entry that overstates (its counter grew, its head
+        # changed or its prefix was evicted) is filed again when it reaches the top,
+        # as dlpm's heap does.
+        self._hits: list[tuple[int, float, int, int, str]] = []
+        self._filed: dict[str, tuple[int, int]] = {}
+        self._hit_seq = itertools.count()
+        # The last choice on a miss, kept while nothing it depends on changed (a peek
+        # is followed by a pop): (least served, its counter, chosen, wanted evictions,
+        # queue changes) when made.
+        self._choice: tuple[str, float, str, int, int] | None = None
+        self._changes = 0  # arrivals, departures and prefix growth so far
+
+    def _chosen_client(self) -> str | None:
+        ledger = self.ledger
+        least = ledger.smallest()
+        if least is None:
+            return None
+        if self._queues[least].head_blocks() > 0:
+            return least  # VTC's choice hits
+        floor = ledger.counter(least)
+        evictions = self._index.wanted_evictions
+        choice = self._choice
+        # Counters only grow, so no other client can have come into the window while
+        # the least served's counter stood still; the chosen one may have left it.
+        if (
+            choice is not None
+            and choice[:2] == (least, floor)
+            and choice[3:] == (evictions, self._changes)
+            and ledger.counter(choice[2]) < floor + self.window
+        ):
+            return choice[2]
+        chosen = self._nearest_hit(floor + self.window) or least
+        self._choice = (least, floor, chosen, evictions, self._changes)
+        return chosen
+
+    def _nearest_hit(self, limit: float) -> str | None:
+        """The client below `limit` whose next request has the longest cached prefix
+        (ties: the smallest counter, then VTC's tie order), or None."""
+        heap, filed, counter_of = self._hits, self._filed, self.ledger.counter
+        beyond: list[tuple[int, float, int, int, str]] = []
+        found = None
+        while heap:
+            negative_blocks, stored, _, seq, client = heap[0]
+            if filed.get(client, (-1,))[0] != seq:
+                heapq.heappop(heap)  # retired entry
+                continue
+            blocks, counter = self._queues[client].head_blocks(), counter_of(client)
+            if blocks != -negative_blocks or counter != stored:
+                heapq.heappop(heap)  # its head or its counter moved: file it again
+                self._file(client, blocks)
+                continue
+            if counter >= limit:
+                beyond.append(heapq.heappop(heap))  # ahead of the window, for now
+                continue
+            found = client
+            break
+        for entry in beyond:
+            heapq.heappush(heap, entry)
+        return found
+
+    def _file(self, client: str, blocks: int) -> None:
+        """File the client under its head's `blocks` (none cached: no entry)."""
+        if blocks == 0:
+            self._filed.pop(client, None)
+            return
+        seq = next(self._hit_seq)
+        self._filed[client] = (seq, blocks)
+        entry = (-blocks, self.ledger.counter(client), self.ledger.tie_rank(client), seq, client)
+        heapq.heappush(self._hits, entry)
+        if len(self._hits) > 2 * len(self._filed) + 64:
+            filed = self._filed
+            self._hits = [e for e in self._hits if filed.get(e[4], (-1,))[0] == e[3]]
+            heapq.heapify(self._hits)
+
+    def _may_have_grown(self, client: str, blocks: int) -> None:
+        """One of the client's requests now has `blocks` cached: file the client again
+        if that beats its entry (an understated entry would surface too late)."""
+        if blocks > self._filed.get(client, (-1, 0))[1]:
+            self._file(client, self._queues[client].head_blocks())
+
+    def _head_changed(self, client: str) -> None:
+        queue = self._queues.get(client)
+        if queue is None:
+            self._filed.pop(client, None)  # nothing waits: retire its entry
+        else:
+            self._file(client, queue.head_blocks())
+
+    # Everything that may change a choice made on a miss, or a client's entry.
+    def add(self, request: RequestView, now: float) -> None:
+        self._changes += 1
+        super().add(request, now)
+        self._may_have_grown(request.client, self._index.blocks(request))
+
+    def requeue(self, request: RequestView) -> None:
+        self._changes += 1
+        super().requeue(request)
+        self._may_have_grown(request.client, self._index.blocks(request))
+
+    def pop(self) -> RequestView:
+        request = super().pop()
+        self._changes += 1
+        self._head_changed(request.client)
+        return request
+
+    def remove(self, request: RequestView) -> None:
+        super().remove(request)
+        self._changes += 1
+        self._head_changed(request.client)
+
+    def _prefix_grew(self, request: RequestView) -> None:
+        super()._prefix_grew(request)
+        self._changes += 1
+        if request.client in self._queues:
+            self._may_have_grown(request.client, self._index.blocks(request))
