@@ -54,6 +54,7 @@ BUILTIN_POLICIES = (
     "vtc-oracle",
     "vtc-preempt",
     "vtc-lpm",
+    "vtc-hit",
     "dlpm",
 )
 PRESETS = ("paper", "engine")

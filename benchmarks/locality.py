@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 import zlib
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +47,9 @@ import numpy as np
 from tokenfair.engine.sim.profile import load_profile
 from tokenfair.experiments.locality import LOCALITY_POOLS, light_clients, run_locality_experiment
 from tokenfair.fairness.metrics import ttft_percentiles
+from tokenfair.fairness.report import fairness_report
 from tokenfair.results import ResultRecord
-from tokenfair.workloads.suites import generate_suite
+from tokenfair.workloads.suites import documents_workload, generate_suite
 from tokenfair.workloads.trace import TraceRecord
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,7 +62,10 @@ UPSTREAMS = 3
 # Each upstream's KV pool: for system-prompt, the three together hold every client's
 # prompt and one alone does not (ten prompts of 1,000-2,000 tokens, 15,000 in all); for
 # multiturn, an A10G's pool for Llama-2-7B.
-GATEWAY_POOLS = {"system-prompt": 6144, "multiturn": 20000}
+# For documents (six clients asking about four private documents of 2,500 tokens each,
+# backlogged), 6,000 tokens each: the three together hold 0.3 of the documents, and
+# prefix affinity gives each upstream about a third of them to hold.
+GATEWAY_POOLS = {"system-prompt": 6144, "multiturn": 20000, "documents": 6000}
 LETTERS = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz", dtype=np.uint8)
 
 
@@ -173,13 +177,19 @@ def hit_rate(replies: list[tuple[ResultRecord, int]], clients: set[str] | None =
     return round(sum(c for _, c in chosen) / prompts, 4) if prompts else 0.0
 
 
+def suite_records(suite: str) -> list[TraceRecord]:
+    if suite == "documents":
+        return documents_workload().records
+    return generate_suite(suite).records
+
+
 def through_gateway(
-    suite: str, routing: str, args: argparse.Namespace, tmp: Path
+    suite: str, routing: str, policy: str, args: argparse.Namespace, tmp: Path
 ) -> dict[str, Any]:
-    records = [r for r in generate_suite(suite).records if r.arrival_s < args.gateway_seconds]
+    records = [r for r in suite_records(suite) if r.arrival_s < args.gateway_seconds]
     profile = scaled_profile(tmp / "profile.json", args.speedup)
     options = ["--enable-prefix-caching", "--tenant-from-user"]
-    options += ["--kv-tokens", str(GATEWAY_POOLS[suite]), "--policy", args.upstream_policy]
+    options += ["--kv-tokens", str(GATEWAY_POOLS[suite]), "--policy", policy]
     upstreams: list[Process] = []
     gw = None
     try:
@@ -209,9 +219,25 @@ def through_gateway(
             queries += values.get(("tokenfair:prefix_cache_queries_total", ()), 0.0)
         light = light_clients(results)
         light_ttft = ttft_percentiles([r for r in results if r.client in light])["*"]["p90"]
+        # In the suite's own time: compressed seconds times the speedup.
+        scaled = [
+            replace(
+                r,
+                arrival_s=r.arrival_s * args.speedup,
+                first_token_s=None if r.first_token_s is None else r.first_token_s * args.speedup,
+                finish_s=None if r.finish_s is None else r.finish_s * args.speedup,
+            )
+            for r in results
+        ]
+        fairness = fairness_report(scaled, duration_s=args.gateway_seconds)
+        served = sum(r.input_tokens + r.output_tokens for r in scaled)
         return {
             "suite": suite,
             "routing": routing,
+            "upstream_policy": policy,
+            "max_diff": round(fairness.max_diff, 1),
+            # input + output tokens over first arrival to last finish (SPEC's throughput)
+            "throughput_tok_s": round(served / max(r.finish_s or 0.0 for r in scaled), 1),
             "requests": len(records),
             # First admissions, as the clients' usage reports them...
             "hit_rate": hit_rate(replies),
@@ -234,9 +260,13 @@ def through_gateway(
 def gateway_figures(args: argparse.Namespace) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix="locality-gateway-"))
     suites = args.suites.split(",")
+    policies = args.upstream_policy.split(",")
     try:
         runs = [
-            through_gateway(suite, routing, args, tmp) for suite in suites for routing in ROUTINGS
+            through_gateway(suite, routing, policy, args, tmp)
+            for suite in suites
+            for policy in policies
+            for routing in ROUTINGS
         ]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -249,11 +279,16 @@ def gateway_figures(args: argparse.Namespace) -> dict[str, Any]:
         "slots_per_upstream": args.slots,
         "runs": runs,
     }
-    for suite in suites:
+    for suite, policy in ((s, p) for s in suites for p in policies):
         least, affine = (
-            next(r for r in runs if r["suite"] == suite and r["routing"] == m) for m in ROUTINGS
+            next(
+                r
+                for r in runs
+                if r["suite"] == suite and r["routing"] == m and r["upstream_policy"] == policy
+            )
+            for m in ROUTINGS
         )
-        figures[suite] = {
+        figures[f"{suite} / {policy}"] = {
             "hit_rate_affinity_over_least_loaded": round(affine["hit_rate"] / least["hit_rate"], 3)
             if least["hit_rate"]
             else None,
@@ -281,9 +316,15 @@ def main() -> None:
         "--gateway-seconds", type=float, default=120.0, help="gateway: seconds of each suite"
     )
     parser.add_argument("--slots", type=int, default=32, help="gateway: requests per upstream")
-    parser.add_argument("--upstream-policy", default="vtc", help="gateway: the upstreams' policy")
     parser.add_argument(
-        "--suites", default=",".join(LOCALITY_POOLS), help="gateway: comma-separated suites"
+        "--upstream-policy",
+        default="vtc",
+        help="gateway: the upstreams' policy, or several, comma-separated (each a run)",
+    )
+    parser.add_argument(
+        "--suites",
+        default=",".join(LOCALITY_POOLS),
+        help="gateway: comma-separated suites (system-prompt, multiturn, documents)",
     )
     args = parser.parse_args()
     seeds = 1 if args.quick else args.seeds
