@@ -33,6 +33,7 @@ import itertools
 from collections import deque
 from collections.abc import Iterator
 
+from tokenfair.core.policies.cached_heads import CachedHeadHeap
 from tokenfair.core.policies.settings import PolicySettings
 from tokenfair.core.policies.view import RequestView
 from tokenfair.core.policies.vtc import VTCPolicy
@@ -42,6 +43,9 @@ from tokenfair.core.prefix_cache import CachedPrefixIndex, PrefixCache
 # prefix before the others catch up (docs/fairness.md: how it was chosen).
 DEFAULT_QUANTUM = 4096.0
 
+# (priority, band, -cached blocks, place in line, seq of the entry, request)
+_QueueEntry = tuple[int, int, int, int, int, RequestView]
+
 
 class LongestPrefixQueue:
     """One client's waiting requests: priority (lower first), then a preempted request
@@ -50,29 +54,35 @@ class LongestPrefixQueue:
     __slots__ = ("_checked", "_heap", "_index", "_live", "_seq")
 
     def __init__(self, index: CachedPrefixIndex, seq: Iterator[int]) -> None:
-        self._heap: list[tuple[int, int, int, int, RequestView]] = []
-        # request id -> (seq of its one valid heap entry, band: 0 preempted, 1 new)
-        self._live: dict[str, tuple[int, int]] = {}
+        self._heap: list[_QueueEntry] = []
+        # request id -> (seq of its one valid heap entry, band: 0 preempted, 1 new, its
+        # place in line)
+        self._live: dict[str, tuple[int, int, int]] = {}
         self._index = index
         self._seq = seq
         # The top entry as last checked, and the cache's wanted evictions then: it
         # stands while it is still the top and nothing wanted was evicted since.
-        self._checked: tuple[tuple[int, int, int, int, RequestView], int] | None = None
+        self._checked: tuple[_QueueEntry, int] | None = None
 
-    def _file(self, request: RequestView, band: int) -> None:
+    def _file(self, request: RequestView, band: int, order: int | None = None) -> None:
+        """File a new entry of `request`. Filed again (its cached prefix changed), it
+        keeps its place in line (`order`), so that which of two equally cached requests
+        goes first never depends on when either was last looked at."""
         seq = next(self._seq)
-        self._live[request.request_id] = (seq, band)
+        if order is None:
+            # Preempted requests go back last in, first out, as vLLM prepends them.
+            order = -seq if band == 0 else seq
+        self._live[request.request_id] = (seq, band, order)
         blocks = self._index.blocks(request)
-        # Preempted requests go back last in, first out, as vLLM prepends them.
-        order = -seq if band == 0 else seq
-        heapq.heappush(self._heap, (request.priority, band, -blocks, order, request))
-        if len(self._heap) > 4 * len(self._live) + 64:
-            self._heap = [e for e in self._heap if self._is_live(e)]
-            heapq.heapify(self._heap)
+        heap = self._heap
+        heapq.heappush(heap, (request.priority, band, -blocks, order, seq, request))
+        if len(heap) > 4 * len(self._live) + 64:
+            heap[:] = [e for e in heap if self._is_live(e)]  # in place: `_top` holds it
+            heapq.heapify(heap)
 
-    def _is_live(self, entry: tuple[int, int, int, int, RequestView]) -> bool:
-        live = self._live.get(entry[4].request_id)
-        return live is not None and live[0] == abs(entry[3])
+    def _is_live(self, entry: _QueueEntry) -> bool:
+        live = self._live.get(entry[5].request_id)
+        return live is not None and live[0] == entry[4]
 
     def add(self, request: RequestView) -> None:
         self._index.track(request)
@@ -86,9 +96,9 @@ class LongestPrefixQueue:
         """The request's cached prefix changed: file it where it now belongs."""
         live = self._live.get(request.request_id)
         if live is not None:
-            self._file(request, live[1])
+            self._file(request, live[1], live[2])
 
-    def _top(self) -> tuple[int, int, int, int, RequestView]:
+    def _top(self) -> _QueueEntry:
         """The entry of the head: live, and its cached prefix checked."""
         heap, live, index = self._heap, self._live, self._index
         checked = self._checked
@@ -96,19 +106,19 @@ class LongestPrefixQueue:
             return checked[0]
         while True:
             entry = heap[0]
-            request = entry[4]
+            request = entry[5]
             filed = live.get(request.request_id)
-            if filed is None or filed[0] != abs(entry[3]):
+            if filed is None or filed[0] != entry[4]:
                 heapq.heappop(heap)  # retired entry
             elif not index.verify(request):
                 heapq.heappop(heap)  # evictions shortened its prefix: file it again
-                self._file(request, filed[1])
+                self._file(request, filed[1], filed[2])
             else:
                 self._checked = (entry, index.wanted_evictions)
                 return entry
 
     def head(self) -> RequestView:
-        return self._top()[4]
+        return self._top()[5]
 
     def head_blocks(self) -> int:
         """The head's cached leading blocks."""
@@ -133,7 +143,7 @@ class LongestPrefixQueue:
 
     def __iter__(self) -> Iterator[RequestView]:
         """In the order pops would take them with the cache as it is."""
-        return (e[4] for e in sorted(e for e in self._heap if self._is_live(e)))
+        return (e[5] for e in sorted(e for e in self._heap if self._is_live(e)))
 
 
 class LocalityVTCPolicy(VTCPolicy):
@@ -172,15 +182,10 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
         if not quantum > 0:
             raise ValueError(f"quantum must be > 0, got {quantum}")
         super().__init__(settings, **vtc_options)
-        self._eligible_seq = itertools.count()
         self.quantum = quantum
         self._round_end = 0.0  # a backlogged client's deficit is round_end - counter
-        # Clients with a positive deficit: (-cached blocks of its head, counter, tie
-        # rank, seq, client). One live entry per client, filed again when its head's
-        # prefix grows; an entry that overstates (its counter grew, its head changed or
-        # shrank) is filed again when it reaches the top, as VTC's heap does.
-        self._eligible: list[tuple[int, float, int, int, str]] = []
-        self._filed: dict[str, tuple[int, int]] = {}  # client -> (seq, blocks) of its entry
+        # Clients with a positive deficit, longest cached head first.
+        self._eligible = CachedHeadHeap(self._queues, self.ledger)
         # Clients back from idle, in arrival order: their first request goes first.
         self._returning: deque[str] = deque()
         # The last choice, kept while nothing it depends on changed (a peek is followed
@@ -191,27 +196,16 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
     def _file_eligible(self, client: str, blocks: int | None = None) -> None:
         """File the client's entry (`blocks`: its head's cached blocks, if known)."""
         queue = self._queues.get(client)
-        counter = self.ledger.counter(client)
-        if queue is None or counter >= self._round_end:
-            self._filed.pop(client, None)
+        if queue is None or self.ledger.counter(client) >= self._round_end:
+            self._eligible.retire(client)
             return
-        if blocks is None:
-            blocks = queue.head_blocks()
-        seq = next(self._eligible_seq)
-        self._filed[client] = (seq, blocks)
-        heapq.heappush(
-            self._eligible, (-blocks, counter, self.ledger.tie_rank(client), seq, client)
-        )
-        if len(self._eligible) > 2 * len(self._filed) + 64:
-            filed = self._filed
-            self._eligible = [e for e in self._eligible if filed.get(e[4], (-1,))[0] == e[3]]
-            heapq.heapify(self._eligible)
+        self._eligible.file(client, queue.head_blocks() if blocks is None else blocks)
 
     def _head_may_have_grown(self, client: str, blocks: int) -> None:
         """One of the client's requests now has `blocks` cached: re-file the client if
         that beats its entry (an understated entry would surface too late)."""
-        filed = self._filed.get(client)
-        if filed is not None and blocks > filed[1]:
+        filed = self._eligible.filed_blocks(client)
+        if filed is not None and blocks > filed:
             self._file_eligible(client)
 
     def _chosen_client(self) -> str | None:
@@ -269,28 +263,12 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
     def _longest_prefix_client(self) -> str | None:
         """The client with a positive deficit whose head has the longest cached prefix
         (ties: the smallest counter), or None when no backlogged client has a deficit."""
-        heap, filed, counter_of = self._eligible, self._filed, self.ledger.counter
-        while heap:
-            negative_blocks, stored, _, seq, client = heap[0]
-            entry = filed.get(client)
-            if entry is None or entry[0] != seq:
-                heapq.heappop(heap)  # retired entry
-                continue
-            counter = counter_of(client)
-            if counter >= self._round_end:
-                heapq.heappop(heap)  # its deficit is spent: it waits for a refill
-                del filed[client]
-                continue
-            blocks = self._queues[client].head_blocks()
-            if -negative_blocks != blocks or stored != counter:
-                # Its head or its counter moved: file it again where it now belongs.
-                seq = next(self._eligible_seq)
-                filed[client] = (seq, blocks)
-                heapq.heapreplace(
-                    heap, (-blocks, counter, self.ledger.tie_rank(client), seq, client)
-                )
-                continue
-            return client
+        eligible = self._eligible
+        while (top := eligible.top()) is not None:
+            client, _, counter = top
+            if counter < self._round_end:
+                return client
+            eligible.retire(client)  # its deficit is spent: it waits for a refill
         return None
 
     def _refill(self) -> None:
@@ -339,7 +317,7 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
     def _head_changed(self, client: str) -> None:
         queue = self._queues.get(client)
         if queue is None:
-            self._filed.pop(client, None)  # nothing waits: retire its entry
+            self._eligible.retire(client)  # nothing waits
         else:
             # The next head may come first by priority, with a longer prefix.
             self._head_may_have_grown(client, queue.head_blocks())

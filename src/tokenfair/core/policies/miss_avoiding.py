@@ -28,9 +28,7 @@ the bound keeps few (the choice is kept until a counter, the cache or a queue ch
 
 from __future__ import annotations
 
-import heapq
-import itertools
-
+from tokenfair.core.policies.cached_heads import CachedHeadHeap
 from tokenfair.core.policies.locality import LocalityVTCPolicy, LongestPrefixQueue
 from tokenfair.core.policies.settings import PolicySettings
 from tokenfair.core.policies.view import RequestView
@@ -58,14 +56,8 @@ class MissAvoidingVTCPolicy(LocalityVTCPolicy):
             raise ValueError(f"window must be > 0, got {window}")
         super().__init__(settings, **vtc_options)
         self.window = window
-        # Clients whose next request finds some of its prompt cached: (-cached blocks,
-        # counter, tie rank, seq, client), one live entry per client (`_filed`: client
-        # -> (seq, blocks)). An entry that overstates (its counter grew, its head
-        # changed or its prefix was evicted) is filed again when it reaches the top,
-        # as dlpm's heap does.
-        self._hits: list[tuple[int, float, int, int, str]] = []
-        self._filed: dict[str, tuple[int, int]] = {}
-        self._hit_seq = itertools.count()
+        # Clients whose next request finds some of its prompt cached.
+        self._hits = CachedHeadHeap(self._queues, self.ledger)
         # The last choice on a miss, kept while nothing it depends on changed (a peek
         # is followed by a pop): (least served, its counter, chosen, wanted evictions,
         # queue changes) when made.
@@ -97,53 +89,37 @@ class MissAvoidingVTCPolicy(LocalityVTCPolicy):
 
     def _nearest_hit(self, limit: float) -> str | None:
         """The client below `limit` whose next request has the longest cached prefix
-        (ties: the smallest counter, then VTC's tie order), or None."""
-        heap, filed, counter_of = self._hits, self._filed, self.ledger.counter
-        beyond: list[tuple[int, float, int, int, str]] = []
-        found = None
-        while heap:
-            negative_blocks, stored, _, seq, client = heap[0]
-            if filed.get(client, (-1,))[0] != seq:
-                heapq.heappop(heap)  # retired entry
-                continue
-            blocks, counter = self._queues[client].head_blocks(), counter_of(client)
-            if blocks != -negative_blocks or counter != stored:
-                heapq.heappop(heap)  # its head or its counter moved: file it again
-                self._file(client, blocks)
-                continue
-            if counter >= limit:
-                beyond.append(heapq.heappop(heap))  # ahead of the window, for now
-                continue
-            found = client
-            break
-        for entry in beyond:
-            heapq.heappush(heap, entry)
+        (ties: the smallest counter, then the entry filed first), or None."""
+        hits, beyond, found = self._hits, [], None
+        while (top := hits.top()) is not None:
+            client, blocks, counter = top
+            if blocks == 0:
+                hits.retire(client)  # evicted since it was filed
+            elif counter >= limit:
+                beyond.append(hits.set_aside())  # ahead of the window, for now
+            else:
+                found = client
+                break
+        hits.put_back(beyond)
         return found
 
     def _file(self, client: str, blocks: int) -> None:
         """File the client under its head's `blocks` (none cached: no entry)."""
-        if blocks == 0:
-            self._filed.pop(client, None)
-            return
-        seq = next(self._hit_seq)
-        self._filed[client] = (seq, blocks)
-        entry = (-blocks, self.ledger.counter(client), self.ledger.tie_rank(client), seq, client)
-        heapq.heappush(self._hits, entry)
-        if len(self._hits) > 2 * len(self._filed) + 64:
-            filed = self._filed
-            self._hits = [e for e in self._hits if filed.get(e[4], (-1,))[0] == e[3]]
-            heapq.heapify(self._hits)
+        if blocks:
+            self._hits.file(client, blocks)
+        else:
+            self._hits.retire(client)
 
     def _may_have_grown(self, client: str, blocks: int) -> None:
         """One of the client's requests now has `blocks` cached: file the client again
         if that beats its entry (an understated entry would surface too late)."""
-        if blocks > self._filed.get(client, (-1, 0))[1]:
+        if blocks > (self._hits.filed_blocks(client) or 0):
             self._file(client, self._queues[client].head_blocks())
 
     def _head_changed(self, client: str) -> None:
         queue = self._queues.get(client)
         if queue is None:
-            self._filed.pop(client, None)  # nothing waits: retire its entry
+            self._hits.retire(client)  # nothing waits
         else:
             self._file(client, queue.head_blocks())
 
