@@ -12,6 +12,9 @@ Gateway: the same suites replayed in real time at a compressed scale through
 a third of its clients' system prompts, so the three together hold them all and one
 alone does not, and 20,000 for `multiturn`, what an A10G holds for Llama-2-7B), under
 `routing: least-loaded` and `routing: prefix-affinity`, fresh upstreams for each.
+`--suites documents` adds the document workload (six backlogged clients, four private
+documents each; pools of 6,000 tokens), and `--upstream-policy vtc,vtc-hit` runs every
+routing under each upstream policy, with throughput and Max Diff beside the hit rates.
 Compressed: the first `--gateway-seconds` of the suite, its arrivals and the
 upstreams' step times (the `a10g-llama-7b` profile) both divided by `--speedup`, so the
 engines see the same work at the same relative pace. Prompts are text whose tokens
