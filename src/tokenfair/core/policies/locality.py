@@ -156,6 +156,26 @@ class LocalityVTCPolicy(VTCPolicy):
         super().__init__(settings, **vtc_options)
         self._index = CachedPrefixIndex(self._prefix_grew)
         self._queue_seq = itertools.count()
+        # Arrivals, departures and prefix growth so far: a subclass's choice, made at a
+        # peek and kept for the pop that follows, stands while this has not moved.
+        self._changes = 0
+
+    def add(self, request: RequestView, now: float) -> None:
+        self._changes += 1
+        super().add(request, now)
+
+    def requeue(self, request: RequestView) -> None:
+        self._changes += 1
+        super().requeue(request)
+
+    def pop(self) -> RequestView:
+        request = super().pop()
+        self._changes += 1
+        return request
+
+    def remove(self, request: RequestView) -> None:
+        super().remove(request)
+        self._changes += 1
 
     def attach_prefix_cache(self, cache: PrefixCache) -> None:
         self._index.attach(cache)
@@ -164,6 +184,7 @@ class LocalityVTCPolicy(VTCPolicy):
         return LongestPrefixQueue(self._index, self._queue_seq)
 
     def _prefix_grew(self, request: RequestView) -> None:
+        self._changes += 1
         queue = self._queues.get(request.client)
         if isinstance(queue, LongestPrefixQueue):
             queue.refresh(request)
@@ -191,7 +212,6 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
         # The last choice, kept while nothing it depends on changed (a peek is followed
         # by a pop): (client, its counter, wanted evictions, queue changes) when made.
         self._choice: tuple[str, float, int, int] | None = None
-        self._changes = 0  # arrivals, departures and prefix growth so far
 
     def _file_eligible(self, client: str, blocks: int | None = None) -> None:
         """File the client's entry (`blocks`: its head's cached blocks, if known)."""
@@ -281,7 +301,6 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
             self._file_eligible(client)
 
     def add(self, request: RequestView, now: float) -> None:
-        self._changes += 1
         client = request.client
         idle = client not in self._queues
         super().add(request, now)
@@ -292,7 +311,6 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
             self._head_may_have_grown(client, self._index.blocks(request))
 
     def requeue(self, request: RequestView) -> None:
-        self._changes += 1
         client = request.client
         idle = client not in self._queues
         super().requeue(request)
@@ -303,7 +321,6 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
 
     def pop(self) -> RequestView:
         request = super().pop()
-        self._changes += 1
         if self._returning and self._returning[0] == request.client:
             self._returning.popleft()  # its first request is in: it waits its turn now
         self._head_changed(request.client)
@@ -311,7 +328,6 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
 
     def remove(self, request: RequestView) -> None:
         super().remove(request)
-        self._changes += 1
         self._head_changed(request.client)
 
     def _head_changed(self, client: str) -> None:
@@ -324,5 +340,4 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
 
     def _prefix_grew(self, request: RequestView) -> None:
         super()._prefix_grew(request)
-        self._changes += 1
         self._head_may_have_grown(request.client, self._index.blocks(request))

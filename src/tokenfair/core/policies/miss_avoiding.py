@@ -62,7 +62,6 @@ class MissAvoidingVTCPolicy(LocalityVTCPolicy):
         # is followed by a pop): (least served, its counter, chosen, wanted evictions,
         # queue changes) when made.
         self._choice: tuple[str, float, str, int, int] | None = None
-        self._changes = 0  # arrivals, departures and prefix growth so far
 
     def _chosen_client(self) -> str | None:
         ledger = self.ledger
@@ -123,30 +122,25 @@ class MissAvoidingVTCPolicy(LocalityVTCPolicy):
         else:
             self._file(client, queue.head_blocks())
 
-    # Everything that may change a choice made on a miss, or a client's entry.
+    # Everything that may change a client's entry (the base counts the changes).
     def add(self, request: RequestView, now: float) -> None:
-        self._changes += 1
         super().add(request, now)
         self._may_have_grown(request.client, self._index.blocks(request))
 
     def requeue(self, request: RequestView) -> None:
-        self._changes += 1
         super().requeue(request)
         self._may_have_grown(request.client, self._index.blocks(request))
 
     def pop(self) -> RequestView:
         request = super().pop()
-        self._changes += 1
         self._head_changed(request.client)
         return request
 
     def remove(self, request: RequestView) -> None:
         super().remove(request)
-        self._changes += 1
         self._head_changed(request.client)
 
     def _prefix_grew(self, request: RequestView) -> None:
         super()._prefix_grew(request)
-        self._changes += 1
         if request.client in self._queues:
             self._may_have_grown(request.client, self._index.blocks(request))
