@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Sequence
 
 from tokenfair.core.batch import ExecutorOutput
 from tokenfair.core.request import Request, SamplingParams
@@ -47,6 +48,31 @@ def fake_step(scheduler: Scheduler, now: float = 0.0):
             )
     scheduler.update(out, ExecutorOutput(sampled=sampled), now)
     return out
+
+
+def run_to_end(
+    scheduler: Scheduler,
+    made: Sequence[Request],
+    before_step: Callable[[int], None] | None = None,
+    after_step: Callable[[object], None] | None = None,
+    max_steps: int = 20_000,
+) -> None:
+    """Replay `made` (by arrival) a step per second until every request has finished:
+    arrivals at their step, then `before_step(step)`, the step (`fake_step`), then
+    `after_step(its output)`."""
+    arrived = step = 0
+    while arrived < len(made) or scheduler.has_unfinished():
+        now = float(step)
+        while arrived < len(made) and made[arrived].arrival_s <= now:
+            scheduler.add_request(made[arrived], now)
+            arrived += 1
+        if before_step is not None:
+            before_step(step)
+        out = fake_step(scheduler, now)
+        if after_step is not None:
+            after_step(out)
+        step += 1
+        assert step < max_steps
 
 
 def batch_span(out) -> int:

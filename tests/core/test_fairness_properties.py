@@ -25,7 +25,7 @@ from tokenfair.core.policies.miss_avoiding import MissAvoidingVTCPolicy
 from tokenfair.core.request import Request, RequestStatus
 from tokenfair.core.scheduler import Scheduler, SchedulerConfig
 
-from .helpers import batch_span, fake_step, make_request
+from .helpers import batch_span, make_request, run_to_end
 
 W_IN, W_OUT = 1.0, 2.0
 
@@ -117,23 +117,19 @@ def replay(workload: Workload, policy_name: str, config: SchedulerConfig, observ
     aborts: dict[int, list[int]] = {}
     for step, index in workload.aborts:
         aborts.setdefault(step, []).append(index)
-    next_arrival = 0
-    step = 0
-    while next_arrival < len(made) or scheduler.has_unfinished():
-        now = float(step)
-        while next_arrival < len(made) and made[next_arrival].arrival_s <= now:
-            scheduler.add_request(made[next_arrival], now)
-            next_arrival += 1
+
+    def before(step: int) -> None:
         for index in aborts.get(step, ()):
-            scheduler.abort(made[index].request_id, now)
+            scheduler.abort(made[index].request_id, float(step))
         observe(scheduler, made, step)
-        out = fake_step(scheduler, now)
+
+    def after(out) -> None:
         workload.span = max(workload.span, batch_span(out))
         scheduler.kv.check_invariants()
         if scheduler.has_unfinished():
             assert out.scheduled, "the server idled while requests were unfinished"
-        step += 1
-        assert step < 20_000
+
+    run_to_end(scheduler, made, before, after)
     return scheduler
 
 

@@ -23,7 +23,7 @@ from tokenfair.core.request import Request
 from tokenfair.core.scheduler import Scheduler, SchedulerConfig
 from tokenfair.core.share_tree import ROOT, ShareTree, ShareTreeError, group_id
 
-from .helpers import batch_span, fake_step, make_request
+from .helpers import batch_span, fake_step, make_request, run_to_end
 from .test_fairness_properties import PROPERTY_SETTINGS, W_IN, W_OUT
 
 WEIGHTS = st.sampled_from([0.5, 1.0, 1.0, 2.0, 3.0])
@@ -91,20 +91,14 @@ def replay(workload: TreeWorkload, scheduler: Scheduler, observe=None) -> list[t
         make_request(client=c, input_tokens=i, output_tokens=o, arrival_s=t)
         for t, c, i, o in workload.requests
     ]
-    next_arrival, step = 0, 0
-    while next_arrival < len(made) or scheduler.has_unfinished():
-        now = float(step)
-        while next_arrival < len(made) and made[next_arrival].arrival_s <= now:
-            scheduler.add_request(made[next_arrival], now)
-            next_arrival += 1
-        if observe is not None:
-            observe(scheduler, made)
-        out = fake_step(scheduler, now)
+
+    def after(out) -> None:
         workload.span = max(workload.span, batch_span(out))
         if scheduler.has_unfinished():
             assert out.scheduled, "the server idled while requests were unfinished"
-        step += 1
-        assert step < 20_000
+
+    before = None if observe is None else (lambda step: observe(scheduler, made))
+    run_to_end(scheduler, made, before, after)
     return [(r.admit_seq, r.scheduled_s, r.first_token_s, r.finish_s) for r in made]
 
 

@@ -24,7 +24,7 @@ from tokenfair.core.scheduler import Scheduler, SchedulerConfig
 from tokenfair.core.share_tree import ShareTree, group_id
 from tokenfair.core.weights import MAX_WEIGHT, MIN_WEIGHT
 
-from .helpers import fake_step, make_request
+from .helpers import make_request, run_to_end
 from .test_fairness_properties import PROPERTY_SETTINGS, W_IN, W_OUT
 
 EXTREMES = st.sampled_from([MIN_WEIGHT, MAX_WEIGHT, 1.0])
@@ -164,14 +164,5 @@ def test_the_scheduler_charges_register_at_the_extreme_weights_after_a_long_run(
         make_request(client=c, input_tokens=i, output_tokens=o, arrival_s=t)
         for t, c, i, o in requests
     ]
-    arrived, step = 0, 0
-    while arrived < len(made) or scheduler.has_unfinished():
-        now = float(step)
-        while arrived < len(made) and made[arrived].arrival_s <= now:
-            scheduler.add_request(made[arrived], now)
-            arrived += 1
-        fake_step(scheduler, now)
-        assert_finite(ledger)
-        step += 1
-        assert step < 5_000
+    run_to_end(scheduler, made, after_step=lambda out: assert_finite(ledger), max_steps=5_000)
     assert all(r.num_output_tokens == r.target_output_tokens for r in made)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from tests.gateway.processes import fake_upstream
 from tests.gateway.redis_server import RedisServer
@@ -19,15 +19,20 @@ def _write(tmp_path: Path, text: str) -> Path:
     return path
 
 
+def _check(tmp_path: Path, text: str) -> Result:
+    """`tokenfair gateway --check` on a config of `text`."""
+    path = _write(tmp_path, text)
+    return CliRunner().invoke(app, ["gateway", "--config", str(path), "--check"])
+
+
 def test_check_accepts_a_good_config(tmp_path: Path) -> None:
     (tmp_path / "tenants.yaml").write_text(
         f"tenants:\n  - name: a\n    key_sha256: ['{hash_key('k')}']\n"
     )
-    path = _write(
+    result = _check(
         tmp_path,
         "tenants: tenants.yaml\nupstreams:\n  - {url: 'http://127.0.0.1:1', models: [m], max_concurrent: 2}\n",
     )
-    result = CliRunner().invoke(app, ["gateway", "--config", str(path), "--check"])
     # A good config whose upstream does not answer: 1, not 2 (a wrong config), saying so.
     assert result.exit_code == 1, result.output
     assert "ok" in result.output and "1 tenant(s)" in result.output
@@ -39,12 +44,11 @@ def test_check_accepts_a_good_config(tmp_path: Path) -> None:
 def test_check_reaches_the_upstreams_and_redis(tmp_path: Path, redis_server: RedisServer) -> None:
     upstream = fake_upstream(tmp_path, "u")
     try:
-        path = _write(
+        result = _check(
             tmp_path,
             f"redis: {{url: '{redis_server.url}'}}\n"
             f"upstreams:\n  - {{url: '{upstream.url}/v1', models: [m], max_concurrent: 8}}\n",
         )
-        result = CliRunner().invoke(app, ["gateway", "--config", str(path), "--check"])
     finally:
         upstream.stop()
     assert result.exit_code == 0, result.output
@@ -53,21 +57,19 @@ def test_check_reaches_the_upstreams_and_redis(tmp_path: Path, redis_server: Red
 
 
 def test_check_names_a_bad_routing_key_and_line(tmp_path: Path) -> None:
-    path = _write(
+    result = _check(
         tmp_path,
         "upstreams:\n  - {url: 'http://127.0.0.1:1', models: [m], max_concurrent: 2}\n"
         "routing:\n  mode: least-loaded\n  overload_bound: -1\n",
     )
-    result = CliRunner().invoke(app, ["gateway", "--config", str(path), "--check"])
     assert result.exit_code == 2
     assert "gateway.yaml:5: routing.overload_bound" in result.output
 
 
 def test_check_names_the_bad_key(tmp_path: Path) -> None:
-    path = _write(
+    result = _check(
         tmp_path, "upstreams:\n  - {url: 'http://127.0.0.1:1', models: [m], max_concurrent: -1}\n"
     )
-    result = CliRunner().invoke(app, ["gateway", "--config", str(path), "--check"])
     assert result.exit_code == 2
     assert "gateway.yaml:2: upstreams.0.max_concurrent" in result.output
     assert "Traceback" not in result.output
@@ -75,21 +77,19 @@ def test_check_names_the_bad_key(tmp_path: Path) -> None:
 
 def test_check_reports_a_bad_tenants_file_by_its_key(tmp_path: Path) -> None:
     (tmp_path / "tenants.yaml").write_text("tenants:\n  - name: a\n    weight: 0\n")
-    path = _write(
+    result = _check(
         tmp_path,
         "tenants: tenants.yaml\nupstreams:\n  - {url: 'http://127.0.0.1:1', models: [m], max_concurrent: 2}\n",
     )
-    result = CliRunner().invoke(app, ["gateway", "--config", str(path), "--check"])
     assert result.exit_code == 2
     assert "tenants.yaml:3: tenants.0.weight" in result.output  # file, line and key
 
 
 def test_inline_tenants_are_checked_too(tmp_path: Path) -> None:
-    path = _write(
+    result = _check(
         tmp_path,
         "tenants: {tenants: [{name: a, rpm: 0}]}\nupstreams:\n  - {url: 'http://127.0.0.1:1', models: [m], max_concurrent: 2}\n",
     )
-    result = CliRunner().invoke(app, ["gateway", "--config", str(path), "--check"])
     assert result.exit_code == 2
     assert "gateway.yaml:1: tenants.tenants.0.rpm" in result.output  # the file and line
 
@@ -97,12 +97,11 @@ def test_inline_tenants_are_checked_too(tmp_path: Path) -> None:
 def test_check_refuses_a_key_given_twice_at_its_line(tmp_path: Path) -> None:
     """`policy: fcfs` then `policy: vtc`: YAML keeps the last; --check must not report
     either as the one in force."""
-    path = _write(
+    result = _check(
         tmp_path,
         "policy: fcfs\nupstreams:\n  - {url: 'http://127.0.0.1:1', models: [m], max_concurrent: 2}\n"
         "policy: vtc\n",
     )
-    result = CliRunner().invoke(app, ["gateway", "--config", str(path), "--check"])
     assert result.exit_code == 2
     assert "gateway.yaml:4: the key 'policy' is given twice in one mapping (first at line 1)" in (
         " ".join(result.output.split())
@@ -115,22 +114,20 @@ def test_check_refuses_a_weight_out_of_range_and_a_key_twice_inline(tmp_path: Pa
         ("{tenants: [{name: a, weight: 1.0e-300}]}", "gateway.yaml:1: tenants.tenants.0.weight"),
         ("{tenants: [{name: a, weight: 1, weight: 5}]}", "gateway.yaml:1: the key 'weight'"),
     ):
-        path = _write(
+        result = _check(
             tmp_path,
             f"tenants: {tenants}\nupstreams:\n  - {{url: 'http://127.0.0.1:1', models: [m], max_concurrent: 2}}\n",
         )
-        result = CliRunner().invoke(app, ["gateway", "--config", str(path), "--check"])
         assert result.exit_code == 2
         assert expected in result.output
 
 
 def test_check_loads_the_tokenizers_as_the_start_does(tmp_path: Path) -> None:
-    path = _write(
+    result = _check(
         tmp_path,
         "models: {m: {tokenizer: /nonexistent/tokenizer}}\n"
         "upstreams:\n  - {url: 'http://127.0.0.1:1', models: [m], max_concurrent: 2}\n",
     )
-    result = CliRunner().invoke(app, ["gateway", "--config", str(path), "--check"])
     assert result.exit_code == 2
     assert "gateway.yaml: models.m.tokenizer: cannot load '/nonexistent/tokenizer'" in " ".join(
         result.output.split()
@@ -160,7 +157,8 @@ def test_a_duplicate_in_inline_tenants_is_reported_at_its_line(
     tmp_path: Path, second: str, key: str, expected: str
 ) -> None:
     text = INLINE % (hash_key("a"), second, hash_key(key))
-    path = _write(tmp_path, text)
-    result = CliRunner().invoke(app, ["gateway", "--config", str(path), "--check"])
+    result = _check(tmp_path, text)
     assert result.exit_code == 2
-    assert f"{path}{expected}" in " ".join(result.output.split()), result.output
+    assert f"{tmp_path / 'gateway.yaml'}{expected}" in " ".join(result.output.split()), (
+        result.output
+    )
