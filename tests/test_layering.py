@@ -135,13 +135,10 @@ LONG_MODULES_BEING_SPLIT: dict[str, int] = {}
 # it checks at import, the access to vLLM's prefix cache), kept in one module so that a
 # new vLLM minor is read against one file and docs/vllm.md's list of it. The core's
 # scheduler is one step read top to bottom (the running requests, the swapped ones,
-# admission, preemption), which a split would scatter; the KV cache manager is one
-# pool whose block tables, prefix cache, eviction order and swap area share the same
-# free lists and reference counts, which a split would expose between modules.
+# admission, preemption), which a split would scatter.
 LONG_BY_DESIGN: dict[str, int] = {
     "tokenfair.integrations.vllm.scheduler": 700,
     "tokenfair.core.scheduler": 460,
-    "tokenfair.core.kv_cache": 480,
 }
 
 

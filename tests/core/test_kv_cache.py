@@ -239,13 +239,13 @@ def kv_state(kv: KVCacheManager) -> tuple:
     """Everything a lookup must leave alone: tables, counts, hashes, both LRUs in order."""
     return (
         {rid: list(kv.block_table(rid)) for rid in kv.holders()},
-        list(kv._free),
-        list(kv._ref_count),
-        list(kv._block_hash),
-        dict(kv._cached),
-        list(kv._evictable),
-        list(kv._evictable_wanted),
-        dict(kv._hashed_blocks),
+        list(kv.pool._free),
+        list(kv.pool.ref_count),
+        list(kv.index.block_hash),
+        dict(kv.index.cached),
+        list(kv.pool._idle),
+        list(kv.pool._idle_wanted),
+        dict(kv.index.entered_blocks),
         kv.num_free_blocks,
         kv.wanted_evictions,
     )
@@ -288,13 +288,13 @@ def test_touch_prefix_only_makes_the_idle_blocks_most_recently_used():
     other = grouped(5, "o", 4)
     computed(kv, other, 5)
     kv.free(other)
-    g = [kv._cached[key] for key in keys]
-    o = kv._cached[kv.block_hashes(other, 1)[0]]
-    assert list(kv._evictable) == [g[2], g[1], o] and list(kv._evictable_wanted) == [g[0]]
+    g = [kv.index.cached[key] for key in keys]
+    o = kv.index.cached[kv.block_hashes(other, 1)[0]]
+    assert list(kv.pool._idle) == [g[2], g[1], o] and list(kv.pool._idle_wanted) == [g[0]]
     before = kv_state(kv)
     kv.touch_prefix(kv.lookup_prefix(grouped(16, "g", 12)))
-    assert list(kv._evictable) == [o, g[2], g[1]]  # g's blocks now the newest
-    assert list(kv._evictable_wanted) == [g[0]]  # a wanted block stays in its own LRU
+    assert list(kv.pool._idle) == [o, g[2], g[1]]  # g's blocks now the newest
+    assert list(kv.pool._idle_wanted) == [g[0]]  # a wanted block stays in its own LRU
     after = kv_state(kv)
     assert after[:5] + after[7:] == before[:5] + before[7:]  # nothing else changed
     kv.check_invariants()

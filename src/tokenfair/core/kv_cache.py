@@ -3,22 +3,18 @@
 The pool is `num_blocks` blocks of `block_size` token slots. A request's block table
 lists its blocks in token order; token p lives in block_table[p // block_size].
 
-Prefix caching: once a block is full its contents are fixed, so it gets a hash chained
-from its predecessor's. When its owner frees it, the block keeps its contents and its
-hash and waits in an LRU of evictable blocks; a later request whose tokens hash the
-same (typically a recomputed request re-prefilling its own tokens) takes it back
-instead of recomputing it. Fresh blocks come from untouched free blocks first, then
-from the LRU's oldest end.
+`KVCacheManager` is the scheduler's one door to KV memory, over three owners (core/kv/):
+the block pool (reference counts, free and idle blocks, what each tenant holds), the
+prefix index (chain hashes, wanted hashes) and the swap area.
 
-Blocks that a waiting request will hit can be marked wanted (`want`/`unwant`, counted
-per waiting request): they wait in a second LRU that is evicted only once the first is
-empty, so a backlogged tenant's prefix is not evicted to make room for blocks nobody
-will read again (locality-aware policies mark them; docs/fairness.md).
-
-Requests without token ids (the simulator's) hash their blocks by name: a block on
-the request's prefix group's text by (group, position), any other by (request id,
-position), so requests of one group share their common prefix and a recomputed
-simulated request still hits its own old blocks.
+Prefix caching: a full block's contents are fixed, so it is entered in the prefix index
+under a hash chained from its predecessor's. When its owner frees it, the block keeps
+its contents and its hash and waits idle in an LRU; a later request whose tokens hash
+the same (typically a recomputed request re-prefilling its own tokens) takes it back
+instead of recomputing it. Blocks that a waiting request will hit can be marked
+wanted: they wait in a second LRU that is evicted only once the first is empty, so a
+backlogged tenant's prefix is not evicted to make room for blocks nobody will read
+again (locality-aware policies mark them; docs/fairness.md).
 
 Admission looks before it takes: `lookup_prefix` finds a waiting request's cached
 prefix and changes nothing (no reference counts, no LRU order); `allocate` then takes
@@ -26,28 +22,18 @@ that prefix and the new blocks together, or nothing when the pool is short. A he
 the queue that cannot be admitted yet has its idle prefix blocks made the most recently
 used (`touch_prefix`): it is next in line, so they are evicted after the other idle ones.
 
-Each request keeps its chain of block hashes (`Request.block_hashes`), computed once:
-a waiting request's cached prefix is looked up at every step by the locality-aware
-policies (`cached_prefix_blocks`), which also follow the cache through `on_cached`
-listeners (a block became findable) and `wanted_evictions` (how many blocks a waiting
-request wanted were evicted).
-
-Token blocks are chained with sha256 (as vLLM does since its prefix-cache collision
-advisory: Python's hash of a token tuple can be made to collide), and the chain starts
-from the request's `cache_salt`, so requests under different salts (tenants) never
-share a block: a shared prefix hit would let one tenant time another's prompts.
-
-The swap area is a second, smaller pool in host memory, bounded by `num_swap_blocks`.
+What each tenant holds (`held_by`, `holdings`: distinct blocks) is what the scheduler
+shares memory by (docs/fairness.md, "What a tenant holds").
 """
 
 from __future__ import annotations
 
-import hashlib
-from array import array
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tokenfair.core.kv.block_pool import BlockPool
+from tokenfair.core.kv.prefix_index import PrefixIndex
+from tokenfair.core.kv.swap_area import SwapArea
 from tokenfair.core.request import Request
 
 
@@ -68,7 +54,7 @@ class PrefixHit:
     blocks: tuple[int, ...]  # the cached blocks, in token order
     hashes: tuple[int, ...]  # their chain hashes (the cache's keys), one per block
     num_tokens: int  # tokens they hold: the request's computed tokens once taken
-    # How many of them nobody holds now (evictable): taking the prefix takes that many
+    # How many of them nobody holds now (idle): taking the prefix takes that many
     # blocks from the free pool.
     idle_blocks: int
 
@@ -90,6 +76,10 @@ class KVCacheManager:
         self.block_size = block_size
         self.num_swap_blocks = num_swap_blocks
         self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks)
+        self.index = PrefixIndex(num_blocks, block_size)
+        self.swap = SwapArea(num_swap_blocks)
+        self.pool.on_evict = self.index.forget
         # request id -> its block table; read it through `block_table`.
         self._tables: dict[str, list[int]] = {}
         # The request's blocks in token order (KeyError if it holds none: see `holders`):
@@ -97,39 +87,40 @@ class KVCacheManager:
         # never change it. A bound dict lookup, since the scheduler reads every running
         # request's table at every step.
         self.block_table: Callable[[str], list[int]] = self._tables.__getitem__
-        self._free: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() gives block 0 first
-        self._ref_count = [0] * num_blocks
-        # Prefix cache: hash of each full block (or None), hash -> block, evictable LRU.
-        self._block_hash: list[int | None] = [None] * num_blocks
-        self._cached: dict[int, int] = {}
-        self._evictable: OrderedDict[int, None] = OrderedDict()  # block ids, oldest first
-        # Evictable blocks that some waiting request will hit: evicted last.
-        self._evictable_wanted: OrderedDict[int, None] = OrderedDict()
-        self._wanted: dict[int, int] = {}  # block hash -> waiting requests that want it
-        # request id -> how many of its leading blocks are entered in the cache
-        self._hashed_blocks: dict[str, int] = {}
-        # Told the hashes of the blocks that become findable (locality-aware policies).
-        self.on_cached: list[Callable[[list[int]], None]] = []
-        # Wanted blocks evicted so far: some waiting request's cached prefix shrank.
-        self.wanted_evictions = 0
-        # Swap area.
-        self._swap_free: list[int] = list(range(num_swap_blocks - 1, -1, -1))
-        self.swap_tables: dict[str, list[int]] = {}
+        self.block_hashes = self.index.block_hashes
+        self.matchable_blocks = self.index.matchable_blocks
+        self.on_cached = self.index.on_cached
         self.prefix_hit_tokens = 0  # totals, for metrics
         self.prefix_query_tokens = 0
 
     # --- capacity ---
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free) + len(self._evictable) + len(self._evictable_wanted)
+        return self.pool.num_free
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - self.num_free_blocks
+        return self.num_blocks - self.pool.num_free
 
     @property
     def num_free_swap_blocks(self) -> int:
-        return len(self._swap_free)
+        return self.swap.num_free
+
+    @property
+    def swap_tables(self) -> dict[str, list[int]]:
+        return self.swap.tables
+
+    @property
+    def wanted_evictions(self) -> int:
+        return self.index.wanted_evictions
+
+    def held_by(self, tenant: str) -> int:
+        """Distinct blocks the tenant's requests hold on the device."""
+        return self.pool.held_by(tenant)
+
+    def holdings(self) -> dict[str, int]:
+        """Tenant -> distinct device blocks held, for every tenant holding any."""
+        return self.pool.holdings()
 
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks that hold `num_tokens` tokens (see `blocks_for`)."""
@@ -163,17 +154,15 @@ class KVCacheManager:
             return self._allocate_with_prefix(request, num_tokens, prefix)
         table = self._tables.get(request.request_id)
         need = self.blocks_for(num_tokens) - (len(table) if table is not None else 0)
-        if need > len(self._free) + len(self._evictable) + len(self._evictable_wanted):
+        pool = self.pool
+        if need > pool.num_free:
             return None
         if table is None:
             table = self._tables[request.request_id] = []
-        if need <= 0:
-            return table
-        ref_count = self._ref_count
-        for _ in range(need):
-            block = self._free.pop() if self._free else self._take_free_block()
-            ref_count[block] = 1
-            table.append(block)
+        if need > 0:
+            take, tenant = pool.take_fresh, request.client
+            for _ in range(need):
+                table.append(take(tenant))
         return table
 
     def _allocate_with_prefix(
@@ -184,7 +173,7 @@ class KVCacheManager:
                 f"request {request.request_id!r} holds blocks: a cached prefix is taken "
                 "only by a request that holds none"
             )
-        ref_count, block_hash = self._ref_count, self._block_hash
+        pool, block_hash = self.pool, self.index.block_hash
         idle = 0
         for block, key in zip(prefix.blocks, prefix.hashes, strict=True):
             if block_hash[block] != key:
@@ -192,120 +181,48 @@ class KVCacheManager:
                     f"stale prefix hit for request {request.request_id!r}: block {block} "
                     "was evicted since the lookup; look the prefix up again"
                 )
-            if ref_count[block] == 0:
+            if pool.ref_count[block] == 0:
                 idle += 1
         need = max(0, self.blocks_for(num_tokens) - len(prefix.blocks))
-        if need + idle > self.num_free_blocks:
+        if need + idle > pool.num_free:
             return None
+        tenant = request.client
         for block in prefix.blocks:
-            if ref_count[block] == 0:
-                if block in self._evictable:
-                    del self._evictable[block]
-                else:
-                    del self._evictable_wanted[block]
-            ref_count[block] += 1
+            pool.take(block, tenant)
         table = self._tables[request.request_id] = list(prefix.blocks)
-        self._hashed_blocks[request.request_id] = len(table)
+        self.index.entered_blocks[request.request_id] = len(table)
         for _ in range(need):
-            block = self._take_free_block()  # the prefix's blocks are out of the LRU now
-            ref_count[block] = 1
-            table.append(block)
+            table.append(pool.take_fresh(tenant))  # the prefix's blocks are out of the LRU now
         return table
-
-    def _take_free_block(self) -> int:
-        if self._free:
-            return self._free.pop()
-        # Evict the least recently freed block, one nobody waiting wants if there is one.
-        lru = self._evictable or self._evictable_wanted
-        block, _ = lru.popitem(last=False)
-        key = self._block_hash[block]
-        assert key is not None  # evictable blocks are the hashed ones
-        del self._cached[key]
-        self._block_hash[block] = None
-        if key in self._wanted:
-            self.wanted_evictions += 1
-        return block
 
     def free(self, request: Request) -> None:
         """Release every block of the request (finished, aborted or preempted)."""
         table = self._tables.pop(request.request_id, None)
-        self._hashed_blocks.pop(request.request_id, None)
-        if not table:
-            return
-        ref_count, block_hash, wanted = self._ref_count, self._block_hash, self._wanted
-        # Free the tail first so the LRU evicts a request's last blocks before its first.
-        for block in reversed(table):
-            ref_count[block] -= 1
-            if ref_count[block] == 0:
-                key = block_hash[block]
-                if key is None:
-                    self._free.append(block)
-                elif key in wanted:
-                    self._evictable_wanted[block] = None
-                else:
-                    self._evictable[block] = None
+        self.index.entered_blocks.pop(request.request_id, None)
+        if table:
+            self.pool.release(table, request.client, self.index.kind)
 
     # --- prefix caching ---
-    def block_hashes(self, request: Request, count: int) -> list[int]:
-        """The chain hashes of the request's first `count` blocks (all of them full)."""
-        hashes = request.block_hashes
-        have = len(hashes)
-        if have >= count:
-            return hashes if have == count else hashes[:count]
-        parent = hashes[-1] if hashes else 0
-        tokens = request.all_token_ids()
-        if tokens is None:
-            # Named blocks: on the group's text up to its shared length, then private.
-            size, group, shared = self.block_size, request.prefix_group, request.shared_tokens
-            own = request.request_id
-            for index in range(have, count):
-                name = group if (index + 1) * size <= shared else own
-                parent = hash((parent, name, index))
-                hashes.append(parent)
-            return hashes
-        for index in range(have, count):
-            parent = self._token_block_hash(parent, request, index, tokens)
-            hashes.append(parent)
-        return hashes
-
-    def _token_block_hash(
-        self, parent: int, request: Request, index: int, tokens: list[int]
-    ) -> int:
-        """The hash of block `index` of real tokens given its predecessor's (0 first)."""
-        size = self.block_size
-        digest = hashlib.sha256(parent.to_bytes(32, "big"))
-        if parent == 0 and request.cache_salt is not None:
-            salt = request.cache_salt.encode("utf-8")
-            digest.update(len(salt).to_bytes(4, "big") + salt)
-        digest.update(array("q", tokens[index * size : (index + 1) * size]).tobytes())
-        return int.from_bytes(digest.digest(), "big")
-
-    def matchable_blocks(self, request: Request) -> int:
-        """How many leading blocks of the request a cache hit may cover: all its full
-        blocks but the last token's, since the forward pass must produce a token."""
-        return (request.num_tokens - 1) // self.block_size
-
     def cached_run(self, request: Request, keys: list[int], start: int = 0) -> int:
         """`start` plus how many of `keys` (the request's block hashes) from `start` on
         are cached one after another."""
-        cached, end = self._cached, len(keys)
-        while start < end and keys[start] in cached:
-            start += 1
-        return start
+        return self.index.cached_run(keys, start)
 
     def cached_prefix_blocks(self, request: Request) -> int:
         """How many leading blocks of the request are in the cache now (nothing taken)."""
         if not self.enable_prefix_caching:
             return 0
-        return self.cached_run(request, self.block_hashes(request, self.matchable_blocks(request)))
+        index = self.index
+        return index.cached_run(index.block_hashes(request, index.matchable_blocks(request)))
 
     def lookup_prefix(self, request: Request) -> PrefixHit:
         """The request's longest cached prefix; nothing is taken and nothing in the cache
         changes (no reference counts, no LRU order). Take it with `allocate`."""
         if not self.enable_prefix_caching:
             return NO_PREFIX
-        cached, ref_count = self._cached, self._ref_count
-        keys = self.block_hashes(request, self.matchable_blocks(request))
+        index, ref_count = self.index, self.pool.ref_count
+        cached = index.cached
+        keys = index.block_hashes(request, index.matchable_blocks(request))
         blocks: list[int] = []
         idle = 0
         for key in keys:
@@ -324,39 +241,20 @@ class KVCacheManager:
         """Make the hit's idle blocks the most recently used, its first block last (as
         if its request had taken and freed them), each in the LRU it waits in; nothing
         is taken. For a waiting request that is next in line but not admitted yet."""
-        evictable, ref_count = self._evictable, self._ref_count
+        pool = self.pool
         for block in reversed(hit.blocks):
-            if ref_count[block] == 0:
-                if block in evictable:
-                    evictable.move_to_end(block)
-                else:
-                    self._evictable_wanted.move_to_end(block)
+            if pool.ref_count[block] == 0:
+                pool.touch(block)
 
     def want(self, keys: list[int]) -> None:
         """A waiting request will hit these blocks: evict them last."""
-        wanted = self._wanted
-        for key in keys:
-            count = wanted.get(key, 0)
-            wanted[key] = count + 1
-            if count == 0:
-                block = self._cached.get(key)
-                if block is not None and block in self._evictable:
-                    del self._evictable[block]
-                    self._evictable_wanted[block] = None
+        for block in self.index.want(keys):
+            self.pool.mark_wanted(block, True)
 
     def unwant(self, keys: list[int]) -> None:
         """Undo `want` (the request was admitted, dropped, or its match shrank)."""
-        wanted = self._wanted
-        for key in keys:
-            count = wanted[key] - 1
-            if count:
-                wanted[key] = count
-                continue
-            del wanted[key]
-            block = self._cached.get(key)
-            if block is not None and block in self._evictable_wanted:
-                del self._evictable_wanted[block]
-                self._evictable[block] = None
+        for block in self.index.unwant(keys):
+            self.pool.mark_wanted(block, False)
 
     def count_prefix_query(self, hit_tokens: int, total_tokens: int) -> None:
         """Record an admitted request's prefix-cache hit, for hit-rate metrics."""
@@ -369,44 +267,21 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return
         table = self._tables.get(request.request_id)
-        if not table:
-            return
-        done = self._hashed_blocks.get(request.request_id, 0)
-        full = min(request.num_computed_tokens // self.block_size, len(table))
-        if full <= done:
-            return
-        hashes = self.block_hashes(request, full)
-        entered = []
-        for index in range(done, full):
-            key = hashes[index]
-            if key in self._cached:
-                # Same content already cached elsewhere (computed twice concurrently);
-                # keep this block private rather than aliasing it.
-                continue
-            block = table[index]
-            self._block_hash[block] = key
-            self._cached[key] = block
-            entered.append(key)
-        self._hashed_blocks[request.request_id] = full
-        if entered:
-            # Told once for the whole run of blocks: a request waiting on the first
-            # then finds the rest cached too.
-            for listener in self.on_cached:
-                listener(entered)
+        if table:
+            self.index.enter(request, table)
 
     # --- swap ---
     def can_swap_out(self, request: Request) -> bool:
-        return len(self._tables.get(request.request_id, ())) <= len(self._swap_free)
+        return self.swap.can_hold(len(self._tables.get(request.request_id, ())))
 
     def swap_out(self, request: Request) -> list[tuple[int, int]] | None:
         """Move the request's blocks to the swap area: (device, swap) copies, or None if full."""
         if not self.can_swap_out(request):
             return None
         table = self._tables.get(request.request_id, [])
-        swap_table = [self._swap_free.pop() for _ in table]
+        swap_table = self.swap.put(request.request_id, len(table))
         mapping = list(zip(table, swap_table, strict=True))
         self.free(request)
-        self.swap_tables[request.request_id] = swap_table
         return mapping
 
     def swap_in(self, request: Request, num_tokens: int = 0) -> list[tuple[int, int]] | None:
@@ -415,41 +290,23 @@ class KVCacheManager:
         Returns the (swap, device) copies, or None (nothing moved) if the pool cannot
         hold the swapped blocks plus the growth.
         """
-        swap_table = self.swap_tables.get(request.request_id)
+        swap_table = self.swap.tables.get(request.request_id)
         if swap_table is None:
             return None
-        if max(len(swap_table), self.blocks_for(num_tokens)) > self.num_free_blocks:
+        if max(len(swap_table), self.blocks_for(num_tokens)) > self.pool.num_free:
             return None
-        del self.swap_tables[request.request_id]
-        table = []
-        for _ in swap_table:
-            block = self._take_free_block()
-            self._ref_count[block] = 1
-            table.append(block)
+        self.swap.drop(request.request_id)
+        tenant = request.client
+        table = [self.pool.take_fresh(tenant) for _ in swap_table]
         self._tables[request.request_id] = table
-        self._swap_free.extend(reversed(swap_table))
         copies = list(zip(swap_table, table, strict=True))
         self.allocate(request, num_tokens)  # fits: checked above
         return copies
 
     def free_swap(self, request: Request) -> None:
-        swap_table = self.swap_tables.pop(request.request_id, None)
-        if swap_table:
-            self._swap_free.extend(reversed(swap_table))
+        self.swap.drop(request.request_id)
 
     # --- invariants, for tests and debugging ---
     def check_invariants(self) -> None:
-        held: dict[int, int] = {}
-        for table in self._tables.values():
-            for block in table:
-                held[block] = held.get(block, 0) + 1
-        for block in range(self.num_blocks):
-            assert self._ref_count[block] == held.get(block, 0), f"block {block} ref count"
-        free = set(self._free) | set(self._evictable) | set(self._evictable_wanted)
-        assert len(free) == self.num_free_blocks, "block free twice"
-        for block in self._evictable_wanted:
-            assert self._block_hash[block] in self._wanted, "an unwanted block kept"
-        assert not free & set(held), "a held block is also free"
-        assert len(free) + len(held) == self.num_blocks, "blocks leaked"
-        swapped = [b for t in self.swap_tables.values() for b in t]
-        assert len(swapped) + len(self._swap_free) == self.num_swap_blocks, "swap blocks leaked"
+        self.pool.check_invariants(list(self._tables.values()), self.index.is_wanted)
+        self.swap.check_invariants()
