@@ -37,6 +37,7 @@ from collections import deque
 from typing import Literal
 
 from tokenfair.core.batch import ExecutorOutput, ScheduledRequest, SchedulerOutput
+from tokenfair.core.holding_share import HoldingShare
 from tokenfair.core.kv_cache import KVCacheManager
 from tokenfair.core.policies.base import Policy
 from tokenfair.core.policies.view import RequestView
@@ -44,6 +45,7 @@ from tokenfair.core.prefix_cache import PrefixCacheView
 from tokenfair.core.request import FinishReason, Request, RequestStatus
 from tokenfair.core.reserve import reserve_peak_fits
 from tokenfair.core.scheduler_config import PAPER_ADAPTER_TOKENS, ConfigError, SchedulerConfig
+from tokenfair.core.step_share import StepShare
 
 __all__ = ["PAPER_ADAPTER_TOKENS", "ConfigError", "Scheduler", "SchedulerConfig"]
 
@@ -68,9 +70,9 @@ class Scheduler:
         # Swap-out copies from force_preempt, delivered with the next step, by request.
         self._pending_swap_out: dict[str, list[tuple[int, int]]] = {}
         self._steps_since_admission = 0
-        self._step = 0  # schedule() calls so far
-        # The head waiting for a seat: (its id, the first and the last step it waited).
-        self._seat_wait: tuple[str, int, int] | None = None
+        self._step_share: StepShare | None = None  # this step's, when the step is shared
+        # What a blocked head may take from what other tenants hold (seats, memory).
+        self._holding = HoldingShare(config, policy, self.kv)
         self.num_preemptions = 0  # all causes
         # The pool could not hold the running requests' next tokens (a sizing problem)...
         self.num_memory_preemptions = 0
@@ -147,12 +149,18 @@ class Scheduler:
 
     # --- one step ---
     def schedule(self, now: float) -> SchedulerOutput:
-        self._step += 1
+        self._holding.next_step()
         out = SchedulerOutput(block_size=self.config.block_size)
         if self._pending_swap_out:  # from force_preempt between steps
             out.swap_out = [copy for copies in self._pending_swap_out.values() for copy in copies]
             self._pending_swap_out = {}
         budget = self.config.max_batched_tokens
+        limit = self.config.step_share_tokens
+        self._step_share = (
+            StepShare(limit, self._tenants_with_work)
+            if limit is not None and self.config.enable_chunked_prefill
+            else None
+        )
         if self.config.separate_prefill:
             self._schedule_separate_prefill(out, now)
         else:
@@ -160,6 +168,14 @@ class Scheduler:
             budget = self._schedule_swapped_in(out, budget)
             self._admit(out, budget, now)
         return out
+
+    def _tenants_with_work(self) -> set[str]:
+        """The tenants with requests running, and the next one to admit's."""
+        tenants = {request.client for request in self.running}
+        head = self.policy.peek()
+        if head is not None:
+            tenants.add(head.client)
+        return tenants
 
     def _plan_chunk(self, remaining: int, budget: int) -> int:
         """Tokens to run of a request with `remaining` tokens left to compute."""
@@ -178,6 +194,7 @@ class Scheduler:
         kv = self.kv
         table_of, allocate, block_size = kv.block_table, kv.allocate, kv.block_size
         chunked = self.config.enable_chunked_prefill
+        share = self._step_share
         plan: list[ScheduledRequest] = []
         left = budget
         todo = self.running
@@ -188,6 +205,8 @@ class Scheduler:
                 n = request.input_tokens + request.num_output_tokens - start
                 if n > left:
                     n = left if chunked else 0
+                if n > 1 and share is not None:
+                    n = share.allow(request.client, n)  # a prompt chunk: the step is shared
                 if n:
                     table = table_of(request.request_id)
                     if start + n > len(table) * block_size and allocate(request, start + n) is None:
@@ -206,7 +225,10 @@ class Scheduler:
         """Preempt the policy's victim because `short` found the pool short; return the
         budget left and the running requests still to plan, `short` first if it stays."""
         running = self.running
-        victim = self._own(self.policy.victim(running))
+        if self.config.share_memory:
+            victim = self._own(self.policy.holding_victim(running, self.kv.holdings()))
+        else:
+            victim = self._own(self.policy.victim(running))
         at = running.index(short)
         self._preempt(victim, out, cause="memory")
         if victim is short:
@@ -244,11 +266,11 @@ class Scheduler:
         admitted = 0
         if self.swapped:
             return 0  # swapped requests come back before anyone new is let in
+        aside: set[str] = set()  # tenants whose head stepped aside (over their memory share)
         while budget > 0:
-            waiting = policy.peek()
-            if waiting is None:
+            head = self._next_candidate(aside)
+            if head is None:
                 break
-            head = self._own(waiting)
             # A waiting request holds no blocks: look up its cached prefix (nothing is
             # taken) and plan as if those tokens were computed.
             hit = kv.lookup_prefix(head)
@@ -257,6 +279,11 @@ class Scheduler:
             if n == 0 and not out.scheduled:
                 # Too big for the budget and chunking is off: run it alone rather than never.
                 n = head.num_tokens - computed
+            if n > 1 and self._step_share is not None:
+                n = self._step_share.allow(head.client, n)
+                if n == 0:  # its tenant had its share of this step: another may start
+                    aside.add(head.client)
+                    continue
             table = None
             if (
                 n > 0
@@ -272,29 +299,29 @@ class Scheduler:
                 # It is next in line: its idle cached blocks become the most recently
                 # used, so evicted last (docs/experiments.md's locality numbers have it).
                 kv.touch_prefix(hit)
-                victim = None
-                if n > 0:
-                    # Never push out a request admitted in this very step: it has not
-                    # run. Admissions append to `running`, so they are its tail.
-                    settled = self.running[:-admitted] if admitted else self.running
-                    chosen = policy.preempt_for(head, settled) if settled else None
-                    if (
-                        chosen is None
-                        and config.share_seats
-                        and settled
-                        and len(self.running) >= config.max_num_seqs
-                        and self._waited_for_a_seat(head) >= config.seat_patience_steps
-                    ):
-                        chosen = policy.seat_victim(head, settled)
-                    victim = None if chosen is None else self._own(chosen)
-                if victim is None:
-                    break
-                # The victim's tokens in this step go back to the budget.
-                budget += self._unschedule(victim, out)
-                self._preempt(victim, out, mode="recompute", cause="policy")
-                continue
+                # Never push out a request admitted in this very step: it has not run.
+                # Admissions append to `running`, so they are its tail.
+                settled = self.running[:-admitted] if admitted else self.running
+                chosen = self._holding.victim(head, hit, settled, len(self.running)) if n else None
+                if chosen is not None:
+                    victim = self._own(chosen)
+                    # The victim's tokens in this step go back to the budget.
+                    budget += self._unschedule(victim, out)
+                    self._preempt(victim, out, mode="recompute", cause="policy")
+                    continue
+                if (
+                    n
+                    and len(self.running) < config.max_num_seqs
+                    and self._holding.steps_aside(head, hit, self.running)
+                ):
+                    aside.add(head.client)
+                    continue
+                break
             head.num_computed_tokens = computed
-            policy.pop()
+            if aside:
+                policy.remove(head)  # a request behind the head of the queue
+            else:
+                policy.pop()
             kv.count_prefix_query(head.num_computed_tokens, head.num_tokens)
             budget -= n
             first_time = not head.ever_admitted
@@ -309,19 +336,23 @@ class Scheduler:
             self.running.append(head)
             policy.on_admit(head, first_time, now)
             out.scheduled.append(ScheduledRequest(head, n, computed, table))
+            if self._step_share is not None and computed + n == head.num_tokens:
+                self._step_share.started(head.client)
             admitted += 1
+        if admitted and self._step_share is not None:
+            self._step_share.cut_for_newcomers(out.scheduled)
         return admitted
 
-    def _waited_for_a_seat(self, head: Request) -> int:
-        """Steps `head` has waited first in line with every seat taken, without a break
-        (0 in the first such step)."""
-        step, wait = self._step, self._seat_wait
-        if wait is None or wait[0] != head.request_id or wait[2] < step - 1:
-            wait = (head.request_id, step, step)  # a new wait
-        else:
-            wait = (wait[0], wait[1], step)
-        self._seat_wait = wait
-        return step - wait[1]
+    def _next_candidate(self, aside: set[str]) -> Request | None:
+        """The next request to try: the head of the queue, or, once tenants stepped
+        aside, the first waiting request (in the policy's order) of another tenant."""
+        if not aside:
+            waiting = self.policy.peek()
+            return None if waiting is None else self._own(waiting)
+        for waiting in self.policy.waiting_requests():
+            if waiting.client not in aside:
+                return self._own(waiting)
+        return None
 
     def _schedule_separate_prefill(self, out: SchedulerOutput, now: float) -> None:
         """The paper's router: a step is either new prompts only, or decode for all."""

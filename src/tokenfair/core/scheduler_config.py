@@ -32,6 +32,15 @@ class SchedulerConfig:
     # frees by then, and nobody's work is recomputed for nothing.
     share_seats: bool = True
     seat_patience_steps: int = 4
+    # KV memory shared by weight (Policy.memory_victim / holding_victim; the VTC family):
+    # a tenant under its share of the pool waiting for memory takes it from the tenant
+    # furthest over its share, and the victim of a memory shortage is that tenant's.
+    share_memory: bool = True
+    # Steps the head waits first in line for memory before someone's is taken for it.
+    memory_patience_steps: int = 1
+    # While another tenant has work, one tenant's prompt chunks take at most this many
+    # tokens of a step (core/step_share.py); None: the step goes to whoever comes first.
+    step_share_tokens: int | None = 2048
     # The paper's router (see the module docstring); 0 / False / None turn them off.
     admission_interval_steps: int = 0
     # After a failed admission attempt, try again at every step until one admits
@@ -67,6 +76,14 @@ class SchedulerConfig:
             raise ConfigError(f"preemption must be 'recompute' or 'swap', got {self.preemption!r}")
         if self.seat_patience_steps < 0:
             raise ConfigError(f"seat_patience_steps must be >= 0, got {self.seat_patience_steps}")
+        if self.memory_patience_steps < 0:
+            raise ConfigError(
+                f"memory_patience_steps must be >= 0, got {self.memory_patience_steps}"
+            )
+        if self.step_share_tokens is not None and self.step_share_tokens < 1:
+            raise ConfigError(
+                f"step_share_tokens must be >= 1 or None, got {self.step_share_tokens}"
+            )
         if self.admission_interval_steps < 0:
             raise ConfigError("admission_interval_steps must be >= 0")
         if self.max_prefill_tokens is not None and self.max_prefill_tokens < 1:
@@ -111,6 +128,8 @@ class SchedulerConfig:
             reserve_strictly_below_pool=True,
             adapter_tokens_per_client=PAPER_ADAPTER_TOKENS,
             share_seats=False,  # the router keeps a seat until its request ends
+            share_memory=False,  # and its memory (reserve admission never runs short)
+            step_share_tokens=None,  # prompts go in steps of their own
         )
         settings.update(overrides)
         return cls(**settings)  # type: ignore[arg-type]

@@ -36,7 +36,7 @@ class LongNeighborSpec:
     long_rate: float = 2.0  # requests/s, Poisson
     chat_clients: int = 2
     chat_prompt: tuple[int, int] = (100, 400)
-    chat_output: tuple[int, int] = (50, 300)
+    chat_output: tuple[int, int] = (20, 200)
     chat_rate: float = 1.0  # requests/s of each chat tenant, Poisson
     duration_s: float = 300.0
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from tokenfair.core.policies.view import RequestView
 from tokenfair.core.prefix_cache import PrefixCache
@@ -97,6 +97,44 @@ class Policy:
     def victim(self, running: Sequence[RequestView]) -> RequestView:
         """Who is pushed out when memory runs out: the largest `victim_key`."""
         return max(running, key=self.victim_key)
+
+    def holding_victim(
+        self, running: Sequence[RequestView], holdings: Mapping[str, int]
+    ) -> RequestView:
+        """Who is pushed out when memory runs out, knowing the KV blocks each tenant
+        holds (`holdings`); asked instead of `victim` when the scheduler shares memory.
+        By default `victim`; the VTC family takes the newest request of the tenant
+        holding the most per unit of weight (memory_share.py)."""
+        return self.victim(running)
+
+    def memory_victim(
+        self,
+        head: RequestView,
+        need_blocks: int,
+        running: Sequence[RequestView],
+        holdings: Mapping[str, int],
+        pool_blocks: int,
+    ) -> RequestView | None:
+        """`head` waits for `need_blocks` KV blocks the pool does not have: a running
+        request whose memory goes to it, or None. Asked after `preempt_for` and
+        `seat_victim` found no victim, only when the scheduler shares memory (its
+        `share_memory` setting). By default memory is kept until its requests finish;
+        the VTC family shares it among tenants by weight (memory_share.py)."""
+        return None
+
+    def over_memory_share(
+        self,
+        head: RequestView,
+        need_blocks: int,
+        running: Sequence[RequestView],
+        holdings: Mapping[str, int],
+        pool_blocks: int,
+    ) -> bool:
+        """Whether `head`'s tenant, short of memory, would hold more than its share of
+        the pool with `need_blocks` more: then it steps aside and the next tenant's
+        request may start. Never by default (a head that does not fit stops admission);
+        the VTC family shares memory by weight (memory_share.py)."""
+        return False
 
     def preempt_for(self, head: RequestView, running: Sequence[RequestView]) -> RequestView | None:
         """A running request to push out so `head` can be admitted now, or None.

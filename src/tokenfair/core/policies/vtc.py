@@ -26,12 +26,17 @@ Variants, all this one class:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator, MutableMapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
 
 from tokenfair.core.cost import CostFunction
 from tokenfair.core.policies.base import Policy
 from tokenfair.core.policies.batch_share import seat_share_victim
 from tokenfair.core.policies.ledger import CounterLedger, LiftRule
+from tokenfair.core.policies.memory_share import (
+    holding_victim_key,
+    memory_share_victim,
+    over_memory_share,
+)
 from tokenfair.core.policies.predictor import OutputLengthPredictor
 from tokenfair.core.policies.settings import PolicySettings
 from tokenfair.core.policies.view import RequestView
@@ -283,8 +288,49 @@ class VTCPolicy(Policy):
     def seat_victim(self, head: RequestView, running: Sequence[RequestView]) -> RequestView | None:
         if not running:
             return None
-        weights = self.ledger.weights
-        return seat_share_victim(head, running, lambda client: weights.get(client, 1.0))
+        return seat_share_victim(head, running, self._weight_of)
+
+    def _weight_of(self, client: str) -> float:
+        return self.ledger.weights.get(client, 1.0)
+
+    def holding_victim(
+        self, running: Sequence[RequestView], holdings: Mapping[str, int]
+    ) -> RequestView:
+        """The tenant holding the most KV per unit of weight first, then VTC's order."""
+        weight_of = self._weight_of
+        return max(
+            running,
+            key=lambda request: (
+                holding_victim_key(request, holdings, weight_of),
+                *self.victim_key(request),
+            ),
+        )
+
+    def memory_victim(
+        self,
+        head: RequestView,
+        need_blocks: int,
+        running: Sequence[RequestView],
+        holdings: Mapping[str, int],
+        pool_blocks: int,
+    ) -> RequestView | None:
+        if not running:
+            return None
+        return memory_share_victim(
+            head, need_blocks, running, holdings, pool_blocks, self._weight_of
+        )
+
+    def over_memory_share(
+        self,
+        head: RequestView,
+        need_blocks: int,
+        running: Sequence[RequestView],
+        holdings: Mapping[str, int],
+        pool_blocks: int,
+    ) -> bool:
+        return over_memory_share(
+            head, need_blocks, running, holdings, pool_blocks, self._weight_of
+        )
 
 
 def _insert_by_priority(

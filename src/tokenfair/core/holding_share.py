@@ -1,0 +1,95 @@
+"""What a blocked head of the queue may do about what other tenants hold.
+
+VTC picks the head of the queue; when the head cannot start (every seat taken, or the
+KV pool short), the scheduler asks `HoldingShare.victim` whether someone's running
+request should give its seat or its memory to it, in this order:
+  1. the policy's own preemption (`preempt_for`: vtc-preempt's counter gap);
+  2. seats (`share_seats`): with every seat taken, after the head has waited
+     `seat_patience_steps` steps first in line, a seat from the tenant furthest over
+     its weighted share of the seats (policies/batch_share.py);
+  3. memory (`share_memory`): with a seat free but the pool short, after the head has
+     waited `memory_patience_steps` steps, the memory of the tenant furthest over its
+     weighted share of the pool, if the head's tenant stays within its own
+     (policies/memory_share.py).
+And when nobody is pushed out, a head whose tenant is over its share of the pool steps
+aside (`steps_aside`): its tenant's wish for more memory than its share does not stop
+the admission of tenants within theirs. VTC's rule is otherwise kept: a head that does
+not fit stops admission (no skipping ahead), so a large request of a tenant within
+its share is never passed over by small ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tokenfair.core.kv_cache import KVCacheManager, PrefixHit
+from tokenfair.core.policies.base import Policy
+from tokenfair.core.policies.view import RequestView
+from tokenfair.core.request import Request
+from tokenfair.core.scheduler_config import SchedulerConfig
+
+
+class HoldingShare:
+    def __init__(self, config: SchedulerConfig, policy: Policy, kv: KVCacheManager) -> None:
+        self.config = config
+        self.policy = policy
+        self.kv = kv
+        self._step = 0
+        # Blocked requests: id -> the first and the last step each waited.
+        self._waits: dict[str, tuple[int, int]] = {}
+
+    def next_step(self) -> None:
+        self._step += 1
+
+    def need_blocks(self, head: Request, hit: PrefixHit) -> int:
+        """The blocks the head's whole prompt adds to what its tenant holds (cached
+        blocks its tenant's requests hold already count once)."""
+        return self.kv.blocks_for(head.num_tokens) - len(hit.blocks) + hit.idle_blocks
+
+    def victim(
+        self, head: Request, hit: PrefixHit, settled: Sequence[Request], num_running: int
+    ) -> RequestView | None:
+        """A running request (among `settled`: not admitted in this step) to push out
+        so that `head` can start, or None."""
+        if not settled:
+            return None
+        config, policy = self.config, self.policy
+        chosen = policy.preempt_for(head, settled)
+        if chosen is not None:
+            return chosen
+        waited = self._waited(head)
+        if num_running >= config.max_num_seqs:
+            if config.share_seats and waited >= config.seat_patience_steps:
+                return policy.seat_victim(head, settled)
+            return None
+        if (
+            config.share_memory
+            and config.admission == "optimistic"
+            and waited >= config.memory_patience_steps
+        ):
+            kv = self.kv
+            return policy.memory_victim(
+                head, self.need_blocks(head, hit), settled, kv.holdings(), kv.num_blocks
+            )
+        return None
+
+    def steps_aside(self, head: Request, hit: PrefixHit, running: Sequence[Request]) -> bool:
+        """Whether `head`, short of memory, lets the next tenant's request try instead:
+        its tenant would be over its share of the pool with it."""
+        config, kv = self.config, self.kv
+        if not (config.share_memory and config.admission == "optimistic"):
+            return False
+        return self.policy.over_memory_share(
+            head, self.need_blocks(head, hit), running, kv.holdings(), kv.num_blocks
+        )
+
+    def _waited(self, head: Request) -> int:
+        """Steps `head` has waited blocked without a break (0 in the first)."""
+        step, waits = self._step, self._waits
+        first, last = waits.get(head.request_id, (step, step))
+        if last < step - 1:
+            first = step  # a new wait
+        waits[head.request_id] = (first, step)
+        if len(waits) > 256:  # forget the waits that ended
+            self._waits = {key: w for key, w in waits.items() if w[1] >= step - 1}
+        return step - first

@@ -1,0 +1,69 @@
+"""One step's prompt tokens, shared among tenants while more than one has work.
+
+A step lasts about as long as the tokens it carries: on the A10G profile a
+3,500-token prefill chunk makes a step of 0.8 s instead of 0.04 s. Every running
+request of every tenant advances one token per step, and a request that arrives waits
+for the step under way to end, so a tenant whose long prompts fill the steps sets the
+other tenants' time per output token and adds to their time to first token, whatever
+their counters say (docs/fairness.md, "What a tenant holds").
+
+While another tenant has requests running or waiting, one tenant's prompt chunks take
+at most `limit` tokens of a step; the rest of its prompt goes in the next steps, and a
+waiting request of a tenant that had its share of the step lets the next tenant's
+start. In a step that gives another tenant's newly started request its first token, a
+tenant's unfinished prompt chunks are cut to a quarter of the limit, so that the
+newcomer's first step is short too. A tenant alone
+takes the whole token budget. The limit is the trade between the long
+prompts' prefill rate and the other tenants' decode pace, which on these step-time
+models is about one for one (`SchedulerConfig.step_share_tokens`; the figure in
+docs/experiments.md, "A long-context neighbour").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from tokenfair.core.batch import ScheduledRequest
+
+
+class StepShare:
+    __slots__ = ("limit", "_taken", "_tenants", "_present", "_started")
+
+    def __init__(self, limit: int, present: Callable[[], Iterable[str]]) -> None:
+        self.limit = limit
+        self._taken: dict[str, int] = {}  # prompt tokens each tenant took in this step
+        self._tenants: set[str] | None = None  # who has work: asked once, when needed
+        self._present = present
+        self._started: set[str] = set()  # tenants a request of which starts in this step
+
+    def allow(self, tenant: str, tokens: int) -> int:
+        """How many of a prompt chunk of `tokens` the tenant may run in this step (they
+        are counted against its share)."""
+        taken = self._taken.get(tenant, 0)
+        if taken + tokens > self.limit and self._others_present(tenant):
+            tokens = max(0, self.limit - taken)
+        self._taken[tenant] = taken + tokens
+        return tokens
+
+    def _others_present(self, tenant: str) -> bool:
+        tenants = self._tenants
+        if tenants is None:
+            tenants = self._tenants = set(self._present())
+        return len(tenants) > 1 or (bool(tenants) and tenant not in tenants)
+
+    def started(self, tenant: str) -> None:
+        """A request of `tenant` started in this step and gets its first token from it."""
+        self._started.add(tenant)
+
+    def cut_for_newcomers(self, scheduled: list[ScheduledRequest]) -> None:
+        """In a step that gives a newly started request its first token, cut the other
+        tenants' prompt chunks that sample nothing to a quarter of the limit."""
+        started = self._started
+        if not started:
+            return
+        small = max(1, self.limit // 4)
+        for planned in scheduled:
+            if planned.num_new_tokens > small and planned.request.client not in started:
+                request = planned.request
+                if planned.start + planned.num_new_tokens < request.num_tokens:
+                    planned.num_new_tokens = small
