@@ -160,9 +160,7 @@ class KVCacheManager:
         if table is None:
             table = self._tables[request.request_id] = []
         if need > 0:
-            take, tenant = pool.take_fresh, request.client
-            for _ in range(need):
-                table.append(take(tenant))
+            table.extend(pool.take_fresh(need, request.client))
         return table
 
     def _allocate_with_prefix(
@@ -191,8 +189,8 @@ class KVCacheManager:
             pool.take(block, tenant)
         table = self._tables[request.request_id] = list(prefix.blocks)
         self.index.entered_blocks[request.request_id] = len(table)
-        for _ in range(need):
-            table.append(pool.take_fresh(tenant))  # the prefix's blocks are out of the LRU now
+        if need:  # the prefix's blocks are out of the LRU now
+            table.extend(pool.take_fresh(need, tenant))
         return table
 
     def free(self, request: Request) -> None:
@@ -296,8 +294,7 @@ class KVCacheManager:
         if max(len(swap_table), self.blocks_for(num_tokens)) > self.pool.num_free:
             return None
         self.swap.drop(request.request_id)
-        tenant = request.client
-        table = [self.pool.take_fresh(tenant) for _ in swap_table]
+        table = self.pool.take_fresh(len(swap_table), request.client)
         self._tables[request.request_id] = table
         copies = list(zip(swap_table, table, strict=True))
         self.allocate(request, num_tokens)  # fits: checked above

@@ -213,6 +213,8 @@ class Scheduler:
                         break  # short of blocks: preempt below, then retry this request
                     left -= n
                     plan.append(ScheduledRequest(request, n, start, table))
+                    if n > 1 and share is not None:
+                        share.count(request.client, n)
             else:
                 break
             left, todo = self._preempt_for_memory(request, plan, left, out)
@@ -237,6 +239,8 @@ class Scheduler:
             if scheduled.request is victim:
                 del plan[index]
                 left += scheduled.num_new_tokens
+                if scheduled.num_new_tokens > 1 and self._step_share is not None:
+                    self._step_share.give_back(victim.client, scheduled.num_new_tokens)
                 break
         return left, running[running.index(short) :]
 
@@ -308,6 +312,7 @@ class Scheduler:
                     # The victim's tokens in this step go back to the budget.
                     budget += self._unschedule(victim, out)
                     self._preempt(victim, out, mode="recompute", cause="policy")
+                    aside.clear()  # memory came free: the head of the queue goes first again
                     continue
                 if (
                     n
@@ -336,8 +341,10 @@ class Scheduler:
             self.running.append(head)
             policy.on_admit(head, first_time, now)
             out.scheduled.append(ScheduledRequest(head, n, computed, table))
-            if self._step_share is not None and computed + n == head.num_tokens:
-                self._step_share.started(head.client)
+            if n > 1 and self._step_share is not None:
+                self._step_share.count(head.client, n)
+                if computed + n == head.num_tokens:
+                    self._step_share.started(head.client)
             admitted += 1
         if admitted and self._step_share is not None:
             self._step_share.cut_for_newcomers(out.scheduled)
@@ -371,12 +378,13 @@ class Scheduler:
         self._schedule_swapped_in(out, budget)
 
     # --- preemption ---
-    @staticmethod
-    def _unschedule(request: Request, out: SchedulerOutput) -> int:
+    def _unschedule(self, request: Request, out: SchedulerOutput) -> int:
         """Drop `request` from this step's batch; return the tokens it had there."""
         returned = sum(s.num_new_tokens for s in out.scheduled if s.request is request)
         if returned:
             out.scheduled = [s for s in out.scheduled if s.request is not request]
+            if returned > 1 and self._step_share is not None:
+                self._step_share.give_back(request.client, returned)
         return returned
 
     def _preempt(

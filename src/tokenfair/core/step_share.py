@@ -37,13 +37,20 @@ class StepShare:
         self._started: set[str] = set()  # tenants a request of which starts in this step
 
     def allow(self, tenant: str, tokens: int) -> int:
-        """How many of a prompt chunk of `tokens` the tenant may run in this step (they
-        are counted against its share)."""
+        """How many of a prompt chunk of `tokens` the tenant may run in this step
+        (`count` them once planned)."""
         taken = self._taken.get(tenant, 0)
         if taken + tokens > self.limit and self._others_present(tenant):
-            tokens = max(0, self.limit - taken)
-        self._taken[tenant] = taken + tokens
+            return max(0, self.limit - taken)
         return tokens
+
+    def count(self, tenant: str, tokens: int) -> None:
+        """A prompt chunk of `tokens` was planned for the tenant."""
+        self._taken[tenant] = self._taken.get(tenant, 0) + tokens
+
+    def give_back(self, tenant: str, tokens: int) -> None:
+        """A chunk of `tokens` left the step (its request was pushed out)."""
+        self._taken[tenant] -= tokens
 
     def _others_present(self, tenant: str) -> bool:
         tenants = self._tenants

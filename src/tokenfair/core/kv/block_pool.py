@@ -7,9 +7,11 @@ blocks that a waiting request will hit wait in a second LRU, evicted only once t
 first is empty (`want`/`unwant`). Fresh blocks come from the untouched ones first,
 then from the oldest idle one; the prefix index is told of each eviction.
 
-The pool also knows what each tenant holds: the number of distinct blocks its requests
-reference (a block two of its requests share counts once). That is what memory is
-shared by (the scheduler's memory share: docs/fairness.md, "What a tenant holds").
+The pool also knows what each tenant holds: the blocks its requests hold, each block
+counted once, for the tenant that took it when nobody held it (a block two requests of
+one tenant share counts once; one that requests of several tenants share, possible
+only without cache salts, counts for the first). That is what memory is shared by
+(the scheduler's memory share: docs/fairness.md, "What a tenant holds").
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ class BlockPool:
         self._idle: OrderedDict[int, None] = OrderedDict()
         # ...and these, some waiting request will hit: evicted last.
         self._idle_wanted: OrderedDict[int, None] = OrderedDict()
-        # tenant -> block -> how many of the tenant's requests hold it.
-        self._held: dict[str, dict[int, int]] = {}
+        # The tenant each held block counts for, and how many blocks each tenant holds.
+        self._owner: list[str | None] = [None] * num_blocks
+        self._held: dict[str, int] = {}
         # Told each idle block that is evicted to be reused (the prefix index forgets it).
         self.on_evict: Callable[[int], None] = lambda block: None
 
@@ -39,28 +42,36 @@ class BlockPool:
         return len(self._free) + len(self._idle) + len(self._idle_wanted)
 
     def held_by(self, tenant: str) -> int:
-        """Distinct blocks the tenant's requests hold."""
-        held = self._held.get(tenant)
-        return len(held) if held else 0
+        """The blocks the tenant's requests hold (see the module docstring)."""
+        return self._held.get(tenant, 0)
 
     def holdings(self) -> dict[str, int]:
-        """Tenant -> distinct blocks held, for every tenant holding any."""
-        return {tenant: len(blocks) for tenant, blocks in self._held.items() if blocks}
+        """Tenant -> blocks held, for every tenant holding any."""
+        return {tenant: count for tenant, count in self._held.items() if count}
 
     # --- taking and releasing ---
-    def take_fresh(self, tenant: str) -> int:
-        """A block with no contents, held once by `tenant` (the caller checked `num_free`)."""
-        if self._free:
-            block = self._free.pop()
+    def take_fresh(self, count: int, tenant: str) -> list[int]:
+        """`count` blocks with no contents, held once by `tenant` (the caller checked
+        `num_free`): untouched ones first, then the least recently freed idle ones."""
+        free, ref_count, owner = self._free, self.ref_count, self._owner
+        if count <= len(free):
+            blocks = free[len(free) - count :]
+            del free[len(free) - count :]
+            blocks.reverse()  # as successive pops would give them
         else:
-            lru = self._idle or self._idle_wanted  # least recently freed, unwanted first
-            block, _ = lru.popitem(last=False)
-            self.on_evict(block)
-        self.ref_count[block] = 1
-        held = self._held.get(tenant)
-        if held is None:
-            held = self._held[tenant] = {}
-        held[block] = 1
+            blocks = [self._evict_or_pop() for _ in range(count)]
+        for block in blocks:
+            ref_count[block] = 1
+            owner[block] = tenant
+        self._held[tenant] = self._held.get(tenant, 0) + count
+        return blocks
+
+    def _evict_or_pop(self) -> int:
+        if self._free:
+            return self._free.pop()
+        lru = self._idle or self._idle_wanted  # least recently freed, unwanted first
+        block, _ = lru.popitem(last=False)
+        self.on_evict(block)
         return block
 
     def take(self, block: int, tenant: str) -> None:
@@ -70,40 +81,38 @@ class BlockPool:
                 del self._idle[block]
             else:
                 del self._idle_wanted[block]
+            self._owner[block] = tenant
+            self._held[tenant] = self._held.get(tenant, 0) + 1
         self.ref_count[block] += 1
-        held = self._held.get(tenant)
-        if held is None:
-            held = self._held[tenant] = {}
-        held[block] = held.get(block, 0) + 1
 
     def release(self, blocks: list[int], tenant: str, cached: Callable[[int], int]) -> None:
         """Drop one hold on each block; a block nobody holds any more becomes free, or
         idle in its LRU when `cached(block)` says it keeps findable contents (1: plain,
         2: wanted; 0: not cached). The last block first, so that the LRU evicts a
         request's last blocks before its first."""
-        ref_count, held = self.ref_count, self._held[tenant]
+        ref_count, owner, held = self.ref_count, self._owner, self._held
+        mine = 0
         for block in reversed(blocks):
-            refs = held[block] - 1
-            if refs:
-                held[block] = refs
-            else:
-                del held[block]
             ref_count[block] -= 1
-            if ref_count[block] == 0:
-                kind = cached(block)
-                if kind == 0:
-                    self._free.append(block)
-                elif kind == 2:
-                    self._idle_wanted[block] = None
-                else:
-                    self._idle[block] = None
-        if not held:
-            del self._held[tenant]
+            if ref_count[block]:
+                continue
+            counted = owner[block]
+            owner[block] = None
+            if counted == tenant:
+                mine += 1
+            else:  # a block shared across tenants, counted for another
+                held[counted] -= 1  # type: ignore[index]
+            kind = cached(block)
+            if kind == 0:
+                self._free.append(block)
+            elif kind == 2:
+                self._idle_wanted[block] = None
+            else:
+                self._idle[block] = None
+        if mine:
+            held[tenant] -= mine
 
     # --- the idle blocks' order ---
-    def is_idle(self, block: int) -> bool:
-        return self.ref_count[block] == 0 and (block in self._idle or block in self._idle_wanted)
-
     def touch(self, block: int) -> None:
         """Make an idle block the most recently used in the LRU it waits in."""
         if block in self._idle:
@@ -128,11 +137,16 @@ class BlockPool:
                 held[block] = held.get(block, 0) + 1
         for block in range(self.num_blocks):
             assert self.ref_count[block] == held.get(block, 0), f"block {block} ref count"
+            assert (self._owner[block] is None) == (block not in held), f"block {block} owner"
         free = set(self._free) | set(self._idle) | set(self._idle_wanted)
         assert len(free) == self.num_free, "block free twice"
         for block in self._idle_wanted:
             assert wanted(block), "an unwanted block kept"
         assert not free & set(held), "a held block is also free"
         assert len(free) + len(held) == self.num_blocks, "blocks leaked"
-        by_tenant = {block for blocks in self._held.values() for block in blocks}
-        assert by_tenant == set(held), "a tenant's holdings disagree with the tables"
+        counted: dict[str, int] = {}
+        for block in held:
+            tenant = self._owner[block]
+            assert tenant is not None
+            counted[tenant] = counted.get(tenant, 0) + 1
+        assert counted == self.holdings(), "the tenants' holdings disagree with the tables"

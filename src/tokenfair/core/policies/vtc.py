@@ -328,9 +328,7 @@ class VTCPolicy(Policy):
         holdings: Mapping[str, int],
         pool_blocks: int,
     ) -> bool:
-        return over_memory_share(
-            head, need_blocks, running, holdings, pool_blocks, self._weight_of
-        )
+        return over_memory_share(head, need_blocks, running, holdings, pool_blocks, self._weight_of)
 
 
 def _insert_by_priority(
