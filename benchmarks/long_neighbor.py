@@ -22,7 +22,6 @@ the preemptions. `--sweep` adds the trade curve: the default run at several
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys

@@ -41,6 +41,22 @@ class HoldingShare:
     def next_step(self) -> None:
         self._step += 1
 
+    def memory_shortage_victim(self, running: Sequence[Request]) -> RequestView:
+        """Who is pushed out when the running requests' next tokens do not fit."""
+        if self.config.share_memory:
+            return self.policy.holding_victim(running, self.kv.holdings())
+        return self.policy.victim(running)
+
+    def next_candidate(self, aside: set[str]) -> RequestView | None:
+        """The next request to try: the head of the queue, or, once tenants stepped
+        aside, the first waiting request (in the policy's order) of another tenant."""
+        if not aside:
+            return self.policy.peek()
+        for waiting in self.policy.waiting_requests():
+            if waiting.client not in aside:
+                return waiting
+        return None
+
     def need_blocks(self, head: Request, hit: PrefixHit) -> int:
         """The blocks the head's whole prompt adds to what its tenant holds (cached
         blocks its tenant's requests hold already count once)."""

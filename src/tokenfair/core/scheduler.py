@@ -7,10 +7,11 @@ One step, top to bottom:
      is retried, a victim already planned leaves the plan and gives its tokens back
      (as vLLM v1 does); bring swapped requests back when there is room;
   3. admit waiting requests in policy order under max_num_seqs, the token budget
-     (prefills may be chunked) and memory, the head's cached prefix looked up first and
-     taken only with its admission; the first request that does not fit stops
-     admission (no skipping ahead), unless the policy preempts someone for it (by
-     counters, or, with every seat taken, a tenant over its share of the seats);
+     (prefills may be chunked, and shared among tenants: step_share.py) and memory,
+     the head's cached prefix looked up first and taken only with its admission; the
+     first request that does not fit stops admission (no skipping ahead), unless
+     someone's seat or memory goes to it, or its tenant is over its share of the pool
+     and steps aside (holding_share.py);
   4. charge the policy: prompts at admission (here), output tokens as they are
      generated (`update`).
 
@@ -155,12 +156,7 @@ class Scheduler:
             out.swap_out = [copy for copies in self._pending_swap_out.values() for copy in copies]
             self._pending_swap_out = {}
         budget = self.config.max_batched_tokens
-        limit = self.config.step_share_tokens
-        self._step_share = (
-            StepShare(limit, self._tenants_with_work)
-            if limit is not None and self.config.enable_chunked_prefill
-            else None
-        )
+        self._step_share = StepShare.for_step(self.config, self.running, self.policy)
         if self.config.separate_prefill:
             self._schedule_separate_prefill(out, now)
         else:
@@ -168,14 +164,6 @@ class Scheduler:
             budget = self._schedule_swapped_in(out, budget)
             self._admit(out, budget, now)
         return out
-
-    def _tenants_with_work(self) -> set[str]:
-        """The tenants with requests running, and the next one to admit's."""
-        tenants = {request.client for request in self.running}
-        head = self.policy.peek()
-        if head is not None:
-            tenants.add(head.client)
-        return tenants
 
     def _plan_chunk(self, remaining: int, budget: int) -> int:
         """Tokens to run of a request with `remaining` tokens left to compute."""
@@ -227,10 +215,7 @@ class Scheduler:
         """Preempt the policy's victim because `short` found the pool short; return the
         budget left and the running requests still to plan, `short` first if it stays."""
         running = self.running
-        if self.config.share_memory:
-            victim = self._own(self.policy.holding_victim(running, self.kv.holdings()))
-        else:
-            victim = self._own(self.policy.victim(running))
+        victim = self._own(self._holding.memory_shortage_victim(running))
         at = running.index(short)
         self._preempt(victim, out, cause="memory")
         if victim is short:
@@ -239,7 +224,7 @@ class Scheduler:
             if scheduled.request is victim:
                 del plan[index]
                 left += scheduled.num_new_tokens
-                if scheduled.num_new_tokens > 1 and self._step_share is not None:
+                if self._step_share is not None:
                     self._step_share.give_back(victim.client, scheduled.num_new_tokens)
                 break
         return left, running[running.index(short) :]
@@ -272,9 +257,10 @@ class Scheduler:
             return 0  # swapped requests come back before anyone new is let in
         aside: set[str] = set()  # tenants whose head stepped aside (over their memory share)
         while budget > 0:
-            head = self._next_candidate(aside)
-            if head is None:
+            waiting = self._holding.next_candidate(aside)
+            if waiting is None:
                 break
+            head = self._own(waiting)
             # A waiting request holds no blocks: look up its cached prefix (nothing is
             # taken) and plan as if those tokens were computed.
             hit = kv.lookup_prefix(head)
@@ -350,17 +336,6 @@ class Scheduler:
             self._step_share.cut_for_newcomers(out.scheduled)
         return admitted
 
-    def _next_candidate(self, aside: set[str]) -> Request | None:
-        """The next request to try: the head of the queue, or, once tenants stepped
-        aside, the first waiting request (in the policy's order) of another tenant."""
-        if not aside:
-            waiting = self.policy.peek()
-            return None if waiting is None else self._own(waiting)
-        for waiting in self.policy.waiting_requests():
-            if waiting.client not in aside:
-                return self._own(waiting)
-        return None
-
     def _schedule_separate_prefill(self, out: SchedulerOutput, now: float) -> None:
         """The paper's router: a step is either new prompts only, or decode for all."""
         config = self.config
@@ -383,7 +358,7 @@ class Scheduler:
         returned = sum(s.num_new_tokens for s in out.scheduled if s.request is request)
         if returned:
             out.scheduled = [s for s in out.scheduled if s.request is not request]
-            if returned > 1 and self._step_share is not None:
+            if self._step_share is not None:
                 self._step_share.give_back(request.client, returned)
         return returned
 

@@ -21,13 +21,16 @@ docs/experiments.md, "A long-context neighbour").
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from tokenfair.core.batch import ScheduledRequest
+from tokenfair.core.policies.base import Policy
+from tokenfair.core.request import Request
+from tokenfair.core.scheduler_config import SchedulerConfig
 
 
 class StepShare:
-    __slots__ = ("limit", "_taken", "_tenants", "_present", "_started")
+    __slots__ = ("_present", "_started", "_taken", "_tenants", "limit")
 
     def __init__(self, limit: int, present: Callable[[], Iterable[str]]) -> None:
         self.limit = limit
@@ -35,6 +38,23 @@ class StepShare:
         self._tenants: set[str] | None = None  # who has work: asked once, when needed
         self._present = present
         self._started: set[str] = set()  # tenants a request of which starts in this step
+
+    @classmethod
+    def for_step(
+        cls, config: SchedulerConfig, running: Sequence[Request], policy: Policy
+    ) -> StepShare | None:
+        """The share of a step about to be planned (None: the step is not shared)."""
+        if config.step_share_tokens is None or not config.enable_chunked_prefill:
+            return None
+
+        def present() -> set[str]:  # tenants running, and the next one to admit's
+            tenants = {request.client for request in running}
+            head = policy.peek()
+            if head is not None:
+                tenants.add(head.client)
+            return tenants
+
+        return cls(config.step_share_tokens, present)
 
     def allow(self, tenant: str, tokens: int) -> int:
         """How many of a prompt chunk of `tokens` the tenant may run in this step
@@ -49,8 +69,9 @@ class StepShare:
         self._taken[tenant] = self._taken.get(tenant, 0) + tokens
 
     def give_back(self, tenant: str, tokens: int) -> None:
-        """A chunk of `tokens` left the step (its request was pushed out)."""
-        self._taken[tenant] -= tokens
+        """A request's `tokens` left the step (it was pushed out)."""
+        if tokens > 1:  # a prompt chunk, counted
+            self._taken[tenant] -= tokens
 
     def _others_present(self, tenant: str) -> bool:
         tenants = self._tenants

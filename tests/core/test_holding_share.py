@@ -1,0 +1,208 @@
+"""What a tenant holds, shared by weight: KV memory and the step's prompt tokens.
+
+The report it answers: a tenant flooding long prompts filled the KV pool and the step's
+token budget; a light tenant far under its share waited 21x its alone time for a first
+token, and the memory victim could be the light tenant's request.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.core.helpers import fake_step, make_request
+from tokenfair.core.kv_cache import KVCacheManager
+from tokenfair.core.policies.memory_share import memory_share_victim
+from tokenfair.core.policies.registry import make_policy
+from tokenfair.core.request import RequestStatus
+from tokenfair.core.scheduler import Scheduler, SchedulerConfig
+
+
+def scheduler(policy: str = "vtc", **overrides) -> Scheduler:
+    settings_ = dict(
+        kv_tokens=1024,
+        block_size=16,
+        max_num_seqs=64,
+        max_batched_tokens=4096,
+        share_memory=True,
+        step_share_tokens=1024,
+    )
+    settings_.update(overrides)
+    return Scheduler(SchedulerConfig(**settings_), make_policy(policy))
+
+
+def steps_until_first_token(sched: Scheduler, request, start: float = 1.0) -> int:
+    for step in range(1, 400):
+        fake_step(sched, start + step * 0.01)
+        if request.num_output_tokens:
+            return step
+    return 10**6
+
+
+# --- the block pool knows what each tenant holds ---
+
+
+def test_the_pool_counts_what_each_tenant_holds_a_shared_block_once() -> None:
+    kv = KVCacheManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
+    first = make_request("a", input_tokens=12)
+    kv.allocate(first, 12)
+    first.num_computed_tokens = 12
+    kv.cache_full_blocks(first)
+    assert kv.holdings() == {"a": 3}
+    again = make_request("a", input_tokens=12)
+    again.block_hashes[:] = kv.block_hashes(first, 2)  # the same first two blocks
+    hit = kv.lookup_prefix(again)
+    assert hit.num_tokens == 8
+    kv.allocate(again, 12, hit)
+    assert kv.holdings() == {"a": 4}  # two shared blocks counted once, one new
+    other = make_request("b", input_tokens=5)
+    kv.allocate(other, 5)
+    assert kv.held_by("b") == 2
+    kv.check_invariants()
+    kv.free(first)
+    assert kv.holdings() == {"a": 3, "b": 2}  # the shared blocks are still held by `again`
+    kv.free(again)
+    kv.free(other)
+    assert kv.holdings() == {}
+    kv.check_invariants()
+
+
+# --- victims by what is held ---
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    holdings=st.dictionaries(st.sampled_from("abcde"), st.integers(0, 200), min_size=1),
+    weights=st.dictionaries(st.sampled_from("abcdef"), st.floats(0.1, 10)),
+    head_client=st.sampled_from("abcdef"),
+    need=st.integers(1, 100),
+)
+def test_the_memory_victim_is_never_under_its_share_and_the_head_stays_within_its_own(
+    holdings, weights, head_client, need
+) -> None:
+    pool = 1000
+    running = [make_request(c) for c, held in holdings.items() for _ in range(1 + held // 50)]
+    for seq, request in enumerate(running):
+        request.admit_seq = seq
+    head = make_request(head_client)
+
+    def weight(c):
+        return weights.get(c, 1.0)
+
+    victim = memory_share_victim(head, need, running, holdings, pool, weight)
+    tenants = {r.client for r in running} | {head_client}
+    total = sum(weight(c) for c in tenants)
+    share = {c: pool * weight(c) / total for c in tenants}
+    if victim is None:
+        over = [c for c in tenants if c != head_client and holdings.get(c, 0) > share[c]]
+        assert not over or holdings.get(head_client, 0) + need > share[head_client]
+        return
+    assert holdings.get(head_client, 0) + need <= share[head_client]
+    assert victim.client != head_client and holdings[victim.client] > share[victim.client]
+    # The furthest over per unit of weight, its newest request.
+    per_weight = {c: holdings.get(c, 0) / weight(c) for c in tenants if c != head_client}
+    assert per_weight[victim.client] == max(per_weight.values())
+    assert victim.admit_seq == max(r.admit_seq for r in running if r.client == victim.client)
+
+
+def test_a_memory_shortage_pushes_out_the_tenant_holding_the_most() -> None:
+    # The heavy tenant holds most of the pool; the light tenant, admitted last, is the
+    # most-served by counter after its lift, which used to make it VTC's victim.
+    sched = scheduler(kv_tokens=640, step_share_tokens=None)
+    heavy = [make_request("heavy", input_tokens=200, output_tokens=400) for _ in range(2)]
+    for request in heavy:
+        sched.add_request(request, 0.0)
+    fake_step(sched, 0.0)
+    light = make_request("light", input_tokens=100, output_tokens=400)
+    sched.add_request(light, 0.5)
+    preempted: list = []
+    for step in range(1, 300):
+        fake_step(sched, 0.5 + step * 0.01)
+        preempted += [r for r in [*heavy, light] if r.preemptions and r not in preempted]
+        if preempted:
+            break
+    assert preempted and all(r.client == "heavy" for r in preempted)
+    assert light.status is RequestStatus.RUNNING
+
+
+# --- the memory share at admission ---
+
+
+def fill_pool_with(sched: Scheduler, client: str, count: int, tokens: int) -> list:
+    requests = [make_request(client, input_tokens=tokens, output_tokens=100) for _ in range(count)]
+    for request in requests:
+        sched.add_request(request, 0.0)
+    for step in range(count + 1):
+        fake_step(sched, step * 0.01)
+    return requests
+
+
+def test_a_light_tenant_takes_memory_from_the_tenant_holding_the_pool() -> None:
+    for share in (True, False):
+        sched = scheduler(kv_tokens=4096, share_memory=share, step_share_tokens=None)
+        heavy = fill_pool_with(sched, "heavy", 3, 1300)
+        assert sched.kv.num_free_blocks < 12
+        light = make_request("light", input_tokens=200, output_tokens=4)
+        sched.add_request(light, 1.0)
+        steps = steps_until_first_token(sched, light)
+        if share:
+            # It waits the memory patience, then the newest heavy request gives way.
+            assert steps <= sched.config.memory_patience_steps + 2
+            newest = max(heavy, key=lambda r: r.admit_seq)
+            assert newest.preemptions == 1
+        else:
+            assert steps > 50  # until a heavy generation ends
+
+
+def test_a_tenant_over_its_memory_share_steps_aside_for_one_within_its_own() -> None:
+    # The heavy tenant's next request heads the queue (its counter is the lowest) but
+    # does not fit; the light one behind it fits and must not wait behind it.
+    sched = scheduler(kv_tokens=4096, step_share_tokens=None, memory_patience_steps=10**6)
+    fill_pool_with(sched, "heavy", 3, 1300)
+    blocked = make_request("heavy", input_tokens=1300, output_tokens=4)
+    sched.add_request(blocked, 1.0)
+    light = make_request("light", input_tokens=20, output_tokens=4)
+    sched.add_request(light, 1.0)
+    assert sched.kv.num_free_blocks >= 2  # room for the light request only
+    assert steps_until_first_token(sched, light) == 1
+    assert blocked.status is RequestStatus.WAITING
+
+
+def test_a_tenant_alone_fills_the_whole_pool() -> None:
+    sched = scheduler(kv_tokens=4096, step_share_tokens=None)
+    fill_pool_with(sched, "heavy", 3, 1300)
+    assert sched.kv.num_free_blocks < 12 and sched.num_preemptions == 0
+
+
+# --- the step shared ---
+
+
+def test_a_short_prompt_starts_beside_a_long_prefill_in_a_short_step() -> None:
+    for limit in (256, None):
+        sched = scheduler(kv_tokens=100_000, step_share_tokens=limit)
+        chat = make_request("chat", input_tokens=20, output_tokens=50)
+        sched.add_request(chat, 0.0)
+        fake_step(sched, 0.0)
+        long = make_request("long", input_tokens=4000, output_tokens=4)
+        sched.add_request(long, 0.1)
+        out = fake_step(sched, 0.1)
+        long_tokens = sum(s.num_new_tokens for s in out.scheduled if s.request is long)
+        newcomer = make_request("chat", input_tokens=30, output_tokens=4)
+        sched.add_request(newcomer, 0.2)
+        out = fake_step(sched, 0.2)
+        newcomer_step = sum(s.num_new_tokens for s in out.scheduled if s.request is long)
+        if limit is None:
+            assert long_tokens == 4000  # the whole prompt in one long step
+        else:
+            assert long_tokens == limit
+            assert newcomer.num_output_tokens == 1  # its first token in the next step...
+            assert newcomer_step == limit // 4  # ...a short one
+            assert chat.num_output_tokens == 3  # the decode goes on at every step
+
+
+def test_a_tenant_alone_takes_the_whole_step() -> None:
+    sched = scheduler(kv_tokens=100_000, step_share_tokens=256)
+    long = make_request("long", input_tokens=4000, output_tokens=4)
+    sched.add_request(long, 0.0)
+    out = fake_step(sched, 0.0)
+    assert out.scheduled[0].num_new_tokens == 4000
