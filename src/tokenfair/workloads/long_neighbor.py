@@ -97,5 +97,5 @@ class _Silent:
     client: str
     weight: float = 1.0
 
-    def draw(self, rng, duration_s):  # type: ignore[no-untyped-def]
+    def draw(self, rng: object, duration_s: float) -> list:
         return []

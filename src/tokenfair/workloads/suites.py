@@ -26,6 +26,7 @@ from tokenfair.workloads.arrivals import (
 )
 from tokenfair.workloads.documents import DocumentsSpec
 from tokenfair.workloads.lengths import ClientLengths, LogNormal, UniformInt, fixed
+from tokenfair.workloads.long_neighbor import A10G_CASE, H200_CASE
 from tokenfair.workloads.prefixes import (
     ConversationClient,
     DocumentClient,
@@ -272,6 +273,16 @@ SUITES: dict[str, SuiteDef] = {
             ClientWorkload(f"client-{i}", Poisson(rate), ARENA_LENGTHS)
             for i, rate in enumerate(_zipf_rates(ARENA_RATE, ARENA_CLIENTS, ARENA_ZIPF))
         ),
+    ),
+    "long-neighbor": SuiteDef(
+        A10G_CASE.describe() + " (the A10G case; benchmarks/long_neighbor.py)",
+        A10G_CASE.duration_s,
+        A10G_CASE.client_specs(),
+    ),
+    "long-neighbor-h200": SuiteDef(
+        H200_CASE.describe() + " (the long-context case, a large pool)",
+        H200_CASE.duration_s,
+        H200_CASE.client_specs(),
     ),
     "documents": SuiteDef(
         DocumentsSpec().describe(),
