@@ -8,9 +8,8 @@ replayed through the simulator, in two cases:
   memory); 32k-64k-token prompts at 0.5/s beside two chat tenants at 2/s.
 
 For each case and seed it runs the chat traffic alone, then the whole workload under
-`fcfs`, `vtc` and `vtc-preempt` as they ran before tokenfair shared what a tenant holds
-(`--no-share-memory`, no step share), and under `vtc` with the default settings
-(memory and step shared). It prints one JSON line: the chat tenants' TTFT p50/p99
+`fcfs`, `vtc` and `vtc-preempt` with the default settings (charges only: memory and
+step not shared), and under `vtc` with `share_memory=True, step_share_tokens=1024`. It prints one JSON line: the chat tenants' TTFT p50/p99
 and TPOT p50, their ratios to alone, the long tenant's throughput (its tokens over
 the time from the first arrival to its last finish) and its ratio to `fcfs`'s, and
 the preemptions. `--sweep` adds the trade curve: the default run at several
@@ -39,12 +38,13 @@ CASES = {
     "a10g": (A10G_CASE, "a10g-llama-7b", 20_000),
     "h200": (H200_CASE, "h200-llama-3-8b", 900_000),
 }
-BEFORE = {"share_memory": False, "step_share_tokens": None}  # charges only
+BEFORE = {"share_memory": False, "step_share_tokens": None}  # charges only (the default)
+SHARED = {"share_memory": True, "step_share_tokens": 1024}  # what a tenant holds, shared
 RUNS = [
     ("fcfs", "fcfs", BEFORE),
     ("vtc (charges only)", "vtc", BEFORE),
     ("vtc-preempt (charges only)", "vtc-preempt", BEFORE),
-    ("vtc (default)", "vtc", {}),
+    ("vtc (holdings shared)", "vtc", SHARED),
 ]
 SWEEP = [256, 512, 768, 1024, 2048, 4096]
 
@@ -88,11 +88,13 @@ def median_of(runs: list[dict], key: str) -> float:
 
 
 def case_figures(case: str, seeds: list[int], sweep: bool) -> dict:
-    alone = [run(case, seed, "vtc", {}, with_long=False) for seed in seeds]
+    alone = [run(case, seed, "vtc", BEFORE, with_long=False) for seed in seeds]
     rows = {}
     entries = list(RUNS)
     if sweep:
-        entries += [(f"vtc, step share {c}", "vtc", {"step_share_tokens": c}) for c in SWEEP]
+        entries += [
+            (f"vtc, step share {c}", "vtc", {**SHARED, "step_share_tokens": c}) for c in SWEEP
+        ]
     for label, policy, settings in entries:
         runs = [run(case, seed, policy, settings) for seed in seeds]
         rows[label] = {
