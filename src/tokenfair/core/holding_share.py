@@ -35,6 +35,8 @@ class HoldingShare:
         self.policy = policy
         self.kv = kv
         self._step = 0
+        # Whether the last victim gives its memory (its tenant then steps aside).
+        self.took_memory = False
         # Blocked requests: id -> the first and the last step each waited.
         self._waits: dict[str, tuple[int, int]] = {}
 
@@ -67,6 +69,7 @@ class HoldingShare:
     ) -> RequestView | None:
         """A running request (among `settled`: not admitted in this step) to push out
         so that `head` can start, or None."""
+        self.took_memory = False
         if not settled:
             return None
         config, policy = self.config, self.policy
@@ -84,9 +87,11 @@ class HoldingShare:
             and waited >= config.memory_patience_steps
         ):
             kv = self.kv
-            return policy.memory_victim(
+            chosen = policy.memory_victim(
                 head, self.need_blocks(head, hit), settled, kv.holdings(), kv.num_blocks
             )
+            self.took_memory = chosen is not None
+            return chosen
         return None
 
     def steps_aside(self, head: Request, hit: PrefixHit, running: Sequence[Request]) -> bool:

@@ -152,15 +152,20 @@ class KVCacheManager:
         """
         if prefix is not None and prefix.blocks:
             return self._allocate_with_prefix(request, num_tokens, prefix)
+        # Runs for every growing request at every step: kept plain.
         table = self._tables.get(request.request_id)
-        need = self.blocks_for(num_tokens) - (len(table) if table is not None else 0)
-        pool = self.pool
-        if need > pool.num_free:
+        need = -(-num_tokens // self.block_size) - (len(table) if table is not None else 0)
+        if need <= 0:
+            if table is None:
+                table = self._tables[request.request_id] = []
+            return table
+        blocks = self.pool.take_fresh(need, request.client)
+        if blocks is None:
             return None
         if table is None:
-            table = self._tables[request.request_id] = []
-        if need > 0:
-            table.extend(pool.take_fresh(need, request.client))
+            self._tables[request.request_id] = blocks
+            return blocks
+        table += blocks
         return table
 
     def _allocate_with_prefix(
@@ -189,8 +194,8 @@ class KVCacheManager:
             pool.take(block, tenant)
         table = self._tables[request.request_id] = list(prefix.blocks)
         self.index.entered_blocks[request.request_id] = len(table)
-        if need:  # the prefix's blocks are out of the LRU now
-            table.extend(pool.take_fresh(need, tenant))
+        if need:  # fits: checked above, with the prefix's blocks out of the LRU now
+            table += pool.take_fresh(need, tenant) or ()
         return table
 
     def free(self, request: Request) -> None:
@@ -294,7 +299,7 @@ class KVCacheManager:
         if max(len(swap_table), self.blocks_for(num_tokens)) > self.pool.num_free:
             return None
         self.swap.drop(request.request_id)
-        table = self.pool.take_fresh(len(swap_table), request.client)
+        table = self.pool.take_fresh(len(swap_table), request.client) or []  # fits
         self._tables[request.request_id] = table
         copies = list(zip(swap_table, table, strict=True))
         self.allocate(request, num_tokens)  # fits: checked above

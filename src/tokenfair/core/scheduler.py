@@ -298,7 +298,8 @@ class Scheduler:
                     # The victim's tokens in this step go back to the budget.
                     budget += self._unschedule(victim, out)
                     self._preempt(victim, out, mode="recompute", cause="policy")
-                    aside.clear()  # memory came free: the head of the queue goes first again
+                    if self._holding.took_memory:
+                        aside.add(victim.client)  # it gave way: it does not take it back now
                     continue
                 if (
                     n

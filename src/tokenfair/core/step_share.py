@@ -11,8 +11,8 @@ While another tenant has requests running or waiting, one tenant's prompt chunks
 at most `limit` tokens of a step; the rest of its prompt goes in the next steps, and a
 waiting request of a tenant that had its share of the step lets the next tenant's
 start. In a step that gives another tenant's newly started request its first token, a
-tenant's unfinished prompt chunks are cut to a quarter of the limit, so that the
-newcomer's first step is short too. A tenant alone
+tenant's prompt chunks are cut to a quarter of the limit, so that the newcomer's first
+step is short too. A tenant alone
 takes the whole token budget. The limit is the trade between the long
 prompts' prefill rate and the other tenants' decode pace, which on these step-time
 models is about one for one (`SchedulerConfig.step_share_tokens`; the figure in
@@ -85,13 +85,11 @@ class StepShare:
 
     def cut_for_newcomers(self, scheduled: list[ScheduledRequest]) -> None:
         """In a step that gives a newly started request its first token, cut the other
-        tenants' prompt chunks that sample nothing to a quarter of the limit."""
+        tenants' prompt chunks to a quarter of the limit."""
         started = self._started
         if not started:
             return
         small = max(1, self.limit // 4)
         for planned in scheduled:
             if planned.num_new_tokens > small and planned.request.client not in started:
-                request = planned.request
-                if planned.start + planned.num_new_tokens < request.num_tokens:
-                    planned.num_new_tokens = small
+                planned.num_new_tokens = small  # a prompt chunk (a decode is one token)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tokenfair.workloads.arrivals import Poisson
+from tokenfair.workloads.client_workload import ClientWorkload
 from tokenfair.workloads.lengths import ClientLengths, UniformInt
 
 LONG_CLIENT = "long"
@@ -53,7 +54,6 @@ class LongNeighborSpec:
     def client_specs(self, *, with_long: bool = True) -> tuple:
         """The clients, the long tenant first; without it, the chat traffic alone (the
         same requests: each client draws from its own stream)."""
-        from tokenfair.workloads.suites import ClientWorkload
 
         def lengths(prompt: tuple[int, int], output: tuple[int, int]) -> ClientLengths:
             return ClientLengths(UniformInt(*prompt), UniformInt(*output))

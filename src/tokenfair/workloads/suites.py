@@ -24,6 +24,7 @@ from tokenfair.workloads.arrivals import (
     Poisson,
     Uniform,
 )
+from tokenfair.workloads.client_workload import ClientWorkload
 from tokenfair.workloads.documents import DocumentsSpec
 from tokenfair.workloads.lengths import ClientLengths, LogNormal, UniformInt, fixed
 from tokenfair.workloads.long_neighbor import A10G_CASE, H200_CASE
@@ -36,24 +37,6 @@ from tokenfair.workloads.prefixes import (
 from tokenfair.workloads.trace import TraceRecord
 
 ON_OFF_PERIOD_S = 60.0
-
-
-@dataclass(frozen=True, slots=True)
-class ClientWorkload:
-    """One client of a workload: when its requests come, how long they are, its weight."""
-
-    client: str
-    arrivals: ArrivalProcess
-    lengths: ClientLengths
-    weight: float = 1.0
-
-    def draw(self, rng: np.random.Generator, duration_s: float) -> list[RequestDraw]:
-        times = self.arrivals.times(rng, 0.0, duration_s)
-        inputs, outputs = self.lengths.sample(rng, len(times))
-        return [
-            RequestDraw(float(t), int(i), int(o))
-            for t, i, o in zip(times, inputs, outputs, strict=True)
-        ]
 
 
 # What a suite's client may be: independent requests, or requests sharing prefixes.

@@ -50,20 +50,28 @@ class BlockPool:
         return {tenant: count for tenant, count in self._held.items() if count}
 
     # --- taking and releasing ---
-    def take_fresh(self, count: int, tenant: str) -> list[int]:
-        """`count` blocks with no contents, held once by `tenant` (the caller checked
-        `num_free`): untouched ones first, then the least recently freed idle ones."""
-        free, ref_count, owner = self._free, self.ref_count, self._owner
+    def take_fresh(self, count: int, tenant: str) -> list[int] | None:
+        """`count` blocks with no contents, held once by `tenant`: untouched ones first,
+        then the least recently freed idle ones; None (nothing taken) if too few."""
+        free, ref_count, owner, held = self._free, self.ref_count, self._owner, self._held
+        if count == 1 and free:  # the usual case: a request grows by one block
+            block = free.pop()
+            ref_count[block] = 1
+            owner[block] = tenant
+            held[tenant] = held.get(tenant, 0) + 1
+            return [block]
         if count <= len(free):
             blocks = free[len(free) - count :]
             del free[len(free) - count :]
             blocks.reverse()  # as successive pops would give them
-        else:
+        elif count <= len(free) + len(self._idle) + len(self._idle_wanted):
             blocks = [self._evict_or_pop() for _ in range(count)]
+        else:
+            return None
         for block in blocks:
             ref_count[block] = 1
             owner[block] = tenant
-        self._held[tenant] = self._held.get(tenant, 0) + count
+        held[tenant] = held.get(tenant, 0) + count
         return blocks
 
     def _evict_or_pop(self) -> int:
