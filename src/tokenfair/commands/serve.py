@@ -158,6 +158,22 @@ def serve(
             "gives one up to a tenant waiting for one (VTC policies; docs/fairness.md)."
         ),
     ] = True,
+    share_memory: Annotated[
+        bool,
+        typer.Option(
+            help="KV memory shared by weight: a tenant within its share of the pool waiting "
+            "for memory takes it from the tenant furthest over its share (VTC policies; "
+            "docs/fairness.md)."
+        ),
+    ] = True,
+    step_share_tokens: Annotated[
+        int,
+        typer.Option(
+            help="While another tenant has work, one tenant's prompt chunks take at most "
+            "this many tokens of a step; 0: no limit (docs/fairness.md).",
+            min=0,
+        ),
+    ] = 1024,
     max_batched_tokens: Annotated[int | None, typer.Option(help="Most tokens per step.")] = None,
     block_size: Annotated[int | None, typer.Option(help="KV block size in tokens.")] = None,
     preemption: Annotated[str | None, typer.Option(help="recompute | swap.")] = None,
@@ -304,6 +320,7 @@ def serve(
         options = {
             "max_num_seqs": max_num_seqs,
             "share_seats": share_seats,
+            "share_memory": share_memory,
             "max_batched_tokens": max_batched_tokens,
             "block_size": block_size,
             "preemption": preemption,
@@ -322,6 +339,7 @@ def serve(
             "enable_prefix_caching": enable_prefix_caching,
             "charge_cached_tokens": charge_cached_tokens,
             **{k: v for k, v in options.items() if v is not None},
+            "step_share_tokens": step_share_tokens or None,  # 0: no limit
         }
         runner: EngineClient | None = None
         arrangement = engine_arrangement(engine, model)

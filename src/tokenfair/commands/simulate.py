@@ -58,6 +58,8 @@ def build_config(
     max_batched_tokens: int | None,
     prefix_caching: bool | None = None,
     share_seats: bool | None = None,
+    share_memory: bool | None = None,
+    step_share_tokens: int | None = None,
 ) -> SchedulerConfig:
     """The scheduler settings of a preset with the options given on top."""
     if preset not in PRESETS:
@@ -82,9 +84,13 @@ def build_config(
             "max_batched_tokens": max_batched_tokens,
             "enable_prefix_caching": prefix_caching,
             "share_seats": share_seats,
+            "share_memory": share_memory,
+            "step_share_tokens": step_share_tokens,
         }.items()
         if value is not None
     }
+    if step_share_tokens == 0:
+        settings["step_share_tokens"] = None  # no limit
     if swap_tokens and preemption != "swap":
         warn("--swap-tokens has no effect without --preemption swap")
     try:
@@ -217,6 +223,24 @@ def simulate(
             "one up to a tenant waiting for one (VTC policies). paper: off; engine: on.",
         ),
     ] = None,
+    share_memory: Annotated[
+        bool | None,
+        typer.Option(
+            "--share-memory/--no-share-memory",
+            help="KV memory shared by weight: a tenant within its share of the pool waiting "
+            "for memory takes it from the tenant furthest over its share, and memory "
+            "victims are that tenant's (VTC policies). paper: off; engine: on.",
+        ),
+    ] = None,
+    step_share_tokens: Annotated[
+        int | None,
+        typer.Option(
+            help="While another tenant has work, one tenant's prompt chunks take at most "
+            "this many tokens of a step (0: no limit). paper: none (prompts in steps of "
+            "their own); engine: 1,024.",
+            min=0,
+        ),
+    ] = None,
     out: Annotated[
         Path | None, typer.Option(help="Write per-request results (JSONL) here.")
     ] = None,
@@ -243,6 +267,8 @@ def simulate(
         max_batched_tokens,
         prefix_caching,
         share_seats,
+        share_memory,
+        step_share_tokens,
     )
     records = read_trace_file(trace)
     step_profile = load_profile_option(profile)

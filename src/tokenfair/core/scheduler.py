@@ -74,6 +74,7 @@ class Scheduler:
         self._step_share: StepShare | None = None  # this step's, when the step is shared
         # What a blocked head may take from what other tenants hold (seats, memory).
         self._holding = HoldingShare(config, policy, self.kv)
+        self.stepped_aside: frozenset[str] = frozenset()  # in the last admission
         self.num_preemptions = 0  # all causes
         # The pool could not hold the running requests' next tokens (a sizing problem)...
         self.num_memory_preemptions = 0
@@ -335,6 +336,7 @@ class Scheduler:
             admitted += 1
         if admitted and self._step_share is not None:
             self._step_share.cut_for_newcomers(out.scheduled)
+        self.stepped_aside = frozenset(aside)
         return admitted
 
     def _schedule_separate_prefill(self, out: SchedulerOutput, now: float) -> None:

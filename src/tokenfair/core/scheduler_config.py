@@ -35,12 +35,12 @@ class SchedulerConfig:
     # KV memory shared by weight (Policy.memory_victim / holding_victim; the VTC family):
     # a tenant under its share of the pool waiting for memory takes it from the tenant
     # furthest over its share, and the victim of a memory shortage is that tenant's.
-    share_memory: bool = False
+    share_memory: bool = True
     # Steps the head waits first in line for memory before someone's is taken for it.
-    memory_patience_steps: int = 1
+    memory_patience_steps: int = 0
     # While another tenant has work, one tenant's prompt chunks take at most this many
     # tokens of a step (core/step_share.py); None: the step goes to whoever comes first.
-    step_share_tokens: int | None = None
+    step_share_tokens: int | None = 1024
     # The paper's router (see the module docstring); 0 / False / None turn them off.
     admission_interval_steps: int = 0
     # After a failed admission attempt, try again at every step until one admits
