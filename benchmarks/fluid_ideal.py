@@ -39,6 +39,7 @@ from tokenfair.core.policies.loading import split_policies
 from tokenfair.core.scheduler import SchedulerConfig
 from tokenfair.engine.sim.profile import load_profile
 from tokenfair.engine.sim.simulator import simulate
+from tokenfair.experiments.locality import LOCALITY_ENGINE_SETTINGS
 from tokenfair.experiments.workloads import ARENA_DURATION_S, ARENA_TRACE
 from tokenfair.fairness.fluid import compare_with_fluid
 from tokenfair.fairness.metrics import DEFAULT_WARMUP_S, DEFAULT_WINDOW_S
@@ -65,7 +66,7 @@ JITTER_S = 1e-3
 def config_of(preset: str, kv_tokens: int) -> SchedulerConfig:
     if preset == "paper":
         return SchedulerConfig.paper(kv_tokens)
-    return SchedulerConfig(kv_tokens=kv_tokens, enable_prefix_caching=True)
+    return SchedulerConfig(kv_tokens=kv_tokens, **LOCALITY_ENGINE_SETTINGS)
 
 
 def jittered(trace: list[TraceRecord], seed: int) -> list[TraceRecord]:

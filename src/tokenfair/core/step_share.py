@@ -70,8 +70,8 @@ class StepShare:
 
     def give_back(self, tenant: str, tokens: int) -> None:
         """A request's `tokens` left the step (it was pushed out)."""
-        if tokens > 1:  # a prompt chunk, counted
-            self._taken[tenant] -= tokens
+        if tokens > 1:  # a prompt chunk (a swapped-in one was never counted)
+            self._taken[tenant] = max(0, self._taken.get(tenant, 0) - tokens)
 
     def _others_present(self, tenant: str) -> bool:
         tenants = self._tenants

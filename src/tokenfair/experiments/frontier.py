@@ -35,7 +35,7 @@ import numpy as np
 
 from tokenfair.core.cost import LinearCost
 from tokenfair.core.scheduler import SchedulerConfig
-from tokenfair.experiments.locality import prefix_hit_rate
+from tokenfair.experiments.locality import LOCALITY_ENGINE_SETTINGS, prefix_hit_rate
 from tokenfair.experiments.runner import (
     DEFAULT_PROFILE,
     DEFAULT_WORKERS,
@@ -181,7 +181,7 @@ def frontier_jobs(
         for seed in seeds:
             workload = scenario.workload(seed)
             config = SchedulerConfig(
-                kv_tokens=scenario.kv_tokens(workload), enable_prefix_caching=True
+                kv_tokens=scenario.kv_tokens(workload), **LOCALITY_ENGINE_SETTINGS
             )
             variant = f"{index}|{scenario.variant}|pool {scenario.pool_fraction:g}|seed {seed}"
             jobs += [Job(workload, p, config, DEFAULT_PROFILE, variant) for p in policies]

@@ -130,8 +130,14 @@ class RecordingScheduler(FairScheduler):
         self.victims.append((request.request_id, [r.request_id for r in self.running]))
         ledger = getattr(self, "ledger", None)
         if ledger is not None:
-            key = ledger.victim_key(request.request_id)
-            assert all(key > ledger.victim_key(r.request_id) for r in self.running)
+            held = self.victim_holdings
+
+            def key(request_id):
+                if self.tokenfair_config.share_memory:
+                    return ledger.holding_victim_key(request_id, held)
+                return ledger.victim_key(request_id)
+
+            assert all(key(request.request_id) > key(r.request_id) for r in self.running)
         super()._preempt_request(request, *args, **kwargs)
 
 
@@ -184,6 +190,36 @@ def test_victim_is_newest_request_of_largest_counter(tiny_model_dir):
     assert fair.victims[0][0] == "a1"
     # Stock vLLM pushes out its newest admission, the light tenant's request.
     assert scenario(RecordingStock).victims[0][0] == "b0"
+
+
+def test_the_memory_victim_is_the_tenant_holding_the_most_not_the_largest_counter(
+    tiny_model_dir,
+):
+    # `a` holds one long prompt; `b` three short requests, charged faster (prompt
+    # tokens are cheap here): when the pool runs short, b has the larger counter and a
+    # holds more blocks.
+    def first_victim(share_memory: bool) -> str:
+        scheduler = make_scheduler(
+            tiny_model_dir,
+            RecordingScheduler,
+            num_blocks=20,
+            max_num_seqs=8,
+            tokenfair={"share_memory": share_memory, "w_in": 0.1},
+        )
+        scheduler.victims = []
+        requests = [make_request(scheduler, "a0", "a", 160, 200)]
+        requests += [make_request(scheduler, f"b{i}", "b", 16, 200) for i in range(3)]
+        add(scheduler, requests)
+        for _ in range(200):
+            step(scheduler)
+            if scheduler.victims:
+                counters = scheduler.ledger.counters()
+                assert counters["b"] > counters["a"]
+                return scheduler.victims[0][0]
+        raise AssertionError("the pool was meant to run short")
+
+    assert first_victim(True) == "a0"
+    assert first_victim(False).startswith("b")
 
 
 def test_fcfs_policy_schedules_exactly_like_stock_vllm(tiny_model_dir):

@@ -98,13 +98,19 @@ class Policy:
         """Who is pushed out when memory runs out: the largest `victim_key`."""
         return max(running, key=self.victim_key)
 
+    def holding_victim_key(self, request: RequestView, holdings: Mapping[str, int]) -> tuple:
+        """Preemption order knowing the KV blocks each tenant holds (`holdings`): the
+        largest key goes first. By default `victim_key`; the VTC family puts the tenant
+        holding the most per unit of weight first (memory_share.py). Drivers that keep
+        their own running list (the vLLM plugin) sort it by this key."""
+        return self.victim_key(request)
+
     def holding_victim(
         self, running: Sequence[RequestView], holdings: Mapping[str, int]
     ) -> RequestView:
-        """Who is pushed out when memory runs out, knowing the KV blocks each tenant
-        holds (`holdings`); asked instead of `victim` when the scheduler shares memory.
-        By default `victim`; the VTC family takes the newest request of the tenant
-        holding the most per unit of weight (memory_share.py)."""
+        """Who is pushed out when memory runs out, asked instead of `victim` when the
+        scheduler shares memory. By default `victim`; the VTC family takes the largest
+        `holding_victim_key`."""
         return self.victim(running)
 
     def memory_victim(

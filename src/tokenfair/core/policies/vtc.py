@@ -293,18 +293,14 @@ class VTCPolicy(Policy):
     def _weight_of(self, client: str) -> float:
         return self.ledger.weights.get(client, 1.0)
 
+    def holding_victim_key(self, request: RequestView, holdings: Mapping[str, int]) -> tuple:
+        """The tenant holding the most KV per unit of weight first, then VTC's order."""
+        return (holding_victim_key(request, holdings, self._weight_of), *self.victim_key(request))
+
     def holding_victim(
         self, running: Sequence[RequestView], holdings: Mapping[str, int]
     ) -> RequestView:
-        """The tenant holding the most KV per unit of weight first, then VTC's order."""
-        weight_of = self._weight_of
-        return max(
-            running,
-            key=lambda request: (
-                holding_victim_key(request, holdings, weight_of),
-                *self.victim_key(request),
-            ),
-        )
+        return max(running, key=lambda request: self.holding_victim_key(request, holdings))
 
     def memory_victim(
         self,

@@ -77,6 +77,10 @@ class PluginConfig(BaseModel):
     charge_cached_tokens: float | None = Field(None, ge=0, le=1)
     # The older switch for the same: true is 1, false is 0.
     charge_prefix_hits: bool | None = None
+    # Memory victims by what tenants hold: when vLLM runs short of KV blocks, the newest
+    # request of the tenant holding the most blocks per unit of weight goes first, then
+    # the policy's own order (the VTC family; docs/vllm.md, "What a tenant holds").
+    share_memory: bool = True
     # A per-tenant status line in vLLM's log every this many seconds while busy; 0: off.
     log_interval_s: float = Field(10.0, ge=0)
     # Serve per-tenant Prometheus metrics from the engine process on this port

@@ -27,7 +27,7 @@ Output is reported as a count, which is all a policy reads.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
@@ -238,6 +238,13 @@ class Ledger(Generic[H]):
         """The policy's preemption order: the largest key is pushed out first."""
         entry = self._entries.get(request_id)
         return (float("-inf"),) if entry is None else self.policy.victim_key(entry.shadow)
+
+    def holding_victim_key(self, request_id: str, holdings: Mapping[str, int]) -> tuple:
+        """The policy's preemption order knowing the KV blocks each tenant holds."""
+        entry = self._entries.get(request_id)
+        if entry is None:
+            return (float("-inf"),)
+        return self.policy.holding_victim_key(entry.shadow, holdings)
 
     def tenant_of(self, request_id: str) -> str | None:
         entry = self._entries.get(request_id)

@@ -116,6 +116,8 @@ BLOCK_POOL_METHODS: dict[str, tuple[str, ...]] = {
     ),
     "_maybe_evict_cached_block": ("block",),
 }
+# The KV cache manager's methods the memory victim order reads (share_memory).
+KV_MANAGER_METHODS: dict[str, tuple[str, ...]] = {"get_block_ids": ("request_id",)}
 # vLLM's waiting queues this module knows what to do with: the fair queue, the queue of
 # requests holding KV blocks, and (0.34) the queue of requests that may load their KV
 # asynchronously. A scheduler with any other queue is refused: its requests would be
@@ -486,8 +488,15 @@ class FairSchedulerMixin:
                     vllm.__version__, _method_problems("BlockPool", pool, BLOCK_POOL_METHODS)
                 )
             self.plugin_policy.policy.attach_prefix_cache(VllmPrefixCache(access, self.block_size))
+        if config.share_memory:
+            manager = type(self.kv_cache_manager)
+            check_vllm(
+                vllm.__version__, _method_problems("KVCacheManager", manager, KV_MANAGER_METHODS)
+            )
         self._popped: list[Request] = []
         self._warned: set[str] = set()
+        # What each tenant held when `running` was last put in victim order.
+        self.victim_holdings: dict[str, int] = {}
         # vLLM's FCFS preemption path takes the tail of `running`, which schedule()
         # keeps in the policy's victim order; its priority path (tokenfair's
         # `priority`) picks the lowest-priority request itself, as stock vLLM does.
@@ -596,7 +605,11 @@ class FairSchedulerMixin:
             return super().schedule(*args, **kwargs)  # type: ignore[misc]
         ledger = self.ledger
         if self.plugin_policy.sorts_running and len(self.running) > 1:
-            self.running.sort(key=lambda r: ledger.victim_key(r.request_id))
+            if self.tokenfair_config.share_memory:
+                self.victim_holdings = holdings = self._holdings()
+                self.running.sort(key=lambda r: ledger.holding_victim_key(r.request_id, holdings))
+            else:
+                self.running.sort(key=lambda r: ledger.victim_key(r.request_id))
         self._popped.clear()
         output = super().schedule(*args, **kwargs)  # type: ignore[misc]
         if self._popped:
@@ -604,6 +617,18 @@ class FairSchedulerMixin:
             self._popped.clear()  # the rest were put back: not charged
         self._status.tick()
         return output
+
+    def _holdings(self) -> dict[str, int]:
+        """KV blocks each tenant's running requests hold (of the first KV cache group;
+        a prefix block two requests share counts for each)."""
+        held: dict[str, int] = {}
+        block_ids, tenant_of = self.kv_cache_manager.get_block_ids, self.ledger.tenant_of
+        for request in self.running:
+            tenant = tenant_of(request.request_id)
+            if tenant is not None:
+                groups = block_ids(request.request_id)
+                held[tenant] = held.get(tenant, 0) + (len(groups[0]) if groups else 0)
+        return held
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         outputs = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
