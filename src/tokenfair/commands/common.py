@@ -53,6 +53,21 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
 }
 
 
+SHARE_SEATS_HELP = (
+    "When every seat is taken, a tenant over its weighted share of the seats gives one up "
+    "to a tenant waiting for one (VTC policies; docs/fairness.md)."
+)
+SHARE_MEMORY_HELP = (
+    "KV memory shared by weight: a tenant within its share of the pool waiting for memory "
+    "takes it from the tenant furthest over its share, and memory victims are that "
+    "tenant's (VTC policies; docs/fairness.md)."
+)
+STEP_SHARE_HELP = (
+    "While another tenant has work, one tenant's prompt chunks take at most this many "
+    "tokens of a step; 0: no limit (docs/fairness.md)."
+)
+
+
 def missing_modules(extra: str) -> list[str]:
     """The modules of `extra` that cannot be imported here."""
     return [name for name in EXTRA_MODULES[extra] if importlib.util.find_spec(name) is None]

@@ -13,7 +13,14 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from tokenfair.commands.common import LOG_FORMAT, ShutdownTimeout, require_extra
+from tokenfair.commands.common import (
+    LOG_FORMAT,
+    SHARE_MEMORY_HELP,
+    SHARE_SEATS_HELP,
+    STEP_SHARE_HELP,
+    ShutdownTimeout,
+    require_extra,
+)
 from tokenfair.commands.conflicts import conflicting_options
 from tokenfair.edge.defaults import (
     DEFAULT_BODY_TIMEOUT_S,
@@ -151,29 +158,9 @@ def serve(
         ),
     ] = None,
     max_num_seqs: Annotated[int | None, typer.Option(help="Most requests running at once.")] = None,
-    share_seats: Annotated[
-        bool,
-        typer.Option(
-            help="When every seat is taken, a tenant over its weighted share of the seats "
-            "gives one up to a tenant waiting for one (VTC policies; docs/fairness.md)."
-        ),
-    ] = True,
-    share_memory: Annotated[
-        bool,
-        typer.Option(
-            help="KV memory shared by weight: a tenant within its share of the pool waiting "
-            "for memory takes it from the tenant furthest over its share (VTC policies; "
-            "docs/fairness.md)."
-        ),
-    ] = True,
-    step_share_tokens: Annotated[
-        int,
-        typer.Option(
-            help="While another tenant has work, one tenant's prompt chunks take at most "
-            "this many tokens of a step; 0: no limit (docs/fairness.md).",
-            min=0,
-        ),
-    ] = 1024,
+    share_seats: Annotated[bool, typer.Option(help=SHARE_SEATS_HELP)] = True,
+    share_memory: Annotated[bool, typer.Option(help=SHARE_MEMORY_HELP)] = True,
+    step_share_tokens: Annotated[int, typer.Option(help=STEP_SHARE_HELP, min=0)] = 1024,
     max_batched_tokens: Annotated[int | None, typer.Option(help="Most tokens per step.")] = None,
     block_size: Annotated[int | None, typer.Option(help="KV block size in tokens.")] = None,
     preemption: Annotated[str | None, typer.Option(help="recompute | swap.")] = None,

@@ -21,6 +21,8 @@ from typing import Annotated
 import typer
 
 from tokenfair.commands.common import (
+    SHARE_MEMORY_HELP,
+    STEP_SHARE_HELP,
     check_output_file,
     check_weights,
     fail,
@@ -226,18 +228,13 @@ def simulate(
     share_memory: Annotated[
         bool | None,
         typer.Option(
-            "--share-memory/--no-share-memory",
-            help="KV memory shared by weight: a tenant within its share of the pool waiting "
-            "for memory takes it from the tenant furthest over its share, and memory "
-            "victims are that tenant's (VTC policies). paper: off; engine: on.",
+            "--share-memory/--no-share-memory", help=SHARE_MEMORY_HELP + " paper: off; engine: on."
         ),
     ] = None,
     step_share_tokens: Annotated[
         int | None,
         typer.Option(
-            help="While another tenant has work, one tenant's prompt chunks take at most "
-            "this many tokens of a step (0: no limit). paper: none (prompts in steps of "
-            "their own); engine: 1,024.",
+            help=STEP_SHARE_HELP + " paper: none (prompts in steps of their own); engine: 1,024.",
             min=0,
         ),
     ] = None,

@@ -41,6 +41,14 @@ from tokenfair.experiments.locality import (
     locality_rows,
     locality_settings,
 )
+from tokenfair.experiments.neighbor import DEFAULT_SEEDS as NEIGHBOR_SEEDS
+from tokenfair.experiments.neighbor import (
+    NeighborRow,
+    is_neighbor_outcome,
+    neighbor_jobs,
+    neighbor_rows,
+    neighbor_settings,
+)
 from tokenfair.experiments.runner import (
     DEFAULT_PROFILE,
     DEFAULT_WORKERS,
@@ -108,6 +116,9 @@ class ExperimentResult:
     measured_fcfs_arena: list[ResultRecord] = field(default_factory=list)
     # Beyond the paper: clients sharing prompt prefixes (experiments/locality.py).
     locality: LocalityResult | None = None
+    # Beyond the paper: a tenant flooding long prompts (experiments/neighbor.py).
+    neighbor: list[NeighborRow] = field(default_factory=list)
+    neighbor_settings: dict[str, Any] = field(default_factory=dict)
 
     def outcomes_for(self, workload: str) -> list[RunOutcome]:
         return [o for o in self.outcomes if o.workload.name == workload]
@@ -175,6 +186,11 @@ def write_run_files(result: ExperimentResult) -> None:
             "settings": result.locality.settings,
             "rows": [asdict(row) for row in result.locality.rows],
         }
+    if result.neighbor:
+        summary["long_neighbor"] = {
+            "settings": result.neighbor_settings,
+            "rows": [asdict(row) for row in result.neighbor],
+        }
     (result.out_dir / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
@@ -225,6 +241,7 @@ def run_paper_experiment(
     suites: Sequence[str] | None = None,
     ablation: bool = True,
     locality: bool = True,
+    neighbor: bool = True,
 ) -> ExperimentResult:
     """The paper's experiments: the arena table, every synthetic suite, the ablation,
     and beyond the paper the locality experiment (clients sharing prompt prefixes).
@@ -246,7 +263,12 @@ def run_paper_experiment(
     locality_seeds = DEFAULT_SEEDS[:1] if quick else DEFAULT_SEEDS
     if locality:
         jobs += locality_jobs(locality_seeds)
+    neighbor_seeds = NEIGHBOR_SEEDS[:1] if quick else NEIGHBOR_SEEDS
+    if neighbor:
+        jobs += neighbor_jobs(neighbor_seeds)
     outcomes = run_jobs(jobs, workers, progress)
+    neighbor_outcomes = [o for o in outcomes if is_neighbor_outcome(o)]
+    outcomes = [o for o in outcomes if not is_neighbor_outcome(o)]
     locality_outcomes = [o for o in outcomes if o.workload.name in LOCALITY_POOLS]
     outcomes = [o for o in outcomes if o.workload.name not in LOCALITY_POOLS]
     main = [o for o in outcomes if not o.job.variant]
@@ -280,6 +302,8 @@ def run_paper_experiment(
             if locality_outcomes
             else None
         ),
+        neighbor=neighbor_rows(neighbor_outcomes),
+        neighbor_settings=neighbor_settings(neighbor_seeds) if neighbor_outcomes else {},
     )
     return _finish(result, started)
 

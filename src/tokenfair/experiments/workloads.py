@@ -12,13 +12,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tokenfair.fairness.metrics import DEFAULT_WARMUP_S, DEFAULT_WINDOW_S
-from tokenfair.workloads.suites import PREFIX_SUITES, SUITES, generate_suite
+from tokenfair.workloads.suites import NEIGHBOR_SUITES, PREFIX_SUITES, SUITES, generate_suite
 from tokenfair.workloads.trace import TraceRecord, read_trace
 
 ARENA = "arena"
 ARENA_TRACE = Path("traces") / "arena_vtc_600s.jsonl"
 ARENA_DURATION_S = 600.0
-PAPER_SUITES = tuple(name for name in SUITES if name != "arena-x10" and name not in PREFIX_SUITES)
+PAPER_SUITES = tuple(
+    name
+    for name in SUITES
+    if name != "arena-x10" and name not in PREFIX_SUITES and name not in NEIGHBOR_SUITES
+)
 
 
 @dataclass(frozen=True, slots=True)

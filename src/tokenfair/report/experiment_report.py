@@ -33,10 +33,12 @@ from tokenfair.report.document import (
 from tokenfair.report.figures import Figure, experiment_figures
 from tokenfair.report.locality_report import locality_blocks, plot_locality
 from tokenfair.report.narrative import workload_paragraph
+from tokenfair.report.neighbor_report import neighbor_blocks, plot_step_share
 from tokenfair.report.validation_figure import validation_figures
 
 ARENA = "arena"
 LOCALITY = "locality"  # the figure's workload label: it spans the prefix suites
+NEIGHBOR = "long-neighbor"  # the step-share figure's, across both cases
 SIMULATED_LABEL = "tokenfair (simulated)"
 ARENA_HEADER = (
     "scheduler",
@@ -322,6 +324,8 @@ def report_blocks(result: ExperimentResult, figures: Sequence[Figure]) -> list[B
     if result.locality is not None:
         locality_figure = next((f.path for f in figures if f.workload == LOCALITY), None)
         blocks += locality_blocks(result.locality, locality_figure)
+    step_share_figure = next((f.path for f in figures if f.workload == NEIGHBOR), None)
+    blocks += neighbor_blocks(result.neighbor, step_share_figure)
     blocks += [
         Heading("Figures"),
         Bullets(tuple(f"`{f.path}`: {f.caption}" for f in figures)),
@@ -355,6 +359,17 @@ def publish(result: ExperimentResult) -> list[Figure]:
                 "throughput, prefix hit rate and Max Diff beside the fluid fair-share ideal "
                 "per policy, on the suites whose clients share prompt prefixes",
                 LOCALITY,
+            )
+        )
+    step_share = plot_step_share(result.neighbor, result.out_dir)
+    if step_share is not None:
+        figures.append(
+            Figure(
+                step_share,
+                "step share",
+                "the chat tenants' TPOT and TTFT p99 against the long tenant's throughput, "
+                "one point per step share, beside a tenant flooding long prompts",
+                NEIGHBOR,
             )
         )
     write_report(result, figures)

@@ -277,6 +277,9 @@ SUITES: dict[str, SuiteDef] = {
 
 # Suites whose clients share prompt prefixes (for the prefix cache; not the paper's).
 PREFIX_SUITES = ("system-prompt", "multiturn", "documents")
+# A tenant flooding long prompts beside chat tenants (experiments/neighbor.py; not the
+# paper's: it needs the engine preset's pool, not the paper router's).
+NEIGHBOR_SUITES = ("long-neighbor", "long-neighbor-h200")
 
 
 def generate_suite(name: str, seed: int = 0) -> Suite:
