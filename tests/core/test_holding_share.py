@@ -7,6 +7,7 @@ token, and the memory victim could be the light tenant's request.
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -105,10 +106,12 @@ def test_the_memory_victim_is_never_under_its_share_and_the_head_stays_within_it
     assert victim.admit_seq == max(r.admit_seq for r in running if r.client == victim.client)
 
 
-def test_a_memory_shortage_pushes_out_the_tenant_holding_the_most() -> None:
+@pytest.mark.parametrize("policy", ["vtc", "vtc-preempt:0"])
+def test_a_memory_shortage_pushes_out_the_tenant_holding_the_most(policy: str) -> None:
     # The heavy tenant holds most of the pool; the light tenant, admitted last, is the
-    # most-served by counter after its lift, which used to make it VTC's victim.
-    sched = scheduler(kv_tokens=640, step_share_tokens=None)
+    # most-served by counter after its lift, which used to make it VTC's victim (and
+    # vtc-preempt's, for the heavy tenant's next request).
+    sched = scheduler(policy, kv_tokens=640, step_share_tokens=None)
     heavy = [make_request("heavy", input_tokens=200, output_tokens=400) for _ in range(2)]
     for request in heavy:
         sched.add_request(request, 0.0)

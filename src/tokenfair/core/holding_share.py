@@ -3,7 +3,9 @@
 VTC picks the head of the queue; when the head cannot start (every seat taken, or the
 KV pool short), the scheduler asks `HoldingShare.victim` whether someone's running
 request should give its seat or its memory to it, in this order:
-  1. the policy's own preemption (`preempt_for`: vtc-preempt's counter gap);
+  1. the policy's own preemption (`preempt_for`: vtc-preempt's counter gap; short of
+     memory with `share_memory`, `preempt_for_holdings`, whose victim is the memory
+     share's);
   2. seats (`share_seats`): with every seat taken, after the head has waited
      `seat_patience_steps` steps first in line, a seat from the tenant furthest over
      its weighted share of the seats (policies/batch_share.py);
@@ -13,7 +15,9 @@ request should give its seat or its memory to it, in this order:
      (policies/memory_share.py).
 And when nobody is pushed out, a head whose tenant is over its share of the pool steps
 aside (`steps_aside`): its tenant's wish for more memory than its share does not stop
-the admission of tenants within theirs. VTC's rule is otherwise kept: a head that does
+the admission of tenants within theirs. A tenant that gave memory to another
+(`took_memory`) steps aside for the rest of the step too, so that it does not take the
+memory straight back. VTC's rule is otherwise kept: a head that does
 not fit stops admission (no skipping ahead), so a large request of a tenant within
 its share is never passed over by small ones.
 """
@@ -72,8 +76,14 @@ class HoldingShare:
         self.took_memory = False
         if not settled:
             return None
-        config, policy = self.config, self.policy
-        chosen = policy.preempt_for(head, settled)
+        config, policy, kv = self.config, self.policy, self.kv
+        shares_memory = config.share_memory and config.admission == "optimistic"
+        if shares_memory and num_running < config.max_num_seqs:  # short of memory
+            need = self.need_blocks(head, hit)
+            chosen = policy.preempt_for_holdings(head, need, settled, kv.holdings(), kv.num_blocks)
+            self.took_memory = chosen is not None
+        else:
+            chosen = policy.preempt_for(head, settled)
         if chosen is not None:
             return chosen
         waited = self._waited(head)
@@ -81,12 +91,7 @@ class HoldingShare:
             if config.share_seats and waited >= config.seat_patience_steps:
                 return policy.seat_victim(head, settled)
             return None
-        if (
-            config.share_memory
-            and config.admission == "optimistic"
-            and waited >= config.memory_patience_steps
-        ):
-            kv = self.kv
+        if shares_memory and waited >= config.memory_patience_steps:
             chosen = policy.memory_victim(
                 head, self.need_blocks(head, hit), settled, kv.holdings(), kv.num_blocks
             )

@@ -270,6 +270,9 @@ class Scheduler:
             if n == 0 and not out.scheduled:
                 # Too big for the budget and chunking is off: run it alone rather than never.
                 n = head.num_tokens - computed
+            # Blocks for what it would run unshared: a prompt the step share spreads over
+            # several steps must not find the pool short halfway through.
+            unshared = n
             if n > 1 and self._step_share is not None:
                 n = self._step_share.allow(head.client, n)
                 if n == 0:  # its tenant had its share of this step: another may start
@@ -285,7 +288,7 @@ class Scheduler:
                 )
             ):
                 # Last: takes the prefix and the new blocks if they all fit, else nothing.
-                table = kv.allocate(head, computed + n, hit)
+                table = kv.allocate(head, computed + unshared, hit)
             if table is None:
                 # It is next in line: its idle cached blocks become the most recently
                 # used, so evicted last (docs/experiments.md's locality numbers have it).

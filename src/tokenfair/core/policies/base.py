@@ -128,6 +128,22 @@ class Policy:
         the VTC family shares it among tenants by weight (memory_share.py)."""
         return None
 
+    def preempt_for_holdings(
+        self,
+        head: RequestView,
+        need_blocks: int,
+        running: Sequence[RequestView],
+        holdings: Mapping[str, int],
+        pool_blocks: int,
+    ) -> RequestView | None:
+        """`preempt_for`, knowing the KV blocks each tenant holds and that `head` needs
+        `need_blocks` more; asked instead of it when the scheduler shares memory. By
+        default `preempt_for`; vtc-preempt then takes its victim as the memory share
+        does (from the tenant furthest over its share of the pool, while the head's
+        stays within its own: a light tenant that was just lifted is never it), when
+        the counter gap passes its threshold."""
+        return self.preempt_for(head, running)
+
     def over_memory_share(
         self,
         head: RequestView,

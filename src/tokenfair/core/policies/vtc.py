@@ -281,9 +281,27 @@ class VTCPolicy(Policy):
     def preempt_for(self, head: RequestView, running: Sequence[RequestView]) -> RequestView | None:
         if self.preempt_threshold is None or not running:
             return None
-        candidate = self.victim(running)
+        return self._if_gap_passes(head, self.victim(running))
+
+    def preempt_for_holdings(
+        self,
+        head: RequestView,
+        need_blocks: int,
+        running: Sequence[RequestView],
+        holdings: Mapping[str, int],
+        pool_blocks: int,
+    ) -> RequestView | None:
+        if self.preempt_threshold is None or not running:
+            return None
+        candidate = memory_share_victim(
+            head, need_blocks, running, holdings, pool_blocks, self._weight_of
+        )
+        return None if candidate is None else self._if_gap_passes(head, candidate)
+
+    def _if_gap_passes(self, head: RequestView, candidate: RequestView) -> RequestView | None:
+        """`candidate`, if its tenant's counter is more than the threshold above the head's."""
         gap = self.ledger.counter(candidate.client) - self.ledger.counter(head.client)
-        return candidate if gap > self.preempt_threshold else None
+        return candidate if gap > (self.preempt_threshold or 0.0) else None
 
     def seat_victim(self, head: RequestView, running: Sequence[RequestView]) -> RequestView | None:
         if not running:
