@@ -53,15 +53,17 @@ class HoldingShare:
             return self.policy.holding_victim(running, self.kv.holdings())
         return self.policy.victim(running)
 
-    def next_candidate(self, aside: set[str]) -> RequestView | None:
-        """The next request to try: the head of the queue, or, once tenants stepped
-        aside, the first waiting request (in the policy's order) of another tenant."""
-        if not aside:
-            return self.policy.peek()
+    def next_candidate(self, aside: set[str]) -> tuple[RequestView | None, bool]:
+        """The next request to try, and whether it is the head of the queue: the head,
+        unless its tenant stepped aside; then the first waiting request (in the
+        policy's order) of another tenant."""
+        head = self.policy.peek()
+        if head is None or head.client not in aside:
+            return head, True
         for waiting in self.policy.waiting_requests():
             if waiting.client not in aside:
-                return waiting
-        return None
+                return waiting, False
+        return None, False
 
     def need_blocks(self, head: Request, hit: PrefixHit) -> int:
         """The blocks the head's whole prompt adds to what its tenant holds (cached

@@ -203,7 +203,8 @@ class KVCacheManager:
         table = self._tables.pop(request.request_id, None)
         self.index.entered_blocks.pop(request.request_id, None)
         if table:
-            self.pool.release(table, request.client, self.index.kind)
+            index = self.index
+            self.pool.release(table, request.client, index.block_hash, index.wanted)
 
     # --- prefix caching ---
     def cached_run(self, request: Request, keys: list[int], start: int = 0) -> int:

@@ -256,9 +256,9 @@ class Scheduler:
         admitted = 0
         if self.swapped:
             return 0  # swapped requests come back before anyone new is let in
-        aside: set[str] = set()  # tenants whose head stepped aside (over their memory share)
+        aside: set[str] = set()  # tenants whose head stepped aside (memory or step share)
         while budget > 0:
-            waiting = self._holding.next_candidate(aside)
+            waiting, first_in_line = self._holding.next_candidate(aside)
             if waiting is None:
                 break
             head = self._own(waiting)
@@ -270,9 +270,7 @@ class Scheduler:
             if n == 0 and not out.scheduled:
                 # Too big for the budget and chunking is off: run it alone rather than never.
                 n = head.num_tokens - computed
-            # Blocks for what it would run unshared: a prompt the step share spreads over
-            # several steps must not find the pool short halfway through.
-            unshared = n
+            unshared = n  # blocks for that: a shared prompt must not run short halfway
             if n > 1 and self._step_share is not None:
                 n = self._step_share.allow(head.client, n)
                 if n == 0:  # its tenant had its share of this step: another may start
@@ -314,10 +312,10 @@ class Scheduler:
                     continue
                 break
             head.num_computed_tokens = computed
-            if aside:
-                policy.remove(head)  # a request behind the head of the queue
-            else:
+            if first_in_line:
                 policy.pop()
+            else:
+                policy.remove(head)  # a request behind the head of the queue
             kv.count_prefix_query(head.num_computed_tokens, head.num_tokens)
             budget -= n
             first_time = not head.ever_admitted
@@ -332,14 +330,13 @@ class Scheduler:
             self.running.append(head)
             policy.on_admit(head, first_time, now)
             out.scheduled.append(ScheduledRequest(head, n, computed, table))
-            if n > 1 and self._step_share is not None:
-                self._step_share.count(head.client, n)
-                if computed + n == head.num_tokens:
-                    self._step_share.started(head.client)
+            if self._step_share is not None:
+                self._step_share.admitted(head.client, n, computed + n == head.num_tokens)
             admitted += 1
         if admitted and self._step_share is not None:
             self._step_share.cut_for_newcomers(out.scheduled)
-        self.stepped_aside = frozenset(aside)
+        if aside or self.stepped_aside:
+            self.stepped_aside = frozenset(aside)
         return admitted
 
     def _schedule_separate_prefill(self, out: SchedulerOutput, now: float) -> None:

@@ -79,9 +79,13 @@ class StepShare:
             tenants = self._tenants = set(self._present())
         return len(tenants) > 1 or (bool(tenants) and tenant not in tenants)
 
-    def started(self, tenant: str) -> None:
-        """A request of `tenant` started in this step and gets its first token from it."""
-        self._started.add(tenant)
+    def admitted(self, tenant: str, tokens: int, first_token: bool) -> None:
+        """A request of `tenant` was admitted with a chunk of `tokens`; `first_token`:
+        the chunk ends its prompt, so it gets its first token from this step."""
+        if tokens > 1:
+            self.count(tenant, tokens)
+            if first_token:
+                self._started.add(tenant)
 
     def cut_for_newcomers(self, scheduled: list[ScheduledRequest]) -> None:
         """In a step that gives a newly started request its first token, cut the other

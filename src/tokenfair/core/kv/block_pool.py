@@ -17,7 +17,7 @@ only without cache salts, counts for the first). That is what memory is shared b
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 
 class BlockPool:
@@ -93,30 +93,38 @@ class BlockPool:
             self._held[tenant] = self._held.get(tenant, 0) + 1
         self.ref_count[block] += 1
 
-    def release(self, blocks: list[int], tenant: str, cached: Callable[[int], int]) -> None:
+    def release(
+        self,
+        blocks: list[int],
+        tenant: str,
+        block_hash: list[int | None],
+        wanted: Mapping[int, int],
+    ) -> None:
         """Drop one hold on each block; a block nobody holds any more becomes free, or
-        idle in its LRU when `cached(block)` says it keeps findable contents (1: plain,
-        2: wanted; 0: not cached). The last block first, so that the LRU evicts a
-        request's last blocks before its first."""
+        idle when it keeps findable contents (`block_hash[block]` set: the prefix
+        index's own list, read here because this runs for every block a request frees),
+        in the LRU of wanted blocks when its hash is in `wanted`. The last block first,
+        so that the LRU evicts a request's last blocks before its first."""
         ref_count, owner, held = self.ref_count, self._owner, self._held
+        free, idle, idle_wanted = self._free, self._idle, self._idle_wanted
         mine = 0
         for block in reversed(blocks):
-            ref_count[block] -= 1
-            if ref_count[block]:
+            refs = ref_count[block] - 1
+            ref_count[block] = refs
+            if refs:
                 continue
-            counted = owner[block]
-            owner[block] = None
+            counted = owner[block]  # left as it is: read only while the block is held
             if counted == tenant:
                 mine += 1
             else:  # a block shared across tenants, counted for another
                 held[counted] -= 1  # type: ignore[index]
-            kind = cached(block)
-            if kind == 0:
-                self._free.append(block)
-            elif kind == 2:
-                self._idle_wanted[block] = None
+            key = block_hash[block]
+            if key is None:
+                free.append(block)
+            elif key in wanted:
+                idle_wanted[block] = None
             else:
-                self._idle[block] = None
+                idle[block] = None
         if mine:
             held[tenant] -= mine
 
@@ -145,7 +153,8 @@ class BlockPool:
                 held[block] = held.get(block, 0) + 1
         for block in range(self.num_blocks):
             assert self.ref_count[block] == held.get(block, 0), f"block {block} ref count"
-            assert (self._owner[block] is None) == (block not in held), f"block {block} owner"
+            if block in held:
+                assert self._owner[block] is not None, f"block {block} owner"
         free = set(self._free) | set(self._idle) | set(self._idle_wanted)
         assert len(free) == self.num_free, "block free twice"
         for block in self._idle_wanted:

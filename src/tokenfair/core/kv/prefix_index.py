@@ -40,14 +40,6 @@ class PrefixIndex:
         # Wanted blocks evicted so far: some waiting request's cached prefix shrank.
         self.wanted_evictions = 0
 
-    def kind(self, block: int) -> int:
-        """0: the block holds no findable contents; 1: it does; 2: and a waiting
-        request wants them (the pool's `release` files an idle block by this)."""
-        key = self.block_hash[block]
-        if key is None:
-            return 0
-        return 2 if key in self.wanted else 1
-
     def is_wanted(self, block: int) -> bool:
         return self.block_hash[block] in self.wanted
 

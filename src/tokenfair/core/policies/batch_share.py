@@ -16,11 +16,10 @@ a tenant at least one over its share to one at least one under: the sum of squar
 distances from the shares falls by at least 2, so with the tenants unchanged the rule
 settles after a bounded number of preemptions and never hands a seat back and forth.
 
-Only seats: when memory blocks the head, the pool is short for everyone, and the
-running requests' own preemptions already take the most-served tenant's newest request
-first (VTC's victim). A rule that also shared the pool's tokens was measured on the
-paper's trace with a 10,000-token pool: it preempted thousands of times and cost 8% of
-the throughput, while seats are never short there, so this rule costs nothing.
+Only seats: KV memory is shared by its own rules (memory_share.py), which differ where
+memory differs from seats: a request's blocks vary a thousandfold, so a tenant over its
+share of the pool steps aside before anyone is pushed out, and only a tenant within its
+share takes memory from one over it.
 """
 
 from __future__ import annotations
