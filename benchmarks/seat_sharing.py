@@ -12,7 +12,11 @@ A second scenario, `hold`: A sends two requests with `n` = 8 and 1,800 output to
 each (about 9 s here), which take all 16 seats for their whole length; B's TTFT is
 then how long a seat takes to come free (without sharing: the end of A's generations).
 
-    nice -n 10 .venv/bin/python benchmarks/seat_sharing.py [--rounds 3]
+`--compare holdings` runs the same two scenarios with the server's defaults (KV memory
+and the step shared among tenants too) against `--no-share-memory --step-share-tokens
+0` (charges only): whether sharing what a tenant holds costs the flood anything.
+
+    nice -n 10 .venv/bin/python benchmarks/seat_sharing.py [--rounds 3] [--compare holdings]
 """
 
 from __future__ import annotations
@@ -34,7 +38,12 @@ from server_vs_vllm import LIGHT_PROMPT, NAME, PROMPT, SEATS, build_model_dir
 from tokenfair.edge.tenants import hash_key
 
 ADMIN_KEY = "admin-key"
-MODES = {"shared": "--share-seats", "kept": "--no-share-seats"}
+# What is compared: seats shared or kept (the default comparison), or what a tenant holds
+# (KV memory and the step) shared, as the server does by default, or charged only.
+COMPARISONS: dict[str, dict[str, tuple[str, ...]]] = {
+    "seats": {"shared": ("--share-seats",), "kept": ("--no-share-seats",)},
+    "holdings": {"shared": (), "kept": ("--no-share-memory", "--step-share-tokens", "0")},
+}
 
 
 def tenants_file(path: Path) -> Path:
@@ -126,7 +135,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=40.0, help="length of one flood")
+    parser.add_argument("--compare", choices=sorted(COMPARISONS), default="seats")
     args = parser.parse_args()
+    modes = COMPARISONS[args.compare]
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     model_dir = build_model_dir(OUT / "model")
     tenants = tenants_file(OUT / "seat-sharing-tenants.yaml")
@@ -135,19 +146,23 @@ def main() -> None:
         "--tenants", str(tenants), "--device", "cpu", "--dtype", "float32",
         "--kv-tokens", "65536", "--max-num-seqs", str(SEATS),
     )  # fmt: skip
-    servers = {mode: tokenfair_server(*common, flag) for mode, flag in MODES.items()}
-    results: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
+    servers = {mode: tokenfair_server(*common, *flags) for mode, flags in modes.items()}
+    results: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
     try:
         for url in (s.url for s in servers.values()):  # warm up
             run_load(url, NAME, "--concurrency", "4", "--requests", "8", "--max-tokens", "8")
         for round_ in range(args.rounds):
-            order = list(MODES) if round_ % 2 == 0 else list(MODES)[::-1]
+            order = list(modes) if round_ % 2 == 0 else list(modes)[::-1]
             for mode in order:
                 figures = {**flood(servers[mode].url, args.seconds)}
                 figures.update({f"hold_{k}": v for k, v in hold(servers[mode].url).items()})
                 results[mode].append(figures)
                 emit({"benchmark": "seat_sharing", "round": round_, "mode": mode, **figures})
-        summary: dict[str, object] = {"benchmark": "seat_sharing", "rounds": args.rounds}
+        summary: dict[str, object] = {
+            "benchmark": "seat_sharing",
+            "compare": args.compare,
+            "rounds": args.rounds,
+        }
         for mode, runs in results.items():
             for key in runs[0]:
                 summary[f"{mode}_{key}_median"] = round(statistics.median(r[key] for r in runs), 4)
