@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tests.core.helpers import fake_step, make_request
 from tokenfair.core.kv_cache import KVCacheManager
-from tokenfair.core.policies.memory_share import memory_share_victim
+from tokenfair.core.policies.memory_share import MemoryAsk, memory_share_victim
 from tokenfair.core.policies.registry import make_policy
 from tokenfair.core.request import RequestStatus
 from tokenfair.core.scheduler import Scheduler, SchedulerConfig
@@ -90,7 +90,7 @@ def test_the_memory_victim_is_never_under_its_share_and_the_head_stays_within_it
     def weight(c):
         return weights.get(c, 1.0)
 
-    victim = memory_share_victim(head, need, running, holdings, pool, weight)
+    victim = memory_share_victim(MemoryAsk(head, need, running, holdings, pool), weight)
     tenants = {r.client for r in running} | {head_client}
     total = sum(weight(c) for c in tenants)
     share = {c: pool * weight(c) / total for c in tenants}

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 from tokenfair.core.kv_cache import KVCacheManager, PrefixHit
 from tokenfair.core.policies.base import Policy
+from tokenfair.core.policies.memory_share import MemoryAsk
 from tokenfair.core.policies.view import RequestView
 from tokenfair.core.request import Request
 from tokenfair.core.scheduler_config import SchedulerConfig
@@ -65,10 +66,13 @@ class HoldingShare:
                 return waiting, False
         return None, False
 
-    def need_blocks(self, head: Request, hit: PrefixHit) -> int:
-        """The blocks the head's whole prompt adds to what its tenant holds (cached
-        blocks its tenant's requests hold already count once)."""
-        return self.kv.blocks_for(head.num_tokens) - len(hit.blocks) + hit.idle_blocks
+    def _ask(self, head: Request, hit: PrefixHit, running: Sequence[Request]) -> MemoryAsk:
+        """What the policy is asked about a head short of memory: the blocks its whole
+        prompt adds to what its tenant holds (cached blocks its tenant's requests hold
+        already count once), and what every tenant holds."""
+        kv = self.kv
+        need = kv.blocks_for(head.num_tokens) - len(hit.blocks) + hit.idle_blocks
+        return MemoryAsk(head, need, running, kv.holdings(), kv.num_blocks)
 
     def victim(
         self, head: Request, hit: PrefixHit, settled: Sequence[Request], num_running: int
@@ -78,11 +82,10 @@ class HoldingShare:
         self.took_memory = False
         if not settled:
             return None
-        config, policy, kv = self.config, self.policy, self.kv
+        config, policy = self.config, self.policy
         shares_memory = config.share_memory and config.admission == "optimistic"
         if shares_memory and num_running < config.max_num_seqs:  # short of memory
-            need = self.need_blocks(head, hit)
-            chosen = policy.preempt_for_holdings(head, need, settled, kv.holdings(), kv.num_blocks)
+            chosen = policy.preempt_for_holdings(self._ask(head, hit, settled))
             self.took_memory = chosen is not None
         else:
             chosen = policy.preempt_for(head, settled)
@@ -94,22 +97,18 @@ class HoldingShare:
                 return policy.seat_victim(head, settled)
             return None
         if shares_memory and waited >= config.memory_patience_steps:
-            chosen = policy.memory_victim(
-                head, self.need_blocks(head, hit), settled, kv.holdings(), kv.num_blocks
-            )
+            chosen = policy.memory_victim(self._ask(head, hit, settled))
             self.took_memory = chosen is not None
             return chosen
         return None
 
     def steps_aside(self, head: Request, hit: PrefixHit, running: Sequence[Request]) -> bool:
         """Whether `head`, short of memory, lets the next tenant's request try instead:
-        its tenant would be over its share of the pool with it."""
-        config, kv = self.config, self.kv
+        its tenant, the one filling the pool, would be over its share with it."""
+        config = self.config
         if not (config.share_memory and config.admission == "optimistic"):
             return False
-        return self.policy.over_memory_share(
-            head, self.need_blocks(head, hit), running, kv.holdings(), kv.num_blocks
-        )
+        return self.policy.over_memory_share(self._ask(head, hit, running))
 
     def _waited(self, head: Request) -> int:
         """Steps `head` has waited blocked without a break (0 in the first)."""

@@ -14,6 +14,7 @@ import heapq
 import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
+from tokenfair.core.policies.memory_share import MemoryAsk
 from tokenfair.core.policies.view import RequestView
 from tokenfair.core.prefix_cache import PrefixCache
 
@@ -113,49 +114,28 @@ class Policy:
         `holding_victim_key`."""
         return self.victim(running)
 
-    def memory_victim(
-        self,
-        head: RequestView,
-        need_blocks: int,
-        running: Sequence[RequestView],
-        holdings: Mapping[str, int],
-        pool_blocks: int,
-    ) -> RequestView | None:
-        """`head` waits for `need_blocks` KV blocks the pool does not have: a running
-        request whose memory goes to it, or None. Asked after `preempt_for` and
-        `seat_victim` found no victim, only when the scheduler shares memory (its
-        `share_memory` setting). By default memory is kept until its requests finish;
-        the VTC family shares it among tenants by weight (memory_share.py)."""
+    def memory_victim(self, ask: MemoryAsk) -> RequestView | None:
+        """The head of the queue (`ask.head`) waits for KV blocks the pool does not
+        have: a running request whose memory goes to it, or None. Asked after
+        `preempt_for_holdings` found no victim, only when the scheduler shares memory
+        (its `share_memory` setting). By default memory is kept until its requests
+        finish; the VTC family shares it among tenants by weight (memory_share.py)."""
         return None
 
-    def preempt_for_holdings(
-        self,
-        head: RequestView,
-        need_blocks: int,
-        running: Sequence[RequestView],
-        holdings: Mapping[str, int],
-        pool_blocks: int,
-    ) -> RequestView | None:
-        """`preempt_for`, knowing the KV blocks each tenant holds and that `head` needs
-        `need_blocks` more; asked instead of it when the scheduler shares memory. By
-        default `preempt_for`; vtc-preempt then takes its victim as the memory share
-        does (from the tenant furthest over its share of the pool, while the head's
-        stays within its own: a light tenant that was just lifted is never it), when
-        the counter gap passes its threshold."""
-        return self.preempt_for(head, running)
+    def preempt_for_holdings(self, ask: MemoryAsk) -> RequestView | None:
+        """`preempt_for`, knowing the KV blocks each tenant holds and what the head
+        needs; asked instead of it when the head is short of memory and the scheduler
+        shares memory. By default `preempt_for`; vtc-preempt then takes its victim as
+        the memory share does (from the tenant furthest over its share of the pool,
+        while the head's stays within its own: a light tenant that was just lifted is
+        never it), when the counter gap passes its threshold."""
+        return self.preempt_for(ask.head, ask.running)
 
-    def over_memory_share(
-        self,
-        head: RequestView,
-        need_blocks: int,
-        running: Sequence[RequestView],
-        holdings: Mapping[str, int],
-        pool_blocks: int,
-    ) -> bool:
-        """Whether `head`'s tenant, short of memory, would hold more than its share of
-        the pool with `need_blocks` more: then it steps aside and the next tenant's
-        request may start. Never by default (a head that does not fit stops admission);
-        the VTC family shares memory by weight (memory_share.py)."""
+    def over_memory_share(self, ask: MemoryAsk) -> bool:
+        """Whether the head's tenant, short of memory, would hold more than its share of
+        the pool with the head: then it steps aside and the next tenant's request may
+        start. Never by default (a head that does not fit stops admission); in the VTC
+        family, the tenant holding the most per unit of weight (memory_share.py)."""
         return False
 
     def preempt_for(self, head: RequestView, running: Sequence[RequestView]) -> RequestView | None:

@@ -23,63 +23,63 @@ the tenants holding blocks (and the blocked head's tenant), where a tenant's sha
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from tokenfair.core.policies.view import RequestView
 
-
-def memory_shares(
-    head: RequestView, running: Sequence[RequestView], weight_of: Callable[[str], float]
-) -> Callable[[str], float]:
-    """Each tenant's share of the pool (as a fraction) among the tenants running and
-    the head's."""
-    tenants = {request.client for request in running} | {head.client}
-    total_weight = sum(weight_of(tenant) for tenant in tenants)
-    return lambda tenant: weight_of(tenant) / total_weight
+WeightOf = Callable[[str], float]
 
 
-def over_memory_share(
-    head: RequestView,
-    need_blocks: int,
-    running: Sequence[RequestView],
-    holdings: Mapping[str, int],
-    pool_blocks: int,
-    weight_of: Callable[[str], float],
-) -> bool:
-    """Whether `head`'s tenant would hold more than its share with `need_blocks` more."""
-    share = memory_shares(head, running, weight_of)
-    return holdings.get(head.client, 0) + need_blocks > pool_blocks * share(head.client)
+@dataclass(frozen=True, slots=True)
+class MemoryAsk:
+    """A head of the queue short of KV memory, and what the tenants hold: what the
+    memory hooks of a policy are asked about."""
+
+    head: RequestView
+    need_blocks: int  # what its whole prompt adds to what its tenant holds
+    running: Sequence[RequestView]  # who may give memory (not admitted in this step)
+    holdings: Mapping[str, int]  # tenant -> KV blocks held
+    pool_blocks: int
+
+    def share(self, tenant: str, weight_of: WeightOf) -> float:
+        """The tenant's share of the pool, in blocks, among the tenants running and
+        the head's."""
+        tenants = {request.client for request in self.running} | {self.head.client}
+        return self.pool_blocks * weight_of(tenant) / sum(weight_of(t) for t in tenants)
+
+    def held(self, tenant: str) -> int:
+        return self.holdings.get(tenant, 0)
 
 
-def memory_share_victim(
-    head: RequestView,
-    need_blocks: int,
-    running: Sequence[RequestView],
-    holdings: Mapping[str, int],
-    pool_blocks: int,
-    weight_of: Callable[[str], float],
-) -> RequestView | None:
+def over_memory_share(ask: MemoryAsk, weight_of: WeightOf) -> bool:
+    """Whether the head's tenant would hold more than its share with the head."""
+    tenant = ask.head.client
+    return ask.held(tenant) + ask.need_blocks > ask.share(tenant, weight_of)
+
+
+def memory_share_victim(ask: MemoryAsk, weight_of: WeightOf) -> RequestView | None:
     """The newest request of the tenant most over its weighted share of the pool, when
-    `head` (needing `need_blocks` more) keeps its tenant within its share; else None."""
-    if over_memory_share(head, need_blocks, running, holdings, pool_blocks, weight_of):
+    the head keeps its tenant within its share; else None."""
+    if over_memory_share(ask, weight_of):
         return None  # the head's tenant would go over its share: it waits its turn
-    share = memory_shares(head, running, weight_of)
+    head = ask.head.client
     over = {
         request.client
-        for request in running
-        if request.client != head.client
-        and holdings.get(request.client, 0) > pool_blocks * share(request.client)
+        for request in ask.running
+        if request.client != head
+        and ask.held(request.client) > ask.share(request.client, weight_of)
     }
     if not over:
         return None
-    furthest = max(over, key=lambda tenant: holdings.get(tenant, 0) / weight_of(tenant))
+    furthest = max(over, key=lambda tenant: ask.held(tenant) / weight_of(tenant))
     return max(
-        (request for request in running if request.client == furthest),
+        (request for request in ask.running if request.client == furthest),
         key=lambda request: request.admit_seq,
     )
 
 
 def holding_victim_key(
-    request: RequestView, holdings: Mapping[str, int], weight_of: Callable[[str], float]
+    request: RequestView, holdings: Mapping[str, int], weight_of: WeightOf
 ) -> float:
     """The first part of the memory victim's order: what the request's tenant holds per
     unit of weight (the largest goes first)."""

@@ -33,6 +33,7 @@ from tokenfair.core.policies.base import Policy
 from tokenfair.core.policies.batch_share import seat_share_victim
 from tokenfair.core.policies.ledger import CounterLedger, LiftRule
 from tokenfair.core.policies.memory_share import (
+    MemoryAsk,
     holding_victim_key,
     memory_share_victim,
     over_memory_share,
@@ -283,20 +284,11 @@ class VTCPolicy(Policy):
             return None
         return self._if_gap_passes(head, self.victim(running))
 
-    def preempt_for_holdings(
-        self,
-        head: RequestView,
-        need_blocks: int,
-        running: Sequence[RequestView],
-        holdings: Mapping[str, int],
-        pool_blocks: int,
-    ) -> RequestView | None:
-        if self.preempt_threshold is None or not running:
+    def preempt_for_holdings(self, ask: MemoryAsk) -> RequestView | None:
+        if self.preempt_threshold is None or not ask.running:
             return None
-        candidate = memory_share_victim(
-            head, need_blocks, running, holdings, pool_blocks, self._weight_of
-        )
-        return None if candidate is None else self._if_gap_passes(head, candidate)
+        candidate = memory_share_victim(ask, self._weight_of)
+        return None if candidate is None else self._if_gap_passes(ask.head, candidate)
 
     def _if_gap_passes(self, head: RequestView, candidate: RequestView) -> RequestView | None:
         """`candidate`, if its tenant's counter is more than the threshold above the head's."""
@@ -320,37 +312,19 @@ class VTCPolicy(Policy):
     ) -> RequestView:
         return max(running, key=lambda request: self.holding_victim_key(request, holdings))
 
-    def memory_victim(
-        self,
-        head: RequestView,
-        need_blocks: int,
-        running: Sequence[RequestView],
-        holdings: Mapping[str, int],
-        pool_blocks: int,
-    ) -> RequestView | None:
-        if not running:
-            return None
-        return memory_share_victim(
-            head, need_blocks, running, holdings, pool_blocks, self._weight_of
-        )
+    def memory_victim(self, ask: MemoryAsk) -> RequestView | None:
+        return memory_share_victim(ask, self._weight_of) if ask.running else None
 
-    def over_memory_share(
-        self,
-        head: RequestView,
-        need_blocks: int,
-        running: Sequence[RequestView],
-        holdings: Mapping[str, int],
-        pool_blocks: int,
-    ) -> bool:
+    def over_memory_share(self, ask: MemoryAsk) -> bool:
         # Only the tenant holding the most per unit of weight, the one filling the pool,
         # steps aside: letting every tenant over its share pass would overcommit the
-        # pool of a memory-bound many-tenant workload (4% of the arena's throughput
+        # pool of a memory-bound many-tenant workload (1% of the arena's throughput
         # on a 10,000-token pool).
         weight_of = self._weight_of
-        held = holdings.get(head.client, 0) / weight_of(head.client)
-        if any(holdings.get(r.client, 0) / weight_of(r.client) > held for r in running):
+        held = ask.held(ask.head.client) / weight_of(ask.head.client)
+        if any(ask.held(r.client) / weight_of(r.client) > held for r in ask.running):
             return False
-        return over_memory_share(head, need_blocks, running, holdings, pool_blocks, weight_of)
+        return over_memory_share(ask, weight_of)
 
 
 def _insert_by_priority(
