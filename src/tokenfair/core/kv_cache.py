@@ -80,6 +80,10 @@ class KVCacheManager:
         self.index = PrefixIndex(num_blocks, block_size)
         self.swap = SwapArea(num_swap_blocks)
         self.pool.on_evict = self.index.forget
+        # The pool's own lists and dict (never replaced), for allocate's hot path.
+        pool = self.pool
+        self._untouched, self._ref_count = pool._free, pool.ref_count
+        self._owner, self._held = pool._owner, pool._held
         # request id -> its block table; read it through `block_table`.
         self._tables: dict[str, list[int]] = {}
         # The request's blocks in token order (KeyError if it holds none: see `holders`):
@@ -158,6 +162,15 @@ class KVCacheManager:
         if need <= 0:
             if table is None:
                 table = self._tables[request.request_id] = []
+            return table
+        if need == 1 and table is not None and self._untouched:
+            # The usual growth by one untouched block, BlockPool.take_fresh's fast path
+            # written out here: with one-token blocks it runs once per token.
+            block = self._untouched.pop()
+            self._ref_count[block] = 1
+            self._owner[block] = tenant = request.client
+            self._held[tenant] = self._held.get(tenant, 0) + 1
+            table.append(block)
             return table
         blocks = self.pool.take_fresh(need, request.client)
         if blocks is None:
