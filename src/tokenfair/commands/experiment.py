@@ -6,7 +6,7 @@ Registered in the main CLI with `app.add_typer(experiment_app, name="experiment"
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
@@ -36,6 +36,7 @@ from tokenfair.experiments.locality import (
     LocalityResult,
     run_locality_experiment,
 )
+from tokenfair.experiments.neighbor import SWEEP_PREFIX, NeighborRow
 from tokenfair.experiments.paper_table import PAPER_ARENA_TABLE, PAPER_LABEL
 from tokenfair.experiments.runner import DEFAULT_PROFILE, DEFAULT_WORKERS, ProgressFn
 from tokenfair.experiments.summary import ratio
@@ -147,7 +148,35 @@ def print_summary(result: ExperimentResult, workload: str) -> None:
                 )
     if result.locality is not None:
         out.print(locality_table(result.locality))
+    if result.neighbor:
+        out.print(neighbor_table(result.neighbor))
     out.print(f"Report: {result.report_md} (and {result.report_html.name}), {result.wall_s:.0f} s")
+
+
+def neighbor_table(rows: Sequence[NeighborRow]) -> Table:
+    """The long-context neighbour's headline figures: the chat tenants' TTFT p99 and
+    TPOT against alone, the long tenant's throughput against fcfs."""
+    table = Table(
+        "case",
+        "run",
+        "chat TTFT p99 (s)",
+        "÷ alone",
+        "chat TPOT p50 (s)",
+        "long tenant ÷ fcfs",
+        title="A tenant flooding long prompts beside chat tenants (engine preset)",
+    )
+    for row in rows:
+        if row.run.startswith(SWEEP_PREFIX):
+            continue
+        table.add_row(
+            row.case,
+            row.run,
+            f"{row.chat_ttft_p99_s:.3f}",
+            "–" if row.ttft_p99_x_alone is None else f"{row.ttft_p99_x_alone:.1f}x",
+            f"{row.chat_tpot_p50_s:.4f}",
+            "–" if row.long_x_fcfs is None else f"{row.long_x_fcfs:.2f}",
+        )
+    return table
 
 
 def locality_table(result: LocalityResult) -> Table:
