@@ -176,6 +176,14 @@ def test_lua_scripts_follow_the_python_rules(
     check()
 
 
+def test_a_lifted_counter_reads_back_exactly_and_keeps_its_tie(redis_server: RedisServer) -> None:
+    # b is charged 2/3 (weight 3) and a is lifted to it: with 14 digits kept (Lua's
+    # tostring) a's counter came back as 0.66666666666667, above b's, and Redis picked
+    # b where the rules give the tie to the first candidate, a.
+    sequence = [("arrive", "b", 1), ("out", "b", 1), ("arrive", "a", 1), ("pick", "a", 1)]
+    asyncio.run(_replay_in_redis(redis_server.url, "exact", "paper", True, sequence))
+
+
 def test_two_gateways_share_the_lift_and_the_order(redis_server: RedisServer) -> None:
     async def run() -> None:
         one = RedisCounterStore(redis_server.url, namespace="two", gateway_id="g1")

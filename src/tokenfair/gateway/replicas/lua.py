@@ -38,6 +38,11 @@ end
 local function counter(node)
   return tonumber(redis.call('HGET', counters, node) or '0')
 end
+-- A number as text that reads back as the same double (tostring keeps 14 digits: a
+-- lifted counter would come back above the one it was lifted to, and lose its tie).
+local function exact(x)
+  return string.format('%.17g', x)
+end
 -- Charge a chosen request: ARGV[from..] holds n (node, amount) pairs, top down; each
 -- parent records the node as the child it admitted last.
 local function take(from, n)
@@ -127,7 +132,7 @@ local function lift(tenant, rule, ttl_ms, path)
           if last then floor = counter(last) end
         end
         if floor ~= nil and floor > c then
-          redis.call('HSET', counters, node, tostring(floor))
+          redis.call('HSET', counters, node, exact(floor))
         end
       end
       parent = node
@@ -156,7 +161,7 @@ ARRIVE = (
     + r"""
 local i, c = arrival()
 redis.call('HINCRBY', ns .. ':waiting:' .. gw, ARGV[i], 1)
-return tostring(c)
+return exact(c)
 """
 )
 
@@ -176,7 +181,7 @@ local path = {}
 for j = i + 3, i + 2 + 2 * n - 1, 2 do path[#path + 1] = ARGV[j] end
 lift(ARGV[i], ARGV[i + 1], tonumber(ARGV[3]), path)
 take(i + 3, n)
-return tostring(counter(ARGV[i]))
+return exact(counter(ARGV[i]))
 """
 )
 
@@ -277,7 +282,7 @@ for j = 4, 4 + 3 * n - 1, 3 do
   local merged = counter(ARGV[j]) + tonumber(ARGV[j + 1])
   local seen = tonumber(ARGV[j + 2])
   if seen > merged then merged = seen end
-  redis.call('HSET', counters, ARGV[j], tostring(merged))
+  redis.call('HSET', counters, ARGV[j], exact(merged))
   i = j + 3
 end
 local key = ns .. ':waiting:' .. gw
