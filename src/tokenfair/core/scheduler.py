@@ -71,7 +71,7 @@ class Scheduler:
         # Swap-out copies from force_preempt, delivered with the next step, by request.
         self._pending_swap_out: dict[str, list[tuple[int, int]]] = {}
         self._steps_since_admission = 0
-        self._step_share: StepShare | None = None  # this step's, when the step is shared
+        self._step_share = StepShare.for_config(config, policy)  # None: steps not shared
         # What a blocked head may take from what other tenants hold (seats, memory).
         self._holding = HoldingShare(config, policy, self.kv)
         self.stepped_aside: frozenset[str] = frozenset()  # in the last admission
@@ -157,7 +157,8 @@ class Scheduler:
             out.swap_out = [copy for copies in self._pending_swap_out.values() for copy in copies]
             self._pending_swap_out = {}
         budget = self.config.max_batched_tokens
-        self._step_share = StepShare.for_step(self.config, self.running, self.policy)
+        if self._step_share is not None:
+            self._step_share.begin(self.running)
         if self.config.separate_prefill:
             self._schedule_separate_prefill(out, now)
         else:
@@ -291,8 +292,7 @@ class Scheduler:
                 # It is next in line: its idle cached blocks become the most recently
                 # used, so evicted last (docs/experiments.md's locality numbers have it).
                 kv.touch_prefix(hit)
-                # Never push out a request admitted in this very step: it has not run.
-                # Admissions append to `running`, so they are its tail.
+                # Never push out a request admitted in this step (the tail of `running`).
                 settled = self.running[:-admitted] if admitted else self.running
                 chosen = self._holding.victim(head, hit, settled, len(self.running)) if n else None
                 if chosen is not None:

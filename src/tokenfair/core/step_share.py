@@ -12,16 +12,18 @@ at most `limit` tokens of a step; the rest of its prompt goes in the next steps,
 waiting request of a tenant that had its share of the step lets the next tenant's
 start. In a step that gives another tenant's newly started request its first token, a
 tenant's prompt chunks are cut to a quarter of the limit, so that the newcomer's first
-step is short too. A tenant alone
-takes the whole token budget. The limit is the trade between the long
-prompts' prefill rate and the other tenants' decode pace, which on these step-time
-models is about one for one (`SchedulerConfig.step_share_tokens`; the figure in
-docs/experiments.md, "A long-context neighbour").
+step is short too. A tenant alone takes the whole token budget. The limit is the trade
+between the long prompts' prefill rate and the other tenants' decode pace, which on
+these step-time models is about one for one (`SchedulerConfig.step_share_tokens`; the
+figure in docs/fairness.md, "What a tenant holds").
+
+One `StepShare` serves a scheduler for its whole life: `begin` clears it at each step
+(the step runs thousands of times a second in the simulator: nothing is allocated).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 
 from tokenfair.core.batch import ScheduledRequest
 from tokenfair.core.policies.base import Policy
@@ -30,31 +32,29 @@ from tokenfair.core.scheduler_config import SchedulerConfig
 
 
 class StepShare:
-    __slots__ = ("_present", "_started", "_taken", "_tenants", "limit")
+    __slots__ = ("_policy", "_running", "_started", "_taken", "_tenants", "limit")
 
-    def __init__(self, limit: int, present: Callable[[], Iterable[str]]) -> None:
+    def __init__(self, limit: int, policy: Policy) -> None:
         self.limit = limit
+        self._policy = policy
+        self._running: Sequence[Request] = ()
         self._taken: dict[str, int] = {}  # prompt tokens each tenant took in this step
-        self._tenants: set[str] | None = None  # who has work: asked once, when needed
-        self._present = present
+        self._tenants: set[str] | None = None  # who has work: found once, when needed
         self._started: set[str] = set()  # tenants a request of which starts in this step
 
     @classmethod
-    def for_step(
-        cls, config: SchedulerConfig, running: Sequence[Request], policy: Policy
-    ) -> StepShare | None:
-        """The share of a step about to be planned (None: the step is not shared)."""
+    def for_config(cls, config: SchedulerConfig, policy: Policy) -> StepShare | None:
+        """The step share of a scheduler with these settings (None: steps not shared)."""
         if config.step_share_tokens is None or not config.enable_chunked_prefill:
             return None
+        return cls(config.step_share_tokens, policy)
 
-        def present() -> set[str]:  # tenants running, and the next one to admit's
-            tenants = {request.client for request in running}
-            head = policy.peek()
-            if head is not None:
-                tenants.add(head.client)
-            return tenants
-
-        return cls(config.step_share_tokens, present)
+    def begin(self, running: Sequence[Request]) -> None:
+        """A step is about to be planned over these running requests."""
+        self._running = running
+        self._taken.clear()
+        self._started.clear()
+        self._tenants = None
 
     def allow(self, tenant: str, tokens: int) -> int:
         """How many of a prompt chunk of `tokens` the tenant may run in this step
@@ -75,8 +75,11 @@ class StepShare:
 
     def _others_present(self, tenant: str) -> bool:
         tenants = self._tenants
-        if tenants is None:
-            tenants = self._tenants = set(self._present())
+        if tenants is None:  # the tenants running, and the next one to admit's
+            tenants = self._tenants = {request.client for request in self._running}
+            head = self._policy.peek()
+            if head is not None:
+                tenants.add(head.client)
         return len(tenants) > 1 or (bool(tenants) and tenant not in tenants)
 
     def admitted(self, tenant: str, tokens: int, first_token: bool) -> None:
