@@ -24,6 +24,7 @@ from tokenfair.core.policies import make_policy
 from tokenfair.core.policies.miss_avoiding import MissAvoidingVTCPolicy
 from tokenfair.core.request import Request, RequestStatus
 from tokenfair.core.scheduler import Scheduler, SchedulerConfig
+from tokenfair.core.step_share import newcomer_chunk
 
 from .helpers import batch_span, make_request, run_to_end
 
@@ -276,14 +277,14 @@ def check_work_conservation(workload: Workload, policy_name: str, config: Schedu
                 wanted = kv.blocks_for(head.num_tokens) - len(hit.blocks) + hit.idle_blocks
                 short = wanted > kv.num_free_blocks
                 # With the step shared, a tenant that had its share of this step's
-                # prompt tokens waits for the next step (a quarter of the share when a
+                # prompt tokens waits for the next step (an eighth of the share when a
                 # newcomer's first token was cut for).
                 limit = config.step_share_tokens
                 shared = limit is not None and sum(
                     s.num_new_tokens
                     for s in out.scheduled
                     if s.request.client == head.client and s.num_new_tokens > 1
-                ) >= max(1, limit // 4)
+                ) >= newcomer_chunk(limit)
                 # A tenant over its share of the pool steps aside for the others, and
                 # one that gave memory to another does not take it back in that step.
                 aside = head.client in scheduler.stepped_aside

@@ -17,6 +17,7 @@ from tokenfair.core.policies.memory_share import MemoryAsk, memory_share_victim
 from tokenfair.core.policies.registry import make_policy
 from tokenfair.core.request import RequestStatus
 from tokenfair.core.scheduler import Scheduler, SchedulerConfig
+from tokenfair.core.step_share import newcomer_chunk
 
 
 def scheduler(policy: str = "vtc", **overrides) -> Scheduler:
@@ -90,20 +91,77 @@ def test_the_memory_victim_is_never_under_its_share_and_the_head_stays_within_it
     def weight(c):
         return weights.get(c, 1.0)
 
-    victim = memory_share_victim(MemoryAsk(head, need, running, holdings, pool), weight)
+    ask = MemoryAsk(head, need, running, holdings, pool, block_size=16)
+    victim = memory_share_victim(ask, weight)
     tenants = {r.client for r in running} | {head_client}
     total = sum(weight(c) for c in tenants)
     share = {c: pool * weight(c) / total for c in tenants}
+    head_after = (holdings.get(head_client, 0) + need) / weight(head_client)
     if victim is None:
         over = [c for c in tenants if c != head_client and holdings.get(c, 0) > share[c]]
-        assert not over or holdings.get(head_client, 0) + need > share[head_client]
+        if over and holdings.get(head_client, 0) + need <= share[head_client]:
+            # Only when the furthest over would be left below the head's tenant.
+            furthest = max(over, key=lambda c: holdings[c] / weight(c))
+            newest = max((r for r in running if r.client == furthest), key=lambda r: r.admit_seq)
+            left = (holdings[furthest] - ask.blocks_of(newest)) / weight(furthest)
+            assert left < head_after
         return
     assert holdings.get(head_client, 0) + need <= share[head_client]
     assert victim.client != head_client and holdings[victim.client] > share[victim.client]
-    # The furthest over per unit of weight, its newest request.
+    # The furthest over per unit of weight, its newest request, and it still holds as
+    # much per unit of weight as the head's tenant after the move (no trading back).
     per_weight = {c: holdings.get(c, 0) / weight(c) for c in tenants if c != head_client}
     assert per_weight[victim.client] == max(per_weight.values())
     assert victim.admit_seq == max(r.admit_seq for r in running if r.client == victim.client)
+    left = (holdings[victim.client] - ask.blocks_of(victim)) / weight(victim.client)
+    assert left >= head_after
+
+
+def test_two_tenants_asking_alike_do_not_trade_memory_back_and_forth() -> None:
+    # "a" is over its third of the pool by less than one of its requests: taking that
+    # request for "b" would leave "a" below "b", whose next head would take it back.
+    running = [make_request("a", input_tokens=320) for _ in range(5)]  # 20 blocks each
+    running.append(make_request("c", input_tokens=160))
+    for seq, request in enumerate(running):
+        request.admit_seq = seq
+    holdings = {"a": 110, "b": 95, "c": 10}
+    head = make_request("b")
+    assert (
+        memory_share_victim(MemoryAsk(head, 5, running, holdings, 300, 16), lambda c: 1.0) is None
+    )
+    # Far over, "a" gives its newest request.
+    holdings["a"] = 150
+    victim = memory_share_victim(MemoryAsk(head, 5, running, holdings, 300, 16), lambda c: 1.0)
+    assert victim is running[4]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    wants=st.dictionaries(st.sampled_from("abcde"), st.integers(0, 600), min_size=1),
+    weights=st.dictionaries(st.sampled_from("abcde"), st.floats(0.1, 10)),
+    pool=st.integers(1, 1500),
+)
+def test_the_fair_level_shares_the_pool_max_min_by_weight(wants, weights, pool) -> None:
+    # Max-min by weight: a tenant asking less than its part keeps what it asks, the
+    # others split the rest by weight, and the pool is handed out whole when asked.
+    def weight(c):
+        return weights.get(c, 1.0)
+
+    head_client = next(iter(wants))
+    running = [make_request(c) for c in wants if c != head_client]
+    holdings = {c: w for c, w in wants.items() if c != head_client}
+    ask = MemoryAsk(make_request(head_client), wants[head_client], running, holdings, pool, 16)
+    level = ask.fair_level(weight)
+    given_ = {c: min(want, level * weight(c)) for c, want in wants.items()}
+    if sum(wants.values()) <= pool:
+        assert level == float("inf")
+        return
+    assert sum(given_.values()) == pytest.approx(pool)
+    capped = [c for c in wants if wants[c] > level * weight(c) * (1 + 1e-9)]
+    assert capped  # somebody is short, and each short tenant gets the same per weight
+    for c in wants:
+        if c not in capped:
+            assert given_[c] == pytest.approx(wants[c])
 
 
 @pytest.mark.parametrize("policy", ["vtc", "vtc-preempt:0"])
@@ -171,6 +229,44 @@ def test_a_tenant_over_its_memory_share_steps_aside_for_one_within_its_own() -> 
     assert blocked.status is RequestStatus.WAITING
 
 
+def test_a_tenant_holding_more_than_a_third_still_passes_the_tenant_filling_the_pool() -> None:
+    # Three tenants: "busy" holds more of the pool than "heavy" (many small requests,
+    # as chat tenants decoding slowly do), but "heavy"'s blocked head asks the most.
+    # Shared max-min, "busy" is within its share (what "quiet" does not use is
+    # split between the two): it must not wait behind "heavy"'s head. Split a third
+    # each, both would be over, nobody would step aside, and "busy" would wait for a
+    # generation to end.
+    sched = scheduler(kv_tokens=4096, step_share_tokens=None, memory_patience_steps=10**6)
+    fill_pool_with(sched, "busy", 15, 100)  # 15 x 7 blocks = 105
+    fill_pool_with(sched, "heavy", 1, 1400)  # 88 blocks
+    fill_pool_with(sched, "quiet", 1, 40)  # 3 blocks
+    held = sched.kv.holdings()
+    assert held["busy"] > held["heavy"] > 256 / 3  # both over a third of the pool
+    blocked = make_request("heavy", input_tokens=1300, output_tokens=4)
+    sched.add_request(blocked, 1.0)
+    busy = make_request("busy", input_tokens=20, output_tokens=4)
+    sched.add_request(busy, 1.0)
+    assert sched.policy.peek() is blocked  # "heavy"'s counter is the lowest
+    assert sched.kv.num_free_blocks >= 2  # room for the small request only
+    assert steps_until_first_token(sched, busy) == 1
+    assert blocked.status is RequestStatus.WAITING
+
+
+def test_a_tenant_over_its_share_does_not_pass_a_head_waiting_for_memory() -> None:
+    # "heavy"'s head waits for memory; "busy", holding more than its max-min share
+    # counting what that head asks, must not take the free blocks before it.
+    sched = scheduler(kv_tokens=4096, step_share_tokens=None, memory_patience_steps=10**6)
+    fill_pool_with(sched, "busy", 20, 100)  # 140 blocks
+    fill_pool_with(sched, "heavy", 1, 1300)  # 82 blocks
+    blocked = make_request("heavy", input_tokens=1500, output_tokens=4)
+    sched.add_request(blocked, 1.0)
+    busy = make_request("busy", input_tokens=20, output_tokens=4)
+    sched.add_request(busy, 1.0)
+    assert sched.policy.peek() is blocked
+    fake_step(sched, 1.0)
+    assert busy.status is RequestStatus.WAITING and blocked.status is RequestStatus.WAITING
+
+
 def test_a_tenant_alone_fills_the_whole_pool() -> None:
     sched = scheduler(kv_tokens=4096, step_share_tokens=None)
     fill_pool_with(sched, "heavy", 3, 1300)
@@ -199,8 +295,23 @@ def test_a_short_prompt_starts_beside_a_long_prefill_in_a_short_step() -> None:
         else:
             assert long_tokens == limit
             assert newcomer.num_output_tokens == 1  # its first token in the next step...
-            assert newcomer_step == limit // 4  # ...a short one
+            assert newcomer_step == newcomer_chunk(limit)  # ...a short one
             assert chat.num_output_tokens == 3  # the decode goes on at every step
+
+
+def test_a_tenant_first_in_line_takes_its_share_when_another_waits_behind_it() -> None:
+    # Nothing runs; a long prompt heads the queue and a short one of another tenant
+    # waits behind it: the long prompt's first chunk is the step's share, not all of
+    # it, so the short one starts in the same short step.
+    sched = scheduler(kv_tokens=100_000, step_share_tokens=256)
+    long = make_request("long", input_tokens=4000, output_tokens=4)
+    sched.add_request(long, 0.0)
+    chat = make_request("chat", input_tokens=30, output_tokens=4)
+    sched.add_request(chat, 0.0)
+    assert sched.policy.peek() is long
+    out = fake_step(sched, 0.0)
+    planned = {s.request.client: s.num_new_tokens for s in out.scheduled}
+    assert planned == {"long": newcomer_chunk(256), "chat": 30}  # cut further: chat starts in it
 
 
 def test_a_tenant_alone_takes_the_whole_step() -> None:

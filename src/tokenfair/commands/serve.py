@@ -160,7 +160,7 @@ def serve(
     max_num_seqs: Annotated[int | None, typer.Option(help="Most requests running at once.")] = None,
     share_seats: Annotated[bool, typer.Option(help=SHARE_SEATS_HELP)] = True,
     share_memory: Annotated[bool, typer.Option(help=SHARE_MEMORY_HELP)] = True,
-    step_share_tokens: Annotated[int, typer.Option(help=STEP_SHARE_HELP, min=0)] = 1024,
+    step_share_tokens: Annotated[int, typer.Option(help=STEP_SHARE_HELP, min=0)] = 768,
     max_batched_tokens: Annotated[int | None, typer.Option(help="Most tokens per step.")] = None,
     block_size: Annotated[int | None, typer.Option(help="KV block size in tokens.")] = None,
     preemption: Annotated[str | None, typer.Option(help="recompute | swap.")] = None,

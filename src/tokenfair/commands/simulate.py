@@ -234,7 +234,7 @@ def simulate(
     step_share_tokens: Annotated[
         int | None,
         typer.Option(
-            help=STEP_SHARE_HELP + " paper: none (prompts in steps of their own); engine: 1,024.",
+            help=STEP_SHARE_HELP + " paper: none (prompts in steps of their own); engine: 768.",
             min=0,
         ),
     ] = None,

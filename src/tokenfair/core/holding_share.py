@@ -15,7 +15,8 @@ request should give its seat or its memory to it, in this order:
      (policies/memory_share.py).
 And when nobody is pushed out, a head whose tenant is over its share of the pool steps
 aside (`steps_aside`): its tenant's wish for more memory than its share does not stop
-the admission of tenants within theirs. A tenant that gave memory to another
+the admission of tenants within theirs, and only theirs (`may_pass`). A tenant that
+gave memory to another
 (`took_memory`) steps aside for the rest of the step too, so that it does not take the
 memory straight back. VTC's rule is otherwise kept: a head that does
 not fit stops admission (no skipping ahead), so a large request of a tenant within
@@ -44,9 +45,12 @@ class HoldingShare:
         self.took_memory = False
         # Blocked requests: id -> the first and the last step each waited.
         self._waits: dict[str, tuple[int, int]] = {}
+        # Heads that stepped aside for memory in this step: tenant -> blocks asked.
+        self._aside_for_memory: dict[str, int] = {}
 
     def next_step(self) -> None:
         self._step += 1
+        self._aside_for_memory.clear()
 
     def memory_shortage_victim(self, running: Sequence[Request]) -> RequestView:
         """Who is pushed out when the running requests' next tokens do not fit."""
@@ -66,13 +70,17 @@ class HoldingShare:
                 return waiting, False
         return None, False
 
-    def _ask(self, head: Request, hit: PrefixHit, running: Sequence[Request]) -> MemoryAsk:
+    def _ask(
+        self, head: Request, hit: PrefixHit, running: Sequence[Request], waiting: bool = False
+    ) -> MemoryAsk:
         """What the policy is asked about a head short of memory: the blocks its whole
         prompt adds to what its tenant holds (cached blocks its tenant's requests hold
-        already count once), and what every tenant holds."""
+        already count once), and what every tenant holds; `waiting`: and what the heads
+        that stepped aside in this step ask."""
         kv = self.kv
         need = kv.blocks_for(head.num_tokens) - len(hit.blocks) + hit.idle_blocks
-        return MemoryAsk(head, need, running, kv.holdings(), kv.num_blocks)
+        aside = self._aside_for_memory if waiting else {}
+        return MemoryAsk(head, need, running, kv.holdings(), kv.num_blocks, kv.block_size, aside)
 
     def victim(
         self, head: Request, hit: PrefixHit, settled: Sequence[Request], num_running: int
@@ -108,7 +116,27 @@ class HoldingShare:
         config = self.config
         if not (config.share_memory and config.admission == "optimistic"):
             return False
-        return self.policy.over_memory_share(self._ask(head, hit, running))
+        ask = self._ask(head, hit, running)
+        if not self.policy.over_memory_share(ask):
+            return False
+        self._aside_for_memory[head.client] = ask.need_blocks
+        return True
+
+    def may_pass(
+        self, candidate: Request, hit: PrefixHit, running: Sequence[Request], aside: set[str]
+    ) -> bool:
+        """Whether `candidate`, behind heads of the queue that stepped aside, may start
+        before them: always when they stepped aside for the step's share only (memory
+        is not short); else only if the policy finds its tenant within its share of
+        the pool, counting what those heads ask. A tenant over its share taking the
+        memory they wait for would keep them waiting, and overcommit the pool. When
+        not, its tenant joins `aside`."""
+        if not self._aside_for_memory:
+            return True
+        if self.policy.over_memory_share(self._ask(candidate, hit, running, True)):
+            aside.add(candidate.client)
+            return False
+        return True
 
     def _waited(self, head: Request) -> int:
         """Steps `head` has waited blocked without a break (0 in the first)."""

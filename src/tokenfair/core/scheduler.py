@@ -263,9 +263,10 @@ class Scheduler:
             if waiting is None:
                 break
             head = self._own(waiting)
-            # A waiting request holds no blocks: look up its cached prefix (nothing is
-            # taken) and plan as if those tokens were computed.
+            # Its cached prefix, looked up (nothing taken): plan as if it were computed.
             hit = kv.lookup_prefix(head)
+            if not (first_in_line or self._holding.may_pass(head, hit, self.running, aside)):
+                continue
             computed = hit.num_tokens
             n = self._plan_chunk(head.num_tokens - computed, budget)
             if n == 0 and not out.scheduled:
@@ -335,8 +336,7 @@ class Scheduler:
             admitted += 1
         if admitted and self._step_share is not None:
             self._step_share.cut_for_newcomers(out.scheduled)
-        if aside or self.stepped_aside:
-            self.stepped_aside = frozenset(aside)
+        self.stepped_aside = frozenset(aside) if aside else frozenset()  # (a singleton)
         return admitted
 
     def _schedule_separate_prefill(self, out: SchedulerOutput, now: float) -> None:

@@ -40,7 +40,7 @@ class SchedulerConfig:
     memory_patience_steps: int = 0
     # While another tenant has work, one tenant's prompt chunks take at most this many
     # tokens of a step (core/step_share.py); None: the step goes to whoever comes first.
-    step_share_tokens: int | None = 1024
+    step_share_tokens: int | None = 768
     # The paper's router (see the module docstring); 0 / False / None turn them off.
     admission_interval_steps: int = 0
     # After a failed admission attempt, try again at every step until one admits

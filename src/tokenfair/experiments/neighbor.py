@@ -75,8 +75,8 @@ RUNS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("vtc-preempt, charges only", "vtc-preempt", CHARGES_ONLY),
     ("vtc (default: holdings shared)", "vtc", {}),
 )
-# The trade: holdings shared, at several step shares (the default is 1,024).
-STEP_SHARES = (256, 512, 1024, 2048, 4096)
+# The trade: holdings shared, at several step shares (the default is 768).
+STEP_SHARES = (256, 512, 768, 1024, 2048, 4096)
 SWEEP_PREFIX = "vtc, step share "
 SWEEP: tuple[tuple[str, str, dict[str, Any]], ...] = tuple(
     (f"{SWEEP_PREFIX}{tokens}", "vtc", {"step_share_tokens": tokens}) for tokens in STEP_SHARES

@@ -222,6 +222,39 @@ def test_the_memory_victim_is_the_tenant_holding_the_most_not_the_largest_counte
     assert first_victim(False).startswith("b")
 
 
+def test_a_tenant_filling_the_pool_lets_a_tenant_within_its_share_start(tiny_model_dir):
+    # `b` runs a long generation; `a` then starts a long prompt beside it, and `a`'s
+    # next long prompt heads the queue (prompts are cheap: `a`'s counter stays below
+    # `b`'s) but does not fit. `b`'s short request waits behind it. With memory shared,
+    # `a` (the tenant filling the pool) steps aside and `b`'s request starts at once;
+    # vLLM alone stops at the head that does not fit, and `b` waits.
+    def steps_to_start(share_memory: bool) -> int:
+        scheduler = make_scheduler(
+            tiny_model_dir,
+            FairScheduler,
+            num_blocks=30,
+            max_num_seqs=8,
+            tokenfair={"share_memory": share_memory, "w_in": 0.1},
+        )
+        add(scheduler, [make_request(scheduler, "b0", "b", 16, 60)])
+        for _ in range(30):
+            step(scheduler)
+        add(scheduler, [make_request(scheduler, "a0", "a", 240, 100)])
+        step(scheduler)
+        other_prompt = list(range(200, 440))  # nothing of it cached
+        add(scheduler, [make_request(scheduler, "a1", "a", other_prompt, 10)])
+        add(scheduler, [make_request(scheduler, "b1", "b", 16, 10)])
+        assert scheduler.ledger.peek().request_id == "a1"  # the head, and it does not fit
+        for steps in range(1, 200):
+            if "b1" in new_ids(step(scheduler)):
+                assert "a1" in scheduler.ledger  # still waiting, not dropped
+                return steps
+        raise AssertionError("b1 never started")
+
+    assert steps_to_start(True) == 1
+    assert steps_to_start(False) > 10
+
+
 def test_fcfs_policy_schedules_exactly_like_stock_vllm(tiny_model_dir):
     workload = [(f"{t}{i}", t, 16 + 24 * i, 40 + 10 * i) for i in range(3) for t in "xyz"]
 

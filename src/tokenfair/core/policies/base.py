@@ -63,6 +63,11 @@ class Policy:
         (with no admission, and so no charge, in between)."""
         raise NotImplementedError
 
+    def waiting_tenants(self) -> Iterable[str]:
+        """The tenants with a request waiting (any order). By default read off
+        `waiting_requests`; a policy keeping a queue per tenant says it directly."""
+        return {request.client for request in self.waiting_requests()}
+
     # --- arrivals, charges, finishes ---
     def accept(self, request: RequestView, now: float) -> bool:
         """False rejects the request at arrival (rate limits)."""
@@ -199,6 +204,10 @@ class OrderedQueue:
     def __len__(self) -> int:
         return len(self._live)
 
+    def clients(self) -> set[str]:
+        """The clients of the live requests (no sorting)."""
+        return {request.client for request in self._live.values()}
+
     def __iter__(self) -> Iterator[RequestView]:
         """The live requests in pop order (a sorted copy: O(n log n))."""
         live, seen = self._live, set()
@@ -241,3 +250,6 @@ class KeyedPolicy(Policy):
 
     def waiting_requests(self) -> Iterable[RequestView]:
         return iter(self._queue)
+
+    def waiting_tenants(self) -> Iterable[str]:
+        return self._queue.clients()

@@ -210,6 +210,9 @@ class VTCPolicy(Policy):
     def __len__(self) -> int:
         return self._num_waiting
 
+    def waiting_tenants(self) -> Iterable[str]:
+        return self._queues.keys()
+
     def waiting_requests(self) -> Iterable[RequestView]:
         """Pop order with the counters as they are."""
         for client in self.ledger.backlogged_in_order():
@@ -316,15 +319,7 @@ class VTCPolicy(Policy):
         return memory_share_victim(ask, self._weight_of) if ask.running else None
 
     def over_memory_share(self, ask: MemoryAsk) -> bool:
-        # Only the tenant holding the most per unit of weight, the one filling the pool,
-        # steps aside: letting every tenant over its share pass would overcommit the
-        # pool of a memory-bound many-tenant workload (1% of the arena's throughput
-        # on a 10,000-token pool).
-        weight_of = self._weight_of
-        held = ask.held(ask.head.client) / weight_of(ask.head.client)
-        if any(ask.held(r.client) / weight_of(r.client) > held for r in ask.running):
-            return False
-        return over_memory_share(ask, weight_of)
+        return over_memory_share(ask, self._weight_of)
 
 
 def _insert_by_priority(

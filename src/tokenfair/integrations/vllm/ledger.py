@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 from tokenfair.core.policies import Policy
-from tokenfair.core.policies.view import PolicyRequest
+from tokenfair.core.policies.view import PolicyRequest, RequestView
 from tokenfair.core.request import FinishReason
 
 H = TypeVar("H")
@@ -67,6 +67,9 @@ class Ledger(Generic[H]):
         self._entries: dict[str, _Entry[H]] = {}
         self._tenants: dict[str, TenantStats] = {}
         self._admit_seq = itertools.count()
+        # Tenants whose waiting requests go after the other tenants' in this step (the
+        # memory share: integrations/vllm/memory_share.py); else the policy's order.
+        self.aside: frozenset[str] = frozenset()
 
     # --- arrivals and the waiting queue ---
     def arrive(
@@ -129,15 +132,31 @@ class Ledger(Generic[H]):
             entry.running = False
             self._stats(entry.shadow.client).running -= 1
 
+    def _next(self) -> RequestView | None:
+        """The policy's head, unless its tenant is set aside: then the first waiting
+        request of a tenant that is not (the head when all are)."""
+        head = self.policy.peek()
+        if head is None or head.client not in self.aside:
+            return head
+        for shadow in self.policy.waiting_requests():
+            if shadow.client not in self.aside:
+                return shadow
+        return head
+
     def peek(self) -> H | None:
-        shadow = self.policy.peek()
+        shadow = self._next()
         return None if shadow is None else self._entries[shadow.request_id].handle
 
     def pop(self) -> H:
-        """Take the head of the fair queue (IndexError when empty); nothing is charged."""
-        if not len(self.policy):
+        """Take the next request of the fair queue (IndexError when empty); nothing is
+        charged."""
+        shadow = self._next()
+        if shadow is None:
             raise IndexError("pop from an empty waiting queue")
-        shadow = self.policy.pop()
+        if shadow is self.policy.peek():
+            self.policy.pop()
+        else:
+            self.policy.remove(shadow)  # behind the head of a tenant set aside
         entry = self._entries[shadow.request_id]
         entry.queued = False
         self._stats(shadow.client).waiting -= 1
@@ -228,6 +247,10 @@ class Ledger(Generic[H]):
         self._stats(shadow.client).finished += 1
         if entry.ever_started:
             self.policy.on_finish(shadow)  # predictors learn, predictions are refunded
+
+    def view(self, request_id: str) -> PolicyRequest:
+        """What the policy sees of a request the ledger knows."""
+        return self._entries[request_id].shadow
 
     def vllm_request(self, request_id: str) -> H:
         """The vLLM request a shadow stands for."""

@@ -61,6 +61,7 @@ from tokenfair.core.request import FinishReason
 from tokenfair.integrations.vllm.config import PluginConfig, load_plugin_config
 from tokenfair.integrations.vllm.fields import output_hint_of, tenant_of
 from tokenfair.integrations.vllm.ledger import Ledger
+from tokenfair.integrations.vllm.memory_share import tenants_aside
 from tokenfair.integrations.vllm.metrics import StatusLog, serve_prometheus
 from tokenfair.integrations.vllm.policies import PluginPolicy
 from tokenfair.integrations.vllm.prefix_cache import VllmPrefixCache
@@ -116,8 +117,9 @@ BLOCK_POOL_METHODS: dict[str, tuple[str, ...]] = {
     ),
     "_maybe_evict_cached_block": ("block",),
 }
-# The KV cache manager's methods the memory victim order reads (share_memory).
+# The KV cache manager's and block pool's methods the memory share reads (share_memory).
 KV_MANAGER_METHODS: dict[str, tuple[str, ...]] = {"get_block_ids": ("request_id",)}
+BLOCK_POOL_COUNTS: dict[str, tuple[str, ...]] = {"get_num_free_blocks": ()}
 # vLLM's waiting queues this module knows what to do with: the fair queue, the queue of
 # requests holding KV blocks, and (0.34) the queue of requests that may load their KV
 # asynchronously. A scheduler with any other queue is refused: its requests would be
@@ -489,14 +491,19 @@ class FairSchedulerMixin:
                 )
             self.plugin_policy.policy.attach_prefix_cache(VllmPrefixCache(access, self.block_size))
         if config.share_memory:
-            manager = type(self.kv_cache_manager)
+            manager, pool = self.kv_cache_manager, self.kv_cache_manager.block_pool
             check_vllm(
-                vllm.__version__, _method_problems("KVCacheManager", manager, KV_MANAGER_METHODS)
+                vllm.__version__,
+                _method_problems("KVCacheManager", type(manager), KV_MANAGER_METHODS)
+                + _method_problems("BlockPool", type(pool), BLOCK_POOL_COUNTS)
+                + ([] if hasattr(pool, "num_gpu_blocks") else ["BlockPool.num_gpu_blocks"]),
             )
         self._popped: list[Request] = []
         self._warned: set[str] = set()
-        # What each tenant held when `running` was last put in victim order.
+        # What each tenant held when `running` was last put in victim order, and the
+        # tenants whose waiting requests last went after the others' (memory_share.py).
         self.victim_holdings: dict[str, int] = {}
+        self.memory_aside: frozenset[str] = frozenset()
         # vLLM's FCFS preemption path takes the tail of `running`, which schedule()
         # keeps in the policy's victim order; its priority path (tokenfair's
         # `priority`) picks the lowest-priority request itself, as stock vLLM does.
@@ -604,14 +611,28 @@ class FairSchedulerMixin:
         if not self._tokenfair_ready:
             return super().schedule(*args, **kwargs)  # type: ignore[misc]
         ledger = self.ledger
+        holdings = self._holdings() if self.tokenfair_config.share_memory else None
         if self.plugin_policy.sorts_running and len(self.running) > 1:
-            if self.tokenfair_config.share_memory:
-                self.victim_holdings = holdings = self._holdings()
-                self.running.sort(key=lambda r: ledger.holding_victim_key(r.request_id, holdings))
+            if holdings is not None:
+                self.victim_holdings = held = holdings
+                self.running.sort(key=lambda r: ledger.holding_victim_key(r.request_id, held))
             else:
                 self.running.sort(key=lambda r: ledger.victim_key(r.request_id))
+        if holdings is not None and len(ledger):
+            pool = self.kv_cache_manager.block_pool
+            ledger.aside = self.memory_aside = tenants_aside(
+                ledger,
+                [r.request_id for r in self.running],
+                holdings,
+                pool.get_num_free_blocks(),
+                pool.num_gpu_blocks - 1,  # less the null block
+                self.block_size,
+            )
         self._popped.clear()
-        output = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        try:
+            output = super().schedule(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            ledger.aside = frozenset()  # outside schedule(), the policy's order
         if self._popped:
             self._settle(output.num_scheduled_tokens)
             self._popped.clear()  # the rest were put back: not charged
