@@ -6,7 +6,8 @@ measurement side; only report/ draws with matplotlib; no import cycle; no module
 400 lines.
 
 The serving side: core <- edge <- (server, gateway), core <- engine <- server, and
-core <- integrations/vllm. The server and the gateway share their tenant edge (tenants
+core <- integrations/vllm (which reads the edge's tenants file format, and nothing else
+of the edge). The server and the gateway share their tenant edge (tenants
 file, limits, errors, body reading, metric families) and never import each other.
 Inside the gateway, each room (transport, flow, upstreams, replicas) imports of the
 others only what its docstring says, and only the fairness seam charges the counters.
@@ -154,7 +155,13 @@ SERVING_ARROWS = {
     "tokenfair.edge": ("tokenfair.core", "tokenfair.share_groups", "tokenfair.yaml_lines"),
     "tokenfair.gateway": ("tokenfair.core", "tokenfair.edge", "tokenfair.yaml_lines"),
     "tokenfair.server": ("tokenfair.core", "tokenfair.edge", "tokenfair.engine"),
-    "tokenfair.integrations": ("tokenfair.core", "tokenfair.share_groups", "tokenfair.yaml_lines"),
+    # and the tenants file's format, so that vLLM reads the gateway's file
+    "tokenfair.integrations": (
+        "tokenfair.core",
+        "tokenfair.share_groups",
+        "tokenfair.yaml_lines",
+        "tokenfair.edge.tenants",
+    ),
 }
 
 

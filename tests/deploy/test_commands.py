@@ -19,10 +19,13 @@ from tests.deploy.manifests import (
     argv,
     containers,
     image_stages,
+    in_root,
     kustomizations,
+    lay_out_mounts,
     option,
 )
 from tokenfair.cli import app
+from tokenfair.edge.tenants import load_tenants
 
 SRC = ROOT / "src"
 # The CLI's usage error (a bad option or value), from typer's public BadParameter: typer
@@ -172,11 +175,20 @@ from tokenfair.integrations.vllm.config import load_plugin_config
 
 args = make_arg_parser(FlexibleArgumentParser()).parse_args(json.loads(sys.argv[1]))
 scheduler = resolve_obj_by_qualname(args.scheduler_cls)
-settings = load_plugin_config(args.additional_config)
+root = sys.argv[2]  # the folder standing for the pod's root, its mounts laid out
+additional = dict(args.additional_config)
+entry = dict(additional["tokenfair"])
+if "tenants_file" in entry:
+    entry["tenants_file"] = root + entry["tenants_file"]
+settings = load_plugin_config({**additional, "tokenfair": entry})
+weights, tree = settings.shares()
 print(json.dumps({
     "scheduler": scheduler.__module__ + "." + scheduler.__qualname__,
     "bases": [b.__name__ for b in scheduler.__mro__],
     "policy": settings.policy,
+    "tenants_file": settings.tenants_file,
+    "weights": weights,
+    "parents": tree.parent,
     "max_num_seqs": args.max_num_seqs,
     "async_scheduling": args.async_scheduling,
 }))
@@ -184,13 +196,15 @@ print(json.dumps({
 
 
 @pytest.mark.slow
-def test_vllm_parses_the_manifests_arguments(rendered):
+def test_vllm_parses_the_manifests_arguments(rendered, tmp_path):
     if not VLLM_PYTHON.exists():
         pytest.skip(f"no vLLM environment at {VLLM_PYTHON} (`make vllm-env` builds it)")
-    _, container = vllm_container(rendered["base"])
+    objects = rendered["base"]
+    deployment, container = vllm_container(objects)
+    lay_out_mounts(objects, deployment, container, tmp_path)
     serve_args = argv(container)[2:]  # after `vllm serve`
     done = subprocess.run(
-        [str(VLLM_PYTHON), "-c", VLLM_CHECK, json.dumps(serve_args)],
+        [str(VLLM_PYTHON), "-c", VLLM_CHECK, json.dumps(serve_args), str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -206,5 +220,10 @@ def test_vllm_parses_the_manifests_arguments(rendered):
     assert result["scheduler"] == "tokenfair.integrations.vllm.scheduler.FairAsyncScheduler"
     assert "AsyncScheduler" in result["bases"]
     assert result["policy"] == "vtc"
+    # vLLM's scheduler and the gateway read one tenants file, and agree on it.
+    gateway = load_tenants(in_root(tmp_path, "/etc/tokenfair/tenants/tenants.yaml"))
+    assert result["tenants_file"] and Path(result["tenants_file"]).read_text()
+    assert result["weights"] == gateway.weights()
+    assert result["parents"] == gateway.share_tree().parent
     assert result["max_num_seqs"] == int(option(serve_args, "--max-num-seqs"))
     assert result["async_scheduling"] is True

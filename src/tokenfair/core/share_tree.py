@@ -86,3 +86,15 @@ class ShareTree:
 
 def node_weight(weights: Mapping[str, float], node: str) -> float:
     return weights.get(node, 1.0)
+
+
+def tree_change(old: ShareTree, new: ShareTree) -> str | None:
+    """What makes `new` unusable in place of `old` while running (a reloaded tenants
+    file may add tenants and groups and change weights, not move anyone), or None."""
+    if old.flat != new.flat:
+        return "the file adds groups to a flat tenants file, or removes them all"
+    for node, parent in new.parent.items():
+        before = old.parent.get(node)
+        if before is not None and before != parent:
+            return f"{node!r} moves from {before!r} to {parent!r}"
+    return None

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from tokenfair.core.share_tree import ShareTree, group_id
+from tokenfair.core.share_tree import group_id, tree_change
 from tokenfair.core.weights import check_weight
 from tokenfair.edge.errors import APIError, ErrorCode
 from tokenfair.edge.tenants import (
@@ -329,14 +329,3 @@ class TenantDirectory:
             else:
                 raise KeyError(name)
             return tenant
-
-
-def tree_change(old: ShareTree, new: ShareTree) -> str | None:
-    """What makes `new` unusable in place of `old` while running, or None."""
-    if old.flat != new.flat:
-        return "the file adds groups to a flat tenants file, or removes them all"
-    for node, parent in new.parent.items():
-        before = old.parent.get(node)
-        if before is not None and before != parent:
-            return f"{node!r} moves from {before!r} to {parent!r}"
-    return None

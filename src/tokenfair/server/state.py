@@ -144,9 +144,4 @@ class ServerState:
 def _set_weights(engine: object, weights: dict[str, float], tree: ShareTree | None = None) -> None:
     """Where the engine steps: new weights (tenants, and groups as `@path`) and, after a
     reload, the tree with its new tenants and groups (the directory refused any move)."""
-    policy = engine.scheduler.policy  # type: ignore[attr-defined]
-    current = getattr(policy, "weights", None)
-    if isinstance(current, dict):
-        current.update(weights)
-    if tree is not None and isinstance(getattr(policy, "tree", None), ShareTree):
-        policy.tree = tree
+    engine.scheduler.policy.reweigh(weights, tree)  # type: ignore[attr-defined]

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from tokenfair.core.policies.memory_share import MemoryAsk
 from tokenfair.core.policies.view import RequestView
 from tokenfair.core.prefix_cache import PrefixCache
+from tokenfair.core.share_tree import ShareTree
 
 
 class Policy:
@@ -163,6 +164,12 @@ class Policy:
     def counters(self) -> dict[str, float]:
         """Per-client virtual counters, for policies that keep them."""
         return {}
+
+    def reweigh(self, weights: Mapping[str, float], tree: ShareTree | None = None) -> None:
+        """New weights while running (tenants by name, groups as `@path`; the others keep
+        theirs) and, after a tenants file is reloaded, its tree (new tenants and groups,
+        nobody moved). Takes effect at the next decision. Default: ignored (a policy
+        without weights)."""
 
 
 class OrderedQueue:

@@ -127,6 +127,11 @@ class VTCPolicy(Policy):
     def weights(self) -> MutableMapping[str, float]:
         return self.ledger.weights
 
+    def reweigh(self, weights: Mapping[str, float], tree: ShareTree | None = None) -> None:
+        self.ledger.weights.update(weights)
+        if tree is not None:
+            self.ledger.tree = tree
+
     @property
     def cost(self) -> CostFunction:
         return self.ledger.cost

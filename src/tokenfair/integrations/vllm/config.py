@@ -8,6 +8,7 @@ Inline, a file, or a file plus inline overrides:
     --additional-config '{"tokenfair": "/etc/tokenfair/vllm.yaml"}'
     --additional-config '{"tokenfair": {"file": "/etc/tokenfair/vllm.yaml", "log_interval_s": 0}}'
     --additional-config '{"tokenfair": {"policy": "mypkg.fair:MyPolicy(half_life=30)"}}'
+    --additional-config '{"tokenfair": {"tenants_file": "/etc/tokenfair/tenants/tenants.yaml"}}'
 
 A file holds the same keys (JSON, or YAML when PyYAML is installed, as it is with
 vLLM). Without a `tokenfair` key every default applies: VTC, every tenant weight 1,
@@ -27,7 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from tokenfair.core.cost import make_cost
 from tokenfair.core.policies import Policy, PolicyError, make_policy
 from tokenfair.core.policies.loading import is_user_spec
-from tokenfair.core.share_tree import ShareTreeError
+from tokenfair.core.share_tree import ShareTree, ShareTreeError
+from tokenfair.edge.tenants import TenantsFileError, load_tenants
 from tokenfair.integrations.vllm.policies import PluginPolicy, plugin_policy
 from tokenfair.share_groups import Group, GroupName, Weight, group_weights, share_tree
 
@@ -60,6 +62,11 @@ class PluginConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     policy: str = "vtc"
+    # The tenants file the gateway (or `tokenfair serve`) reads: the weights and groups
+    # come from it, and it is re-read when it changes, every `tenants_reload_s` at most
+    # (0: read once). Refused together with `weights`, `groups` or `tenant_groups`.
+    tenants_file: str | None = Field(None, min_length=1)
+    tenants_reload_s: float = Field(5.0, ge=0)
     weights: dict[str, Weight] = Field(default_factory=dict)
     # Hierarchical shares: a tree of groups with weights (the tenants file's `groups:`)
     # and each tenant's group by path; tenants not named sit at the top level.
@@ -98,6 +105,31 @@ class PluginConfig(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _weights_from_one_place(self) -> PluginConfig:
+        inline = [k for k in ("weights", "groups", "tenant_groups") if getattr(self, k)]
+        if self.tenants_file is not None and inline:
+            raise ValueError(
+                f"{inline[0]} is given beside tenants_file: the weights and groups come from "
+                "the tenants file; set them there"
+            )
+        return self
+
+    def shares(self) -> tuple[dict[str, float], ShareTree]:
+        """Every node's weight (tenants by name, groups by `@path`) and the tree: from
+        the tenants file when one is named, else from the inline settings."""
+        if self.tenants_file is not None:
+            try:
+                file = load_tenants(self.tenants_file)
+            except TenantsFileError as error:
+                raise PluginConfigError(f"{CONFIG_KEY}.tenants_file: {error}") from None
+            return file.weights(), file.share_tree()
+        try:
+            tree = share_tree(self.groups, self.tenant_groups)
+        except ShareTreeError as error:
+            raise PluginConfigError(f"{CONFIG_KEY}.tenant_groups: {error}") from None
+        return {**group_weights(self.groups), **self.weights}, tree
+
     @property
     def cached_token_share(self) -> float:
         """What a cached prompt token costs, as a share of a computed one."""
@@ -132,13 +164,9 @@ class PluginConfig(BaseModel):
                 f"use one of {', '.join(SUPPORTED_POLICIES)}, or your own policy class "
                 "as package.module:ClassName"
             )
-        if name == "wvtc" and not self.weights:
+        weights, tree = self.shares()
+        if name == "wvtc" and not weights:
             raise PluginConfigError(f"{CONFIG_KEY}.weights: policy 'wvtc' needs tenant weights")
-        try:
-            tree = share_tree(self.groups, self.tenant_groups)
-        except ShareTreeError as error:
-            raise PluginConfigError(f"{CONFIG_KEY}.tenant_groups: {error}") from None
-        weights = {**group_weights(self.groups), **self.weights}
         try:
             cost = make_cost(self.cost, self.w_in, self.w_out)
             return make_policy(

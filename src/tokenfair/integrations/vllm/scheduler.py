@@ -65,6 +65,7 @@ from tokenfair.integrations.vllm.memory_share import tenants_aside
 from tokenfair.integrations.vllm.metrics import StatusLog, serve_prometheus
 from tokenfair.integrations.vllm.policies import PluginPolicy
 from tokenfair.integrations.vllm.prefix_cache import VllmPrefixCache
+from tokenfair.integrations.vllm.tenants_watch import TenantsFileWatch
 
 logger = init_logger("vllm.tokenfair")
 
@@ -480,6 +481,12 @@ class FairSchedulerMixin:
         self.tokenfair_config: PluginConfig = config
         self.plugin_policy: PluginPolicy = config.make_plugin_policy()
         self.ledger: Ledger[Request] = Ledger(self.plugin_policy.policy)
+        self._tenants_watch = None  # the tenants file, re-read when it changes
+        if config.tenants_file is not None:
+            tree = config.shares()[1]
+            self._tenants_watch = TenantsFileWatch(
+                config.tenants_file, self.ledger.policy, tree, config.tenants_reload_s, logger
+            )
         if self.plugin_policy.prefix_cache:
             # vtc-lpm, vtc-hit and dlpm (and a user's policy that asks for it) order by what
             # vLLM's own prefix cache holds.
@@ -611,6 +618,8 @@ class FairSchedulerMixin:
         if not self._tokenfair_ready:
             return super().schedule(*args, **kwargs)  # type: ignore[misc]
         ledger = self.ledger
+        if self._tenants_watch is not None:
+            self._tenants_watch.poll()
         holdings = self._holdings() if self.tokenfair_config.share_memory else None
         if self.plugin_policy.sorts_running and len(self.running) > 1:
             if holdings is not None:
