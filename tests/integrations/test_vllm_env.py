@@ -1,8 +1,9 @@
 """Runs the vLLM plugin's tests (tests/integrations/vllm) inside vLLM's own environments.
 
 vLLM pins its own transformers, so it lives apart from tokenfair's main environment
-(`make vllm-env` builds both; `make test` does so first), and tokenfair reaches it
-through PYTHONPATH, never by being installed there:
+(`make vllm-env` builds both; `make test` does so first). tokenfair is installed in each,
+editable and without its dependencies, as a user installs it beside vLLM (a test checks
+that vLLM finds the scheduler class with no help); the suites also set PYTHONPATH:
 
 - `.venv-vllm`: vLLM's CPU build, 0.32: every test, the offline engine and the
   OpenAI server included;
@@ -90,3 +91,28 @@ def test_vllm_plugin_suite_in_vllms_environment(minor):
     ).stdout.strip()
     assert version.startswith(f"{minor}."), f"expected vLLM {minor}.x at {python}, found {version}"
     print(tail.splitlines()[-1])
+
+
+@pytest.mark.parametrize("minor", list(ENVIRONMENTS))
+def test_vllm_finds_the_scheduler_class_as_the_docs_name_it(minor, tmp_path):
+    # `--scheduler-cls tokenfair.integrations.vllm.FairScheduler` as docs/vllm.md writes
+    # it: no PYTHONPATH, from a folder outside the checkout.
+    python, _, extra_env = ENVIRONMENTS[minor]
+    if not python.exists():
+        pytest.skip(f"vLLM {minor} test environment not found at {python}: `make vllm-env`")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    code = (
+        "from vllm.utils.import_utils import resolve_obj_by_qualname as find\n"
+        "for name in ('FairScheduler', 'FairAsyncScheduler'):\n"
+        "    print(find('tokenfair.integrations.vllm.' + name).__qualname__)\n"
+    )
+    done = subprocess.run(
+        [str(python), "-c", code],
+        cwd=tmp_path,
+        env={**env, **extra_env, "CUDA_VISIBLE_DEVICES": ""},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["FairScheduler", "FairAsyncScheduler"]

@@ -34,6 +34,15 @@ def gateway(
         str | None, typer.Option(help="Listen address (overrides listen.host).")
     ] = None,
     port: Annotated[int | None, typer.Option(help="Listen port (overrides listen.port).")] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Port of /health and /metrics (overrides listen.metrics_port): a second "
+            "replica on the same machine, from the same config file.",
+            min=1,
+            max=65535,
+        ),
+    ] = None,
     log_level: Annotated[
         str, typer.Option(help="Log level: debug, info, warning, error.")
     ] = "info",
@@ -51,6 +60,12 @@ def gateway(
             settings.listen.host = host
         if port is not None:
             settings.listen.port = port
+        if metrics_port is not None:
+            settings.listen.metrics_port = metrics_port
+        if settings.listen.metrics_port == settings.listen.port:
+            raise GatewayConfigError(
+                f"--metrics-port and --port are both {settings.listen.port}: give each its own"
+            )
         from tokenfair.gateway.app import build_directory, create_app, token_counters
 
         directory = build_directory(settings)

@@ -1,6 +1,6 @@
 """tokenfair's policies inside vLLM's own batch loop, as a `--scheduler-cls` plugin.
 
-    python -m vllm.entrypoints.openai.api_server --model M \\
+    vllm serve MODEL \\
         --scheduler-cls tokenfair.integrations.vllm.FairScheduler \\
         --additional-config '{"tokenfair": {"policy": "vtc"}}'
 
