@@ -8,6 +8,7 @@ two gateway processes in front of one upstream.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from pathlib import Path
@@ -282,6 +283,60 @@ def test_with_redis_gone_every_replica_dispatches_within_its_share(
     said = [(r.levelno, r.getMessage()) for r in caplog.records]
     assert [level for level, text in said if "is unreachable" in text] == [logging.WARNING] * 2
     assert [level for level, text in said if "answers again:" in text] == [logging.INFO] * 2
+
+
+def test_a_replica_holding_nothing_when_redis_freezes_dispatches_within_a_second(
+    tmp_path: Path,
+) -> None:
+    """Redis hangs (SIGSTOP) while `one` holds the whole capacity and `two` nothing:
+    `two` must not wait gateway_ttl_s (5 s) to dispatch. After RAISE_AFTER_S (0.5 s)
+    of failed syncs its lease is its share, `one` keeps what it holds until gateway_ttl_s (the upstream over its
+    capacity by at most `two`'s share meanwhile), and Redis answering again settles
+    both within the capacity."""
+    redis = RedisServer(tmp_path)
+    redis.start()
+
+    async def run() -> None:
+        one, two = Replica(redis, "g1"), Replica(redis, "g2")  # gateway_ttl_s 5 s
+        await one.ledger.start()
+        await two.ledger.start()
+        try:
+            two.wants(0, counter=0.0)
+            await two.ledger.sync()
+            one.wants(6, counter=0.0)
+            await one.ledger.sync()
+            one.run(4)
+            await two.ledger.sync()
+            assert (one.slots, two.slots) == (4, 0)
+            redis.freeze()
+            two.wants(2, counter=0.0)
+            # Each sync waits out the Redis timeout (0.25 s) and fails: by the end of
+            # the second the outage has lasted RAISE_AFTER_S, whatever the machine's
+            # pace (a slower machine only makes the outage longer). A third is slack.
+            syncs = 0
+            while two.slots == 0 and syncs < 3:
+                await two.ledger.sync()
+                syncs += 1
+            await one.ledger.sync()
+            assert two.slots == 2 and one.slots == 4  # raised to its share; none lowered
+            two.run(2)
+            redis.thaw()
+            for replica in (one, two):
+                for _ in range(2):
+                    replica.upstream.release(10)
+            await one.ledger.sync()
+            await two.ledger.sync()
+            await one.ledger.sync()
+            assert not one.ledger.degraded and not two.ledger.degraded
+            assert one.slots + two.slots <= 4
+        finally:
+            with contextlib.suppress(Exception):
+                redis.thaw()
+            await one.ledger.close()
+            await two.ledger.close()
+            redis.stop()
+
+    asyncio.run(run())
 
 
 def test_a_replica_started_while_redis_is_down_dispatches(tmp_path: Path) -> None:

@@ -30,17 +30,19 @@ replica using the upstream drops its leases, and its capacity returns to the poo
 Redis unreachable (down, frozen, or not yet up when the gateway starts), the replica
 fails open. Claims heard before the outage are dropped, so it gives nothing more back
 on their strength (a lease that followed its running requests down would reach 0, and
-dispatch would stop for Redis), and it keeps its leases as they are: the live
-replicas' leases never added up to more than the capacity. Once the outage has lasted
-`gateway_ttl_s` (when the replicas that still reach Redis count this one as dead), or
-`STARTUP_GRACE_S` if it never reached Redis since it started (a first answer that is
-merely slow, on a loaded machine, must not hand it the whole capacity while the others
-share it), each of its leases becomes exactly
-its share of the upstream: the capacity over the live replicas it last saw (itself
-alone before any sync succeeded), so replicas cut off together stay within the
-capacity, and one whose lease had gone to 0 dispatches again. A replica cut off
-alone, while the others still reach Redis, may overshoot by its share. The next sync
-that succeeds settles every lease again.
+dispatch would stop for Redis). Its share of an upstream is the capacity over the live
+replicas it last saw (itself alone before any sync succeeded). After `RAISE_AFTER_S`
+(0.5 s) of outage, a lease below that share is raised to it, and none is lowered: a
+replica that held next to nothing when Redis froze dispatches again within a second,
+not after `gateway_ttl_s`. Meanwhile the upstream may be sent more than its capacity:
+by at most the raised shares, under twice the capacity however many replicas there
+are, for at most `gateway_ttl_s` (5 s). Once the outage has lasted `gateway_ttl_s`
+(when the replicas that still reach Redis count this one as dead), or `STARTUP_GRACE_S`
+if it never reached Redis since it started (a first answer that is merely slow, on a
+loaded machine, must not hand it the whole capacity while the others share it), each
+of its leases becomes exactly its share, so replicas cut off together are back within
+the capacity. A replica cut off alone, while the others still reach Redis, may
+overshoot by its share. The next sync that succeeds settles every lease again.
 """
 
 from __future__ import annotations
@@ -69,6 +71,8 @@ _FAILURES = (RedisError, OSError, asyncio.TimeoutError)
 # its share alone: long enough for a slow first answer, short enough that a gateway
 # started with Redis down serves within a second or so.
 STARTUP_GRACE_S = 1.0
+# How long an outage lasts before a lease below this replica's share is raised to it.
+RAISE_AFTER_S = 0.5
 
 
 Demand = Callable[[], dict[str, ModelDemand]]
@@ -291,10 +295,11 @@ class LeaseLedger:
         self._claimed = {m for m, d in demand.items() if d.claim is not None}
         wants = self._wants(demand)
         announce, self._announce = self._announce, False
+        began = time.monotonic()
         try:
             answer = await self._sync(args=self._args(wants, demand, announce))
         except _FAILURES as error:
-            self._failed(error)
+            self._failed(error, began)
             return
         self._synced, self._failing_since = True, None
         if self.degraded:
@@ -333,20 +338,22 @@ class LeaseLedger:
         if grew:
             self.on_grant()
 
-    def _failed(self, error: BaseException) -> None:
+    def _failed(self, error: BaseException, began: float) -> None:
+        """A sync begun at `began` failed: the outage dates from then."""
         now = time.monotonic()
         if self._failing_since is None:
-            self._failing_since = now
+            self._failing_since = began
         if not self.degraded:
             self.degraded = True
             log.warning(
-                "Redis at %s is unreachable (%s): upstream leases stay as they are, and "
-                "after %g s each becomes this replica's share of its upstream (its "
-                "capacity over %d live replica(s)) until Redis answers",
+                "Redis at %s is unreachable (%s): upstream leases below this replica's "
+                "share of its upstream (its capacity over %d live replica(s)) are raised "
+                "to it, and after %g s each becomes exactly that share, until Redis "
+                "answers",
                 self.url,
                 type(error).__name__,
-                self.ttl_s if self._synced else min(self.ttl_s, STARTUP_GRACE_S),
                 self._live,
+                self.ttl_s if self._synced else min(self.ttl_s, STARTUP_GRACE_S),
             )
         # Claims heard before the outage are stale: giving back on them would take the
         # lease down to nothing as requests finish, and dispatch would stop for Redis.
@@ -355,14 +362,22 @@ class LeaseLedger:
             assert upstream.lease is not None
             upstream.lease.giving_back = False
         grace = self.ttl_s if self._synced else min(self.ttl_s, STARTUP_GRACE_S)
-        if now - self._failing_since < grace:
-            return  # the others may still count this replica's leases: keep within them
+        lasted = now - self._failing_since
+        if lasted < min(grace, RAISE_AFTER_S):
+            return  # a blip: the leases as they are
+        # Past RAISE_AFTER_S a lease below this replica's share is raised to it (none is
+        # lowered yet: the others may still count this replica's leases), so that no
+        # tenant of this replica waits for Redis; past the grace, every lease is exactly
+        # the share, and replicas cut off together are back within the capacity.
+        exact = lasted >= grace
         grew = False
         for upstream in self.upstreams:
             lease, cap = upstream.lease, upstream.config
             assert lease is not None
             slots = max(1, cap.max_concurrent // self._live) if cap.max_concurrent else 0
             tokens = max(1, cap.max_inflight_tokens // self._live) if cap.max_inflight_tokens else 0
+            if not exact:
+                slots, tokens = max(slots, lease.slots), max(tokens, lease.tokens)
             grew = grew or slots > lease.slots or tokens > lease.tokens
             lease.slots, lease.tokens = slots, tokens
         if grew:
