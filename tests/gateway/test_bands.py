@@ -187,7 +187,8 @@ def test_groups_share_by_weight_through_the_gateway_and_redis(tmp_path, upstream
         rows = recent(gw, admin)[20:-20]
         state = httpx.get(gw.url + "/v1/gateway/state", headers=admin, timeout=5).json()
         metrics = httpx.get(gw.metrics_url + "/metrics", timeout=5).text
-        # The admin API changes a group's weight (and refuses an unknown one).
+        # Replicas sharing Redis take weights from the tenants file only: the admin API
+        # refuses a change that would reach this replica alone, pointing to the file.
         changed = httpx.post(
             gw.url + "/admin/groups/org-b/weight", json={"weight": 3}, headers=admin, timeout=5
         )
@@ -208,5 +209,6 @@ def test_groups_share_by_weight_through_the_gateway_and_redis(tmp_path, upstream
     assert inside == pytest.approx(0.5, rel=0.15)
     assert set(state["group_counters"]) == {"org-a", "org-b"}
     assert 'tokenfair:group_vtc_counter{group="org-a"}' in metrics
-    assert changed.status_code == 200 and unknown.status_code == 404
+    assert changed.status_code == unknown.status_code == 409
+    assert changed.json()["error"]["code"] == "change_the_tenants_file"
     assert refused.status_code == 403

@@ -61,6 +61,7 @@ class ErrorCode(StrEnum):
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     OPERATOR_ONLY = "operator_only"
+    CHANGE_THE_TENANTS_FILE = "change_the_tenants_file"  # a change one replica cannot share
     INTERNAL = "internal_error"
 
 

@@ -18,7 +18,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
-from fastapi import FastAPI, Header, Query, Request
+from fastapi import Depends, FastAPI, Header, Query, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -154,23 +154,32 @@ def side_app(gateway: SideParts) -> FastAPI:
 
     # The admin API's weight changes, as the server's: until the next reload; a request
     # already dispatched keeps the weights it started with. `:path`: names and group
-    # paths may hold slashes.
-    @app.post("/admin/tenants/{name:path}/weight")
-    async def set_tenant_weight(
-        name: str, change: WeightChange, authorization: str | None = Header(default=None)
-    ) -> dict[str, Any]:
+    # paths may hold slashes. The key is checked before the body is read (a dependency
+    # runs first), as the server does. Replicas sharing counters through Redis each
+    # hold their own weights from the tenants file: a change made on one would reach
+    # that one only, while they charge one counter, so it is refused and the file named.
+    def admin(authorization: str | None = Header(default=None)) -> None:
         gateway.directory.check_admin(authorization)
+        if gateway.config.redis is not None:
+            raise APIError(
+                409,
+                "this gateway shares its counters through Redis with other replicas, each "
+                "holding the weights of its tenants file: a change made here would reach "
+                "this replica only. Change the weight in the tenants file and reload every "
+                "replica (SIGHUP)",
+                code=ErrorCode.CHANGE_THE_TENANTS_FILE,
+            )
+
+    @app.post("/admin/tenants/{name:path}/weight", dependencies=[Depends(admin)])
+    async def set_tenant_weight(name: str, change: WeightChange) -> dict[str, Any]:
         try:
             gateway.directory.set_weight(name, change.weight)
         except KeyError:
             raise APIError(404, f"no tenant named {name!r}", param="name") from None
         return {"name": name, "weight": change.weight}
 
-    @app.post("/admin/groups/{path:path}/weight")
-    async def set_group_weight(
-        path: str, change: WeightChange, authorization: str | None = Header(default=None)
-    ) -> dict[str, Any]:
-        gateway.directory.check_admin(authorization)
+    @app.post("/admin/groups/{path:path}/weight", dependencies=[Depends(admin)])
+    async def set_group_weight(path: str, change: WeightChange) -> dict[str, Any]:
         try:
             gateway.directory.set_group_weight(path, change.weight)
         except KeyError:
