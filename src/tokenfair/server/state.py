@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import secrets
 import time
@@ -80,11 +79,9 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
     # The requests being answered, from their admission to their answer's end.
     answering: set[Answer] = field(default_factory=set)
-    _ids: itertools.count[int] = field(default_factory=itertools.count)
-    _id_prefix: str = field(default_factory=lambda: secrets.token_hex(4))
 
     def new_request_id(self, kind: str) -> str:
-        return f"{kind}-{self._id_prefix}{next(self._ids):x}"
+        return new_response_id(kind)
 
     def cut_at_shutdown(self) -> None:
         """The shutdown's grace period is over: cut every request still being answered.
@@ -139,6 +136,13 @@ class ServerState:
         self.tenants.set_group_weight(path, weight)
         weights = {group_id(path): weight}
         await self.engine.call(functools.partial(_set_weights, weights=weights))
+
+
+def new_response_id(kind: str) -> str:
+    """A response's `id`: random, so that a tenant cannot count from the ids of two of
+    its own requests how many other tenants' came between them (a counter would say
+    so, and a gateway relays the id as it is)."""
+    return f"{kind}-{secrets.token_hex(12)}"
 
 
 def _set_weights(engine: object, weights: dict[str, float], tree: ShareTree | None = None) -> None:
