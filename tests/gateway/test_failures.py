@@ -280,3 +280,42 @@ def test_a_timeout_mid_stream_ends_with_an_error_event(tmp_path: Path) -> None:
     finally:
         gw.stop()
         upstream.stop()
+
+
+def test_a_stream_whose_upstream_dies_ends_with_its_usage_and_done(tmp_path: Path) -> None:
+    # As the server ends a stream it cuts: the error event, the usage it asked for (what
+    # the tenant is charged: the chunks it got), then [DONE], so a client that counts
+    # its tokens from the usage chunk, and one that waits for [DONE], both end cleanly.
+    doomed = fake_upstream(tmp_path, "doomed", token_interval=0.02)
+    config = [{"url": doomed.url, "models": ["fake"], "max_concurrent": 2, "name": "doomed"}]
+    gw = gateway(tmp_path, config)
+    body = {
+        "model": "fake",
+        "prompt": "x",
+        "max_tokens": 200,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    events: list[str] = []
+    try:
+        with httpx.stream(
+            "POST",
+            gw.url + "/v1/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {KEYS['light']}"},
+            timeout=30,
+        ) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+                    if len(events) == 10:
+                        doomed.kill()
+    finally:
+        gw.stop()
+    assert events[-1] == "[DONE]"
+    usage = json.loads(events[-2])
+    error = json.loads(events[-3])
+    assert error["error"]["code"] == "upstream_unavailable"
+    tokens = [json.loads(e) for e in events[:-3]]
+    assert usage["choices"] == [] and usage["id"] == tokens[0]["id"]
+    assert usage["usage"]["completion_tokens"] == sum(len(t["choices"]) for t in tokens) > 0

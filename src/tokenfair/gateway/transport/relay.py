@@ -178,7 +178,12 @@ async def relay_stream(
             type="upstream_error",
             code=ErrorCode.UPSTREAM_UNAVAILABLE,
         )
-        await response.body(b"data: " + orjson.dumps(event.body()) + b"\n\n", more=False)
+        # Ended as the server ends a stream it cuts: the error event, the usage (what
+        # the tenant is charged) when the client asked for it, and [DONE].
+        end = b"data: " + orjson.dumps(event.body()) + b"\n\n"
+        if call.client_wants_usage:
+            end += reader.usage_event(int(meter.prompt), int(meter.output), int(meter.cached))
+        await response.body(end + b"data: [DONE]\n\n", more=False)
         return UPSTREAM_FAILED
     await response.body(reader.tail(), more=False)
     if not meter.usage_seen:

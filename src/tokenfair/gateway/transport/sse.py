@@ -102,6 +102,9 @@ class SSEReader:
         # Choice 0's, as a non-streaming answer's is read (finish_reason_of) and as the
         # server counts a request of several choices.
         self.finish_reason: Any = None
+        # The last chunk's id, object, created and model: a usage chunk the gateway
+        # writes itself (the upstream broke off) carries them as the upstream's would.
+        self.meta: dict[str, Any] = {}
 
     def feed(self, chunk: bytes) -> bytes:
         buffer = self._buffer + chunk if self._buffer else chunk
@@ -117,6 +120,17 @@ class SSEReader:
             if event and self._keep(event):
                 out.append(event + b"\n\n")
         return b"".join(out)
+
+    def usage_event(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> bytes:
+        """A usage-only chunk, as OpenAI's last one, for a stream the gateway ends."""
+        usage: dict[str, Any] = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }
+        if cached_tokens:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
+        return b"data: " + orjson.dumps({**self.meta, "choices": [], "usage": usage}) + b"\n\n"
 
     def tail(self) -> bytes:
         rest, self._buffer = self._buffer, b""
@@ -139,6 +153,8 @@ class SSEReader:
             if "error" in data:
                 self.error = data["error"]
             choices = data.get("choices")
+            if choices and not self.meta:
+                self.meta = {k: data[k] for k in ("id", "object", "created", "model") if k in data}
             tokens = 0
             if isinstance(choices, list):
                 for choice in choices:
