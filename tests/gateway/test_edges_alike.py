@@ -66,6 +66,8 @@ def test_the_same_mistakes_get_the_same_answers(edge: dict[str, Any]) -> None:
     completions = "/v1/completions"
     cases: list[tuple[str, str, dict[str, Any], tuple[int, Any, Any]]] = [
         ("GET", completions, {}, (405, "method_not_allowed", None)),
+        ("OPTIONS", completions, {}, (405, "method_not_allowed", None)),
+        ("OPTIONS", "/v1/chat/completions", {}, (405, "method_not_allowed", None)),
         ("POST", completions, {"content": b"{not json"}, (400, "invalid_json", None)),
         ("POST", completions, {"json": "a string"}, (400, "invalid_value", None)),
         ("POST", completions, {"json": {"model": 12, "prompt": "x"}}, (400, "invalid_value", "model")),
@@ -80,6 +82,8 @@ def test_the_same_mistakes_get_the_same_answers(edge: dict[str, Any]) -> None:
                 method, process.url + path, headers=_key("light"), timeout=30, **body
             )
             assert _answer(response) == expected, (process.args[-1], method, path, response.text)
+            if expected[0] == 405:  # what is allowed there: POST, on both
+                assert response.headers["allow"] == "POST", (process.args[-1], method, path)
     wrong_type = httpx.post(
         gw.url + completions, json={"model": 12, "prompt": "x"}, headers=_key("light"), timeout=10
     ).json()

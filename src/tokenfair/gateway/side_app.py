@@ -117,7 +117,11 @@ def side_app(gateway: SideParts) -> FastAPI:
 
     for path in COMPLETION_PATHS:  # POST goes to the proxy before this app
 
-        @app.api_route(path, methods=["GET", "PUT", "PATCH", "DELETE"], include_in_schema=False)
+        @app.api_route(
+            path,
+            methods=["GET", "HEAD", "PUT", "PATCH", "DELETE", "OPTIONS"],
+            include_in_schema=False,
+        )
         async def wrong_method(request: Request) -> Response:
             raise APIError(
                 405,
