@@ -69,6 +69,23 @@ def test_api_docs_only_when_the_config_turns_them_on(tmp_path: Path) -> None:
     assert "/v1/models" in on[0].json()["paths"]
 
 
+def test_the_api_docs_state_what_the_gateway_answers(tmp_path: Path) -> None:
+    # The completions (served by the proxy, not the app) are documented, with the errors
+    # the gateway answers there; FastAPI's 422, which the gateway never sends, is not.
+    (document,) = _get(
+        create_app(_config(tmp_path, _tenants(), api_docs=True)), ("/openapi.json", None)
+    )
+    schema = document.json()
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        post = schema["paths"][path]["post"]
+        body = post["requestBody"]["content"]["application/json"]["schema"]
+        assert "model" in body["required"] and body["additionalProperties"] is True
+        assert {"200", "400", "401", "404", "413", "429", "502", "503"} <= set(post["responses"])
+    assert '"422"' not in document.text and "HTTPValidationError" not in document.text
+    admin = schema["paths"]["/admin/tenants/{name}/weight"]["post"]["responses"]
+    assert "400" in admin and "422" not in admin
+
+
 def test_a_reload_is_logged_at_info(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "tenants.yaml"
     path.write_text(yaml.safe_dump(_tenants()))

@@ -5,7 +5,8 @@ server's error handlers, and the gateway's lifecycle.
   the server answers, and OpenAI);
 - /health: 200 while some upstream is in rotation, no key; which upstreams, only to
   the operator (the metrics port, or the admin key);
-- /openapi.json, /docs, /redoc: only with `api_docs: true` (then to anyone);
+- /openapi.json, /docs, /redoc: only with `api_docs: true` (then to anyone), the
+  completion endpoints included (openapi.py);
 - /metrics, /v1/gateway/state, /v1/gateway/requests/recent: the operator's pages, open
   on the metrics port, behind the admin key on the API port (edge/operator_port.py);
 - /admin/...: weight changes, behind the admin key;
@@ -28,6 +29,7 @@ from tokenfair.edge.errors import APIError, ErrorCode, install_error_handlers
 from tokenfair.edge.operator_port import on_port
 from tokenfair.edge.weight_change import WeightChange
 from tokenfair.gateway.flow.admission import RECENT_DISPATCHES
+from tokenfair.gateway.openapi import gateway_openapi
 
 if TYPE_CHECKING:
     from tokenfair.edge.directory import TenantDirectory
@@ -75,6 +77,8 @@ def side_app(gateway: SideParts) -> FastAPI:
         redoc_url="/redoc" if docs else None,
     )
     install_error_handlers(app)
+    if docs:
+        app.openapi = gateway_openapi(app)  # type: ignore[method-assign]
     metrics_port = gateway.config.listen.metrics_port
 
     def operator(request: Request, page: str) -> None:
