@@ -4,8 +4,8 @@ The completion endpoints are served by the proxy before the FastAPI app sees a r
 (transport/proxy.py), so FastAPI's own document would omit them; they are added here,
 with the body the gateway reads (the rest of an OpenAI request goes to the upstream as
 sent) and the answers it gives: the upstream's, or one of its own errors in OpenAI's
-shape. FastAPI's `422` (its validation error, which the gateway answers as a `400`
-instead: edge/errors.py) is replaced by what is sent.
+shape. FastAPI's `422` is replaced by the `400` sent instead, as in the server's
+document (edge/openapi.py).
 """
 
 from __future__ import annotations
@@ -17,24 +17,8 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from tokenfair.edge.endpoints import COMPLETION_PATHS
+from tokenfair.edge.openapi import ERROR_CONTENT, add_error_schema, answer_400_not_422
 
-ERROR = {"$ref": "#/components/schemas/Error"}
-ERROR_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "required": ["error"],
-    "properties": {
-        "error": {
-            "type": "object",
-            "required": ["message", "type"],
-            "properties": {
-                "message": {"type": "string"},
-                "type": {"type": "string"},
-                "param": {"type": ["string", "null"]},
-                "code": {"type": ["string", "null"]},
-            },
-        }
-    },
-}
 # What the gateway itself answers on a completion path (an upstream's own error answer
 # is relayed as it came).
 COMPLETION_ERRORS = {
@@ -90,7 +74,7 @@ def _completion(path: str) -> dict[str, Any]:
     for status, description in COMPLETION_ERRORS.items():
         responses[status] = {
             "description": description,
-            "content": {"application/json": {"schema": ERROR}},
+            **ERROR_CONTENT,
         }
     return {
         "post": {
@@ -103,33 +87,17 @@ def _completion(path: str) -> dict[str, Any]:
     }
 
 
-def _without_422(schema: dict[str, Any]) -> None:
-    """FastAPI documents its validation error as a 422; the gateway answers a 400."""
-    for methods in schema.get("paths", {}).values():
-        for operation in methods.values():
-            responses = operation.get("responses", {})
-            if responses.pop("422", None) is not None:
-                responses["400"] = {
-                    "description": "a parameter or body of the wrong type or range",
-                    "content": {"application/json": {"schema": ERROR}},
-                }
-    components = schema.get("components", {}).get("schemas", {})
-    components.pop("HTTPValidationError", None)
-    components.pop("ValidationError", None)
-
-
 def gateway_openapi(app: FastAPI) -> Callable[[], dict[str, Any]]:
     """The function FastAPI serves /openapi.json from (`app.openapi = ...`)."""
 
     def schema() -> dict[str, Any]:
         if app.openapi_schema is None:
             document = get_openapi(title=app.title, version=app.version, routes=app.routes)
-            _without_422(document)
+            answer_400_not_422(document)
             for path in COMPLETION_PATHS:
                 document.setdefault("paths", {})[path] = _completion(path)
-            components = document.setdefault("components", {})
-            components.setdefault("schemas", {})["Error"] = ERROR_SCHEMA
-            components["securitySchemes"] = {
+            add_error_schema(document)
+            document["components"]["securitySchemes"] = {
                 "tenantKey": {"type": "http", "scheme": "bearer", "description": "a tenant's key"}
             }
             app.openapi_schema = document

@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from tokenfair.edge.directory import TenantDirectory
 from tokenfair.edge.errors import APIError, install_error_handlers
 from tokenfair.edge.limits import Limits
+from tokenfair.edge.openapi import ERROR_CONTENT, add_error_schema, answer_400_not_422
 from tokenfair.edge.operator_port import on_port
 from tokenfair.engine.async_engine import AsyncEngine
 from tokenfair.engine.engine_client import EngineClient
@@ -143,22 +144,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         body = model.model_json_schema(ref_template="#/components/schemas/{model}")
         components.update(body.pop("$defs", {}))
         components[model.__name__] = body
-    components["ErrorResponse"] = {
-        "type": "object",
-        "required": ["error"],
-        "properties": {
-            "error": {
-                "type": "object",
-                "required": ["message", "type"],
-                "properties": {
-                    "message": {"type": "string"},
-                    "type": {"type": "string"},
-                    "param": {"type": ["string", "null"]},
-                    "code": {"type": ["string", "null"]},
-                },
-            }
-        },
-    }
+    add_error_schema(schema)
     bearer = {"type": "http", "scheme": "bearer"}
     schema["components"]["securitySchemes"] = {"bearer": bearer}
     schema["security"] = [{"bearer": []}]
@@ -174,9 +160,7 @@ def _as_answered(schema: dict[str, Any]) -> None:
     """Make FastAPI's generated operations say what the server really answers: a bad
     parameter or body is a 400 in OpenAI's error shape (not FastAPI's 422), the admin
     API and /metrics may answer 401, 403 and 404 too, and /health needs no key."""
-    error = {
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
-    }
+    answer_400_not_422(schema)
     admin = {
         "401": "Missing or unknown key.",
         "403": "A tenant key, not the admin key.",
@@ -185,13 +169,8 @@ def _as_answered(schema: dict[str, Any]) -> None:
     for path, operations in schema.get("paths", {}).items():
         for operation in operations.values():
             responses = operation.setdefault("responses", {})
-            if responses.pop("422", None) is not None:
-                responses.setdefault("400", {"description": "Invalid parameter or body.", **error})
             if path.startswith("/admin/") or path == "/metrics":
                 for code, text in admin.items():
-                    responses.setdefault(code, {"description": text, **error})
+                    responses.setdefault(code, {"description": text, **ERROR_CONTENT})
             if path in PUBLIC_PATHS:
                 operation["security"] = []
-    components = schema["components"]["schemas"]
-    for unused in ("HTTPValidationError", "ValidationError"):
-        components.pop(unused, None)
