@@ -131,14 +131,10 @@ def test_no_import_cycle_between_modules() -> None:
 
 # Modules allowed over MAX_LINES while being split (none now).
 LONG_MODULES_BEING_SPLIT: dict[str, int] = {}
-# Modules long by design, with the bound they keep: the vLLM plugin's scheduler module
-# is every line that touches vLLM's internals (the queues, the overrides, the surface
-# it checks at import, the access to vLLM's prefix cache), kept in one module so that a
-# new vLLM minor is read against one file and docs/vllm.md's list of it. The core's
-# scheduler is one step read top to bottom (the running requests, the swapped ones,
-# admission, preemption), which a split would scatter.
+# Modules long by design, with the bound they keep: the core's scheduler is one step
+# read top to bottom (the running requests, the swapped ones, admission, preemption),
+# which a split would scatter.
 LONG_BY_DESIGN: dict[str, int] = {
-    "tokenfair.integrations.vllm.scheduler": 700,
     "tokenfair.core.scheduler": 470,
 }
 

@@ -20,7 +20,7 @@ from tokenfair.integrations.vllm.fields import output_hint_of, tenant_of
 from tokenfair.integrations.vllm.ledger import Ledger
 from tokenfair.integrations.vllm.metrics import format_status, serve_prometheus
 from tokenfair.integrations.vllm.policies import VllmFCFS, VllmPriority
-from tokenfair.integrations.vllm.scheduler import check_vllm, surface_problems
+from tokenfair.integrations.vllm.surface import check_vllm, surface_problems
 
 
 def test_defaults_without_a_tokenfair_entry():

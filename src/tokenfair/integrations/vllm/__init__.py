@@ -13,10 +13,10 @@ See docs/vllm.md.
 """
 
 from tokenfair.integrations.vllm.scheduler import (
-    TESTED_VLLM,
     FairAsyncScheduler,
     FairScheduler,
     FairSchedulerMixin,
 )
+from tokenfair.integrations.vllm.surface import TESTED_VLLM
 
 __all__ = ["TESTED_VLLM", "FairAsyncScheduler", "FairScheduler", "FairSchedulerMixin"]

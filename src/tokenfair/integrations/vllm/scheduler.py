@@ -1,11 +1,11 @@
 """FairScheduler: vLLM's v1 scheduler with a tokenfair policy deciding who runs.
 
-The one module that touches vLLM internals (docs/vllm.md lists every one). They change
-between minors, so at import it checks that the surface it uses is there
-(`surface_problems`: methods with their parameters, attributes, the queue interface)
-and refuses, in one line naming what is missing, when it is not; a minor outside those
-`make test` ran (TESTED_VLLM) whose surface checks out runs with one warning. What it
-overrides, and why:
+The overrides of vLLM's internals (with queues.py, the queues it installs). vLLM's
+internals change between minors, so at import this module checks that what the plugin
+uses is there (surface.py: methods with their parameters, attributes, the queue
+interface) and refuses, in one line naming what is missing, when it is not; a minor
+outside those `make test` ran (TESTED_VLLM) whose surface checks out runs with one
+warning. What it overrides, and why:
 
 - `waiting` becomes a `PolicyQueue`: vLLM's `schedule()` peeks and pops it as it
   always does, and gets the head request of the tenant the policy picks (for VTC the
@@ -39,10 +39,8 @@ override also works on a scheduler vLLM's tests build without `__init__`
 
 from __future__ import annotations
 
-import inspect
-import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import vllm
@@ -51,7 +49,6 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.request_queue import (
     RequestQueue,
     SchedulingPolicy,
-    create_request_queue,
 )
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
@@ -65,334 +62,24 @@ from tokenfair.integrations.vllm.memory_share import tenants_aside
 from tokenfair.integrations.vllm.metrics import StatusLog, serve_prometheus
 from tokenfair.integrations.vllm.policies import PluginPolicy
 from tokenfair.integrations.vllm.prefix_cache import VllmPrefixCache
+from tokenfair.integrations.vllm.queues import AsyncLoadQueue, HoldingQueue, PolicyQueue
+from tokenfair.integrations.vllm.surface import (
+    BLOCK_POOL_COUNTS,
+    BLOCK_POOL_METHODS,
+    KNOWN_QUEUES,
+    KV_MANAGER_METHODS,
+    check_vllm,
+    method_problems,
+    surface_problems,
+)
 from tokenfair.integrations.vllm.tenants_watch import TenantsFileWatch
 
 logger = init_logger("vllm.tokenfair")
-
-# The vLLM minors `make test` runs the plugin's tests and vLLM's own scheduler tests on.
-TESTED_VLLM = ((0, 32), (0, 33), (0, 34))
-
-# What this module uses of vLLM's scheduler, checked at import (`surface_problems`):
-# methods it overrides or calls, with the leading parameters it relies on, and the
-# attributes it reads, defined on the class or set by its __init__.
-SCHEDULER_METHODS: dict[str, tuple[str, ...]] = {
-    "schedule": (),
-    "update_from_output": ("scheduler_output", "model_runner_output"),
-    "_free_request": ("request",),
-    "add_request": ("request",),
-    "shutdown": (),
-}
-SCHEDULER_ATTRIBUTES = (
-    "vllm_config",
-    "running",
-    "requests",
-    "waiting",
-    "kv_holding_waiting",
-    "policy",
-    "kv_cache_manager",
-    "block_size",
-)
-REQUEST_ATTRIBUTES = (
-    "request_id",
-    "sampling_params",
-    "priority",
-    "arrival_time",
-    "status",
-    "num_computed_tokens",
-    "max_tokens",
-    "num_prompt_tokens",
-    "num_output_tokens",
-    "num_tokens",
-    "block_hashes",
-)
-REQUEST_STATUSES = ("RUNNING", "FINISHED_STOPPED", "FINISHED_LENGTH_CAPPED")
-# The block pool's methods the locality policies follow (VllmCacheAccess.follow).
-BLOCK_POOL_METHODS: dict[str, tuple[str, ...]] = {
-    "cache_full_blocks": (
-        "request",
-        "blocks",
-        "num_cached_blocks",
-        "num_full_blocks",
-        "block_size",
-        "kv_cache_group_id",
-    ),
-    "_maybe_evict_cached_block": ("block",),
-}
-# The KV cache manager's and block pool's methods the memory share reads (share_memory).
-KV_MANAGER_METHODS: dict[str, tuple[str, ...]] = {"get_block_ids": ("request_id",)}
-BLOCK_POOL_COUNTS: dict[str, tuple[str, ...]] = {"get_num_free_blocks": ()}
-# vLLM's waiting queues this module knows what to do with: the fair queue, the queue of
-# requests holding KV blocks, and (0.34) the queue of requests that may load their KV
-# asynchronously. A scheduler with any other queue is refused: its requests would be
-# admitted outside the fair order and never charged.
-KNOWN_QUEUES = ("waiting", "kv_holding_waiting", "async_kv_waiting")
-
-
-def _init_names(function: Any, depth: int = 0) -> set[str]:
-    """The names an `__init__` assigns or reads, through the wrappers around it (a
-    function that calls the original through its closure, or `functools.wraps`)."""
-    names: set[str] = set()
-    code = getattr(function, "__code__", None)
-    if code is None or depth > 3:
-        return names
-    names.update(code.co_names)
-    inner = [getattr(function, "__wrapped__", None)]
-    inner += [cell.cell_contents for cell in function.__closure__ or () if _filled(cell)]
-    for candidate in inner:
-        if callable(candidate):
-            names |= _init_names(candidate, depth + 1)
-    return names
-
-
-def _filled(cell: Any) -> bool:
-    try:
-        cell.cell_contents  # noqa: B018 - an empty cell raises
-    except ValueError:
-        return False
-    return True
-
-
-def _sets_attribute(cls: type, name: str) -> bool:
-    """`name` is defined on `cls` or assigned by an `__init__` in its MRO (read from the
-    compiled code: an assignment `self.name = ...` names it)."""
-    if hasattr(cls, name):
-        return True
-    return any(name in _init_names(vars(k).get("__init__")) for k in cls.__mro__)
-
-
-def _parameters_problem(owner: str, method: Any, expected: tuple[str, ...]) -> str | None:
-    names = [
-        p.name
-        for p in inspect.signature(method).parameters.values()
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.name != "self"
-    ]
-    if tuple(names[: len(expected)]) != expected:
-        return f"{owner}.{method.__name__}({', '.join(expected)}, ...) (found ({', '.join(names)}))"
-    return None
-
-
-def _defined_below(cls: type, base: type) -> set[str]:
-    """The names `cls` and its bases up to `base` (not included) define."""
-    return {name for klass in cls.__mro__[: cls.__mro__.index(base)] for name in vars(klass)}
-
-
-def _method_problems(owner: str, cls: type, methods: dict[str, tuple[str, ...]]) -> list[str]:
-    problems = []
-    for name, parameters in methods.items():
-        method = getattr(cls, name, None)
-        if not callable(method):
-            problems.append(f"{owner}.{name}()")
-        elif (problem := _parameters_problem(owner, method, parameters)) is not None:
-            problems.append(problem)
-    return problems
-
-
-def surface_problems(
-    scheduler: type = Scheduler,
-    request: type = Request,
-    queue: type = RequestQueue,
-    block_pool: type | None = None,
-) -> list[str]:
-    """What of the surface this module needs the given vLLM classes lack, one item each."""
-    problems = _method_problems("Scheduler", scheduler, SCHEDULER_METHODS)
-    problems += [
-        f"Scheduler.{n}" for n in SCHEDULER_ATTRIBUTES if not _sets_attribute(scheduler, n)
-    ]
-    problems += [f"Request.{n}" for n in REQUEST_ATTRIBUTES if not _sets_attribute(request, n)]
-    problems += [f"RequestStatus.{n}" for n in REQUEST_STATUSES if not hasattr(RequestStatus, n)]
-    # A queue method vLLM requires that one of the plugin's queues does not implement.
-    abstract = sorted(getattr(queue, "__abstractmethods__", ()))
-    for plugin_queue in (PolicyQueue, HoldingQueue, AsyncLoadQueue):
-        implemented = _defined_below(plugin_queue, RequestQueue)
-        problems += [
-            f"RequestQueue.{n} (not implemented by {plugin_queue.__name__})"
-            for n in abstract
-            if n not in implemented
-        ]
-    if block_pool is not None:
-        problems += _method_problems("BlockPool", block_pool, BLOCK_POOL_METHODS)
-    return problems
-
-
-def _minor(version: str) -> tuple[int, int] | None:
-    match = re.match(r"(\d+)\.(\d+)", version)
-    return (int(match[1]), int(match[2])) if match else None
-
-
-def _tested_range() -> str:
-    (a, b), (c, d) = TESTED_VLLM[0], TESTED_VLLM[-1]
-    return f"{a}.{b} to {c}.{d}"
-
-
-def check_vllm(version: str, problems: list[str]) -> str | None:
-    """Raise ImportError, in one line, when the surface is incomplete; otherwise the
-    warning to log for a minor outside the tested range (None inside it)."""
-    if problems:
-        raise ImportError(
-            f"tokenfair.integrations.vllm cannot run on vLLM {version}: its scheduler "
-            f"lacks {'; '.join(problems)} (tested with vLLM {_tested_range()})"
-        )
-    minor = _minor(version)
-    if minor is not None and TESTED_VLLM[0] <= minor <= TESTED_VLLM[-1]:
-        return None
-    return (
-        f"tokenfair was tested with vLLM {_tested_range()}; vLLM {version}'s scheduler "
-        "has every method and attribute the plugin uses, so it runs: check its "
-        "fairness (docs/vllm.md) before relying on it"
-    )
-
 
 _FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
     RequestStatus.FINISHED_LENGTH_CAPPED: FinishReason.LENGTH,
 }
-
-Arrive = Callable[[Request, bool], None]
-
-
-class PolicyQueue(RequestQueue):
-    """vLLM's waiting-queue interface over the ledger: the policy's order."""
-
-    def __init__(
-        self,
-        ledger: Ledger[Request],
-        arrive: Arrive,
-        popped: list[Request],
-        settle: Callable[[], None],
-    ):
-        self._ledger = ledger
-        self._arrive = arrive
-        self._popped = popped  # taken by schedule() and not settled yet
-        self._settle = settle
-
-    def add_request(self, request: Request) -> None:
-        self._arrive(request, True)
-
-    def pop_request(self) -> Request:
-        if self._popped:
-            self._settle()
-        request = self._ledger.pop()
-        self._popped.append(request)
-        return request
-
-    def peek_request(self) -> Request:
-        if self._popped:
-            self._settle()  # charge this step's admissions before the next decision
-        request = self._ledger.peek()
-        if request is None:
-            raise IndexError("peek from an empty queue")
-        return request
-
-    def prepend_request(self, request: Request) -> None:
-        # A preemption, or a request popped this step that was not admitted.
-        if request.request_id not in self._ledger:
-            self._arrive(request, True)
-        else:
-            self._ledger.put_back(request.request_id)
-
-    def prepend_requests(self, requests: Iterable[Request]) -> None:
-        # vLLM hands skipped requests newest-first: putting each at the front of its
-        # tenant's queue in that order restores their original order.
-        for request in requests:
-            self.prepend_request(request)
-
-    def remove_request(self, request: Request) -> None:
-        self._ledger.remove(request.request_id)
-
-    def remove_requests(self, requests: Iterable[Request]) -> None:
-        for request in requests:
-            self._ledger.remove(request.request_id)
-
-    def __bool__(self) -> bool:
-        return len(self._ledger) > 0
-
-    def __len__(self) -> int:
-        return len(self._ledger)
-
-    def __iter__(self) -> Iterator[Request]:
-        # In pop order, as vLLM's own queues iterate: code that walks the queue sees
-        # what schedule() will take.
-        return iter(list(self._ledger.waiting()))
-
-    def __getitem__(self, index: int) -> Request:
-        # vLLM's FCFS queue is a deque, and vLLM code (and tests) index it.
-        return list(self._ledger.waiting())[index]
-
-
-class ForwardingQueue(RequestQueue):
-    """A `RequestQueue` that passes every call to another one (`inner`)."""
-
-    def __init__(self, inner: RequestQueue):
-        self._inner = inner
-
-    def add_request(self, request: Request) -> None:
-        self._inner.add_request(request)
-
-    def pop_request(self) -> Request:
-        return self._inner.pop_request()
-
-    def peek_request(self) -> Request:
-        return self._inner.peek_request()
-
-    def prepend_request(self, request: Request) -> None:
-        self._inner.prepend_request(request)
-
-    def prepend_requests(self, requests: Iterable[Request]) -> None:
-        self._inner.prepend_requests(requests)
-
-    def remove_request(self, request: Request) -> None:
-        self._inner.remove_request(request)
-
-    def remove_requests(self, requests: Iterable[Request]) -> None:
-        self._inner.remove_requests(requests)
-
-    def __bool__(self) -> bool:
-        return bool(self._inner)
-
-    def __len__(self) -> int:
-        return len(self._inner)
-
-    def __iter__(self) -> Iterator[Request]:
-        return iter(self._inner)
-
-
-class HoldingQueue(ForwardingQueue):
-    """vLLM's own queue for block-holding waiters (FCFS or priority, as vLLM's loop
-    runs), telling the ledger what it holds and what schedule() takes from it."""
-
-    def __init__(self, policy: SchedulingPolicy, arrive: Arrive, popped: list[Request]):
-        super().__init__(create_request_queue(policy))
-        self._arrive = arrive
-        self._popped = popped
-
-    def add_request(self, request: Request) -> None:
-        self._arrive(request, False)
-        super().add_request(request)
-
-    def pop_request(self) -> Request:
-        request = super().pop_request()
-        self._popped.append(request)
-        return request
-
-
-class AsyncLoadQueue(ForwardingQueue):
-    """vLLM's queue of requests that may load their KV asynchronously (vLLM 0.34's
-    `async_kv_waiting`, with a KV connector and --max-num-inflight-kv-loads), as a
-    second door to the fair queue.
-
-    Its requests wait in the fair queue with everyone else's, and are lifted and
-    charged alike. Through this door vLLM's loop sees the fair queue's head, so while
-    the running batch is full it starts an asynchronous load when the request the
-    policy picks next may load asynchronously, and waits otherwise: the order is the
-    policy's, never arrival order across queues. It holds no request of its own, so
-    vLLM's waiting count (which adds the queues) counts each request once.
-    """
-
-    def __len__(self) -> int:
-        return 0  # its requests are counted in `waiting`
-
-    def __iter__(self) -> Iterator[Request]:
-        return iter(())
 
 
 class VllmCacheAccess:
@@ -493,16 +180,14 @@ class FairSchedulerMixin:
             access = VllmCacheAccess(self.kv_cache_manager, self.ledger.vllm_request)
             if access.enabled:  # the rest of the surface was checked at import
                 pool = type(self.kv_cache_manager.block_pool)
-                check_vllm(
-                    vllm.__version__, _method_problems("BlockPool", pool, BLOCK_POOL_METHODS)
-                )
+                check_vllm(vllm.__version__, method_problems("BlockPool", pool, BLOCK_POOL_METHODS))
             self.plugin_policy.policy.attach_prefix_cache(VllmPrefixCache(access, self.block_size))
         if config.share_memory:
             manager, pool = self.kv_cache_manager, self.kv_cache_manager.block_pool
             check_vllm(
                 vllm.__version__,
-                _method_problems("KVCacheManager", type(manager), KV_MANAGER_METHODS)
-                + _method_problems("BlockPool", type(pool), BLOCK_POOL_COUNTS)
+                method_problems("KVCacheManager", type(manager), KV_MANAGER_METHODS)
+                + method_problems("BlockPool", type(pool), BLOCK_POOL_COUNTS)
                 + ([] if hasattr(pool, "num_gpu_blocks") else ["BlockPool.num_gpu_blocks"]),
             )
         self._popped: list[Request] = []
