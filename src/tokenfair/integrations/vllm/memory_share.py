@@ -23,7 +23,8 @@ running queue's order) (docs/vllm.md).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from tokenfair.core.policies.memory_share import MemoryAsk
 from tokenfair.core.policies.view import RequestView
@@ -37,15 +38,17 @@ def blocks_asked(request: RequestView, block_size: int) -> int:
 
 def tenants_aside(
     ledger: Ledger,
-    running: Sequence[str],
-    holdings: Mapping[str, int],
+    running: Sequence[Any],
+    holdings: Mapping[str, int] | Callable[[], Mapping[str, int]],
     free_blocks: int,
     pool_blocks: int,
     block_size: int,
 ) -> frozenset[str]:
     """The tenants whose waiting requests go after the others' in this step (none when
     the head fits): the head's, when its tenant fills the pool, and every tenant over
-    its max-min share counting what that head asks."""
+    its max-min share counting what that head asks. `running`: vLLM's running
+    requests; `holdings`: the blocks each tenant holds, or how to read them (only
+    when the head does not fit: the common step reads nothing)."""
     policy = ledger.policy
     head = policy.peek()
     if head is None:
@@ -53,7 +56,9 @@ def tenants_aside(
     need = blocks_asked(head, block_size)
     if need <= free_blocks:
         return frozenset()
-    views = [ledger.view(request_id) for request_id in running]
+    if callable(holdings):
+        holdings = holdings()
+    views = [ledger.view(request.request_id) for request in running]
     if not policy.over_memory_share(
         MemoryAsk(head, need, views, holdings, pool_blocks, block_size)
     ):

@@ -305,19 +305,20 @@ class FairSchedulerMixin:
         ledger = self.ledger
         if self._tenants_watch is not None:
             self._tenants_watch.poll()
-        holdings = self._holdings() if self.tokenfair_config.share_memory else None
+        share_memory = self.tokenfair_config.share_memory
+        held: dict[str, int] | None = None  # read from vLLM only when something needs it
         if self.plugin_policy.sorts_running and len(self.running) > 1:
-            if holdings is not None:
-                self.victim_holdings = held = holdings
-                self.running.sort(key=lambda r: ledger.holding_victim_key(r.request_id, held))
+            if share_memory:
+                self.victim_holdings = held = now_held = self._holdings()
+                self.running.sort(key=lambda r: ledger.holding_victim_key(r.request_id, now_held))
             else:
                 self.running.sort(key=lambda r: ledger.victim_key(r.request_id))
-        if holdings is not None and len(ledger):
+        if share_memory and len(ledger):
             pool = self.kv_cache_manager.block_pool
             ledger.aside = self.memory_aside = tenants_aside(
                 ledger,
-                [r.request_id for r in self.running],
-                holdings,
+                self.running,
+                held if held is not None else self._holdings,
                 pool.get_num_free_blocks(),
                 pool.num_gpu_blocks - 1,  # less the null block
                 self.block_size,
