@@ -1,7 +1,8 @@
-"""The counter store across a Redis outage: it errs towards charging, and recovers once.
+"""The shared counters across a Redis outage: no decision waits for Redis, nothing
+charged is lost (it errs towards charging), and the store recovers once.
 
-A real redis-server, stopped and started again on the same port (empty: no
-persistence), with the store's own calls in flight.
+A real redis-server, frozen (SIGSTOP), or stopped and started again on the same port,
+with its data or empty, while the store's syncs are in flight.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -34,6 +36,16 @@ async def _until_recovered(store: RedisCounterStore) -> None:
         await asyncio.sleep(0.02)
 
 
+def _at_once(coroutine: Any) -> Any:
+    """Run a coroutine that must finish without waiting for anything: its value."""
+    try:
+        coroutine.send(None)
+    except StopIteration as done:
+        return done.value
+    coroutine.close()
+    raise AssertionError("the call waited")
+
+
 async def _shutdown_keeping_data(server: RedisServer) -> None:
     """Stop Redis as an operator's restart does: it saves its data and loads it again at
     the next start (the fixture's own stop loses everything)."""
@@ -46,11 +58,50 @@ async def _shutdown_keeping_data(server: RedisServer) -> None:
     server.process = None
 
 
-def test_charges_carried_by_failing_calls_are_all_counted(redis_server: RedisServer) -> None:
-    """Output charges made while calls are in flight when Redis goes away: the call that
-    degrades the store, the one that fails after it, those still buffered, and those
-    made during the outage. Another gateway charged the same tenant before; when Redis
-    is back, its counter must hold no less than both gateways served."""
+def test_no_decision_waits_for_a_frozen_redis(redis_server: RedisServer) -> None:
+    """Redis frozen with a sync in flight: arrivals, picks, departures and charges are
+    all decided on this replica's copy at once; once Redis thaws, they reach it."""
+
+    async def run() -> None:
+        store = RedisCounterStore(
+            redis_server.url, namespace="frozen", gateway_id="g1", timeout_s=0.2,
+            probe_interval_s=0.05, heartbeat_s=3600,
+        )  # fmt: skip
+        await store.start()
+        try:
+            redis_server.freeze()
+            syncing = asyncio.ensure_future(store.sync())
+            await asyncio.sleep(0)  # it waits on the frozen Redis
+            assert _at_once(store.arrive("a", ("a",))) == 0.0
+            assert _at_once(store.arrive("b", ("b",))) == 0.0
+            assert _at_once(store.pick([("a", (("a", 10.0),)), ("b", (("b", 20.0),))])) == "a"
+            assert _at_once(store.arrive_and_take("c", (("c", 5.0),))) == 5.0
+            _at_once(store.leave("b"))
+            store.charge((("a", 1.0),))
+            await syncing
+            assert store.degraded
+            store.charge((("b", 2.0),))  # charged during the outage
+            redis_server.thaw()
+            await _until_recovered(store)
+            await store.sync()  # what was charged while the recovering sync was out
+            assert {n: await _counter(redis_server.url, "frozen", n) for n in "abc"} == {
+                "a": 11.0,
+                "b": 2.0,
+                "c": 5.0,
+            }
+        finally:
+            redis_server.thaw()
+            await store.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("keep_data", [True, False], ids=["restarted", "restarted-empty"])
+def test_what_was_charged_through_an_outage_is_all_counted(
+    redis_server: RedisServer, keep_data: bool
+) -> None:
+    """Charges made before, during and after Redis goes away, at two replicas: once it
+    is back (with its data, or empty), each counter holds no less than both served."""
 
     async def run() -> None:
         store = RedisCounterStore(
@@ -61,25 +112,25 @@ def test_charges_carried_by_failing_calls_are_all_counted(redis_server: RedisSer
         await store.start()
         try:
             await store.arrive_and_take("a", (("a", 100.0),))
+            await store.sync()
             await other.start()
             other.charge((("a", 5000.0),))
-            await other.close()  # flushed: Redis holds 5100
-            await _shutdown_keeping_data(redis_server)
-            store.charge((("a", 10.0),))
-            first = asyncio.ensure_future(store.arrive("b", ("b",)))
-            await asyncio.sleep(0)  # it has taken the 10 and waits on Redis
-            store.charge((("a", 20.0),))
-            second = asyncio.ensure_future(store.arrive("c", ("c",)))
-            await asyncio.sleep(0)  # and this one the 20
-            store.charge((("a", 40.0),))  # still buffered when they fail
-            await asyncio.gather(first, second)
+            await other.close()  # merged: Redis holds 5100, and so does this copy next
+            await store.sync()
+            store.charge((("a", 10.0),))  # not merged yet when Redis goes away
+            if keep_data:
+                await _shutdown_keeping_data(redis_server)
+            else:
+                redis_server.stop()
+            await store.sync()  # fails
             assert store.degraded
-            store.charge((("a", 80.0),))  # charged locally during the outage
-            redis_server.start()  # with the saved data
+            store.charge((("a", 80.0),))  # charged during the outage
+            redis_server.start()
             await _until_recovered(store)
-            await store.heartbeat_now()
-            served = 100.0 + 5000 + 10 + 20 + 40 + 80
+            await store.sync()
+            served = 100.0 + 5000 + 10 + 80
             assert await _counter(redis_server.url, "owe", "a") >= served
+            assert store.counters()["a"] >= served
         finally:
             await store.close()
 
@@ -89,9 +140,9 @@ def test_charges_carried_by_failing_calls_are_all_counted(redis_server: RedisSer
 def test_the_store_recovers_once_and_stays_recovered(
     redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Pooled connections from before the outage are dead when Redis returns; calls
-    made on them after the reconciliation must not start another outage. The outage is
-    one warning; the recovery one line at INFO (news, not a problem)."""
+    """Pooled connections from before the outage are dead when Redis returns; syncs
+    made on them afterwards must not start another outage. The outage is one warning;
+    the recovery one line at INFO (news, not a problem)."""
 
     async def run() -> None:
         store = RedisCounterStore(
@@ -99,18 +150,20 @@ def test_the_store_recovers_once_and_stays_recovered(
         )
         await store.start()
         try:
-            # Many calls at once: the pool holds that many connections afterwards.
-            await asyncio.gather(*(store.arrive(f"t{i}", (f"t{i}",)) for i in range(24)))
+            # Many syncs at once: the pool holds that many connections afterwards.
+            for i in range(24):
+                await store.arrive(f"t{i}", (f"t{i}",))
+            await asyncio.gather(*(store.sync() for _ in range(8)))
             redis_server.stop()
-            # Calls in flight when Redis goes away, failing one after the other.
-            await asyncio.gather(*(store.leave(f"t{i}") for i in range(12)))
+            await asyncio.gather(*(store.sync() for _ in range(4)))
             assert store.degraded and store.outages == 1
             redis_server.start()
             await _until_recovered(store)
             for _ in range(3):
-                await asyncio.gather(*(store.arrive(f"u{i}", (f"u{i}",)) for i in range(24)))
-                await asyncio.gather(*(store.leave(f"u{i}") for i in range(24)))
-                await store.heartbeat_now()
+                for i in range(24):
+                    await store.leave(f"t{i}")
+                    await store.arrive(f"t{i}", (f"t{i}",))
+                await asyncio.gather(*(store.sync() for _ in range(8)))
             assert not store.degraded
             assert store.outages == 1
         finally:

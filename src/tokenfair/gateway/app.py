@@ -97,6 +97,7 @@ def build_store(
         flush_interval_s=r.flush_interval_s,
         heartbeat_s=r.heartbeat_s,
         gateway_ttl_s=r.gateway_ttl_s,
+        sync_every=r.sync_every,
     )
 
 

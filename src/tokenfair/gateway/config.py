@@ -78,11 +78,15 @@ class ListenConfig(_Strict):
 class RedisConfig(_Strict):
     url: str = "redis://127.0.0.1:6379/0"
     namespace: str = Field(default="tokenfair", min_length=1)
-    # Short: a Redis that does not answer must not hold requests up (the gateway falls
-    # back to local counters instead).
+    # Short: a Redis that does not answer must not hold the background syncs up (no
+    # request ever waits for one).
     timeout_s: float = Field(default=0.25, gt=0)
+    # The shared counters are merged after `sync_every` dispatches of this replica, no
+    # sooner than `flush_interval_s` after the last merge and at least every
+    # `heartbeat_s` (docs/deploy.md: what this staleness costs).
     flush_interval_s: float = Field(default=0.05, gt=0)
     heartbeat_s: float = Field(default=1.0, gt=0)
+    sync_every: int = Field(default=16, ge=1)
     gateway_ttl_s: float = Field(default=5.0, gt=0)
     # The upstreams' capacity is shared by the replicas using this Redis, as leases
     # (gateway/replicas/leases.py); false: each replica has the whole capacity to itself.

@@ -327,6 +327,14 @@ class CounterLedger:
             if counter.setdefault(node, self._fresh(parent)) >= self.rebase_at:
                 self._rebase(parent, level, node)
 
+    def admitted_elsewhere(self, parent: str, node: str) -> None:
+        """Another copy of these counters admitted `node` last under `parent` (the
+        gateway's replicas): the lift's reference at that level, with no rebase (the
+        copy that admitted it rebased its own)."""
+        if node not in self._counter:
+            self._counter[node] = self._fresh(parent)
+        self._level(parent).last = node
+
     def _rebase(self, parent: str, level: _Level, admitted: str) -> None:
         """Move the level's counters down by its reference, when past `rebase_at`."""
         counter = self._counter

@@ -68,29 +68,42 @@ class LocalCounters:
         self.lift = lift
         self.ledger = CounterLedger(lift=lift)
         self.waiting: dict[str, int] = {}  # tenant -> requests waiting
+        # tenant -> its path, for the tenants waiting at other replicas (Redis's store)
+        self.elsewhere: dict[str, tuple[str, ...]] = {}
 
     @property
     def counter(self) -> dict[str, float]:
         """Every node's counter (a copy)."""
         return self.ledger.node_counters()
 
-    def restore(self, counters: dict[str, float], waiting: dict[str, int],
-                paths: dict[str, tuple[str, ...]]) -> None:  # fmt: skip
-        """Start from another store's state (Redis's last snapshot, when it fails)."""
-        self.ledger.apply(tuple(counters.items()))
-        for tenant, nodes in paths.items():
-            self.ledger.set_path(tenant, nodes)
-        for tenant, n in waiting.items():
-            if n > 0:
-                self.ledger.activate(tenant, lift=False)
-                self.waiting[tenant] = n
+    def _backlogged(self, tenant: str) -> bool:
+        return bool(self.waiting.get(tenant)) or tenant in self.elsewhere
+
+    def wait_elsewhere(self, paths: dict[str, tuple[str, ...]]) -> None:
+        """The tenants with requests waiting at the other replicas (and their paths),
+        as Redis last said: backlogged here too, so that an arrival is lifted to them
+        and a tenant waiting only elsewhere does not bank credit. Their counters come
+        from Redis; they are filed without a lift."""
+        ledger = self.ledger
+        for tenant in self.elsewhere.keys() - paths.keys():
+            del self.elsewhere[tenant]
+            if not self.waiting.get(tenant):
+                ledger.deactivate(tenant)
+        for tenant, path in paths.items():
+            if self._backlogged(tenant):
+                self._place(tenant, path)
+            else:
+                if path != ledger.nodes(tenant):
+                    ledger.set_path(tenant, path)
+                ledger.activate(tenant, lift=False)
+            self.elsewhere[tenant] = path
 
     def _place(self, tenant: str, path: tuple[str, ...] | None) -> None:
         ledger = self.ledger
         if not path or path == ledger.nodes(tenant):
             return
         # A tenants file reload moved it: it waits under its new groups from now on.
-        waiting = bool(self.waiting.get(tenant))
+        waiting = self._backlogged(tenant)
         if waiting:
             ledger.deactivate(tenant)
         ledger.set_path(tenant, path)
@@ -101,7 +114,8 @@ class LocalCounters:
         self._place(tenant, path)
         ledger = self.ledger
         if not self.waiting.get(tenant):
-            ledger.activate(tenant, lift=True)
+            if tenant not in self.elsewhere:
+                ledger.activate(tenant, lift=True)
             self.waiting[tenant] = 1
         else:
             self.waiting[tenant] += 1
@@ -111,7 +125,7 @@ class LocalCounters:
         left = self.waiting.get(tenant, 0) - 1
         if left > 0:
             self.waiting[tenant] = left
-        elif self.waiting.pop(tenant, None) is not None:
+        elif self.waiting.pop(tenant, None) is not None and tenant not in self.elsewhere:
             self.ledger.deactivate(tenant)
 
     def leave(self, tenant: str) -> None:

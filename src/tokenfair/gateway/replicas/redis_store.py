@@ -1,21 +1,24 @@
-"""VTC's counters in Redis, shared by every gateway replica, with a local fallback.
+"""VTC's counters shared by the gateway replicas through Redis, off the request path.
 
-Each question to the store is one Lua script (`lua.py`), so gateways in front of one
-pool keep one fairness order. Output charges are buffered in this process and travel
-with the next script, or within `flush_interval_s`.
+Each replica decides on its own copy of the counters (`LocalCounters`, the core's
+ledger): an arrival's lift, the pick among its waiting tenants, a request that goes at
+once, each costs no round trip. In the background, one script (`lua.SYNC`) merges the
+copy with Redis: it adds what this replica charged and lifted since its last sync,
+records which tenants wait here, and brings back every counter, the tenants waiting at
+the other live replicas (backlogged here too, for the lift) and the node admitted last
+under each group anywhere (the paper's lift when nothing waits).
 
-If Redis fails (refused, timed out), the gateway never fails a request for it: it logs
-one warning and carries on with local counters seeded from the last values Redis gave,
-recording what it charges. A background task probes Redis; when it answers, the local
-charges are added to Redis's counters (and no counter drops below what this gateway
-saw, which re-seeds a Redis that came back empty), this gateway's waiting counts are
-written back, and the shared counters are used again.
+A replica syncs after `sync_every` dispatches (16), no sooner than `flush_interval_s`
+(50 ms) after its last sync, and at least every `heartbeat_s` (1 s). So the counters it
+decides with miss at most what the other replicas charged since their last sync and
+since its own: the staleness bound of docs/deploy.md, which the property tests of
+tests/gateway/test_shared_counters.py check on random workloads.
 
-An outage errs towards charging, never away from it: every charge a failed call
-carried is counted locally and added at reconciliation, even when Redis may have
-applied it before the call failed, and whichever call fails first or last. A call that
-fails for an outage that is already over (it began before the reconciliation) is sent
-again rather than starting another outage, so the store recovers once per outage.
+If Redis fails (refused, timed out, frozen), nothing waits for it: the replica keeps
+deciding on its copy, keeps what it changed, and sends it all with the first sync that
+succeeds. A sync that failed after Redis applied it is sent again, which errs towards
+charging, never away from it. Counters Redis lost (it restarted empty) are written
+back from this copy: no counter drops below what a replica saw.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -37,26 +41,34 @@ from tokenfair.gateway.replicas.redis_client import connect
 log = logging.getLogger("tokenfair.gateway")
 
 _FAILURES = (RedisError, OSError, asyncio.TimeoutError)
-# The scripts that change a gateway's waiting hash.
-_CHANGE_WAITING = frozenset(("ARRIVE", "ARRIVE_TAKE", "PICK", "LEAVE"))
+_NOTHING_TO_WRITE = "-"  # the waiting entry, when it was empty at the last sync too
+EPOCH = "~epoch"  # a field of the counters hash (lua.py)
 
 
-def _flat(pairs: dict[str, float] | dict[str, int]) -> list[Any]:
-    out: list[Any] = []
-    for key, value in pairs.items():
-        out.extend((key, repr(value) if isinstance(value, float) else value))
-    return out
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _as_counters(flat: list[Any]) -> dict[str, float]:
-    def text(value: Any) -> str:
-        return value.decode() if isinstance(value, bytes) else str(value)
+    return {_text(node): float(_text(value)) for node, value in _pairs(flat)}
 
-    return {text(flat[i]): float(text(flat[i + 1])) for i in range(0, len(flat), 2)}
+
+def _pairs(flat: list[Any]) -> list[tuple[Any, Any]]:
+    return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
+
+
+def _waiting_elsewhere(entries: list[Any]) -> dict[str, tuple[str, ...]]:
+    paths: dict[str, tuple[str, ...]] = {}
+    for entry in entries:
+        for line in _text(entry).split("\n"):
+            if line:
+                nodes = tuple(line.split("\t"))
+                paths[nodes[-1]] = nodes
+    return paths
 
 
 class RedisCounterStore:
-    remote = True
+    remote = False  # every decision is taken here; Redis is merged in the background
 
     def __init__(
         self,
@@ -69,6 +81,7 @@ class RedisCounterStore:
         flush_interval_s: float = 0.05,
         heartbeat_s: float = 1.0,
         gateway_ttl_s: float = 5.0,
+        sync_every: int = 16,
         probe_interval_s: float = 0.5,
     ) -> None:
         self.url = url
@@ -78,286 +91,242 @@ class RedisCounterStore:
         self.flush_interval_s = flush_interval_s
         self.heartbeat_s = heartbeat_s
         self.ttl_ms = int(gateway_ttl_s * 1000)
+        self.sync_every = sync_every
         self.probe_interval_s = probe_interval_s
+        self.state = LocalCounters(lift)
         self._redis = connect(url, timeout_s)
-        self._scripts = {
-            name: self._redis.register_script(getattr(lua, name))
-            for name in (
-                "ARRIVE",
-                "ARRIVE_TAKE",
-                "PICK",
-                "LEAVE",
-                "FLUSH",
-                "HEARTBEAT",
-                "RECONCILE",
-            )
-        }
-        self._pending: dict[str, float] = {}  # charges not yet sent
-        self._waiting: dict[str, int] = {}  # this gateway's waiting requests per tenant
-        self._paths: dict[str, tuple[str, ...]] = {}  # grouped tenants' paths, for a fallback
-        self._snapshot: dict[str, float] = {}  # the last counters Redis returned
-        self._local: LocalCounters | None = None  # set while degraded
-        self._outage: dict[str, float] = {}  # charged locally while degraded
+        self._script = self._redis.register_script(lua.SYNC)
+        # What this replica changed since its last sync was sent.
+        self._charges: dict[str, float] = {}  # node -> amount to add
+        self._floors: dict[str, float] = {}  # node -> lifted to at least this, before them
+        self._last: tuple[str, ...] | None = None  # the path of the tenant admitted last
+        self._dispatches = 0
+        self._heard_last: dict[str, str] = {}  # group -> its child admitted last, in Redis
+        self._epoch: str | None = None  # of Redis's counters, at the last sync
+        self._entry_sent = True  # Redis may hold a waiting entry of this replica
+        self._synced_at = 0.0
+        self._due = asyncio.Event()
+        self._syncing = asyncio.Lock()  # one sync at a time: answers settle in order
         self._tasks: list[asyncio.Task[None]] = []
-        self.outages = 0
-        # Recoveries so far: a call that began before the last one and fails failed
-        # for an outage that is over.
-        self._generation = 0
         self._closing = False
-        self._inflight = 0  # calls in flight that change this gateway's waiting hash
+        self.degraded = False
+        self.outages = 0
+        self.syncs = 0
 
     # --- lifecycle ---
     async def start(self) -> None:
-        await self._heartbeat()
-        self._tasks = [
-            asyncio.create_task(self._loop(self.flush_interval_s, self._flush)),
-            asyncio.create_task(self._loop(self.heartbeat_s, self._heartbeat)),
-        ]
+        await self.sync()
+        self._tasks = [asyncio.create_task(self._loop())]
 
     async def close(self) -> None:
-        self._closing = True
+        self._closing = True  # also: the last sync takes this replica's waiting entry out
         await cancel_and_wait(self._tasks)
-        if self._local is None:
-            with contextlib.suppress(*_FAILURES):
-                await self._flush()
+        with contextlib.suppress(*_FAILURES):
+            await self.sync()
         with contextlib.suppress(*_FAILURES):
             await self._redis.aclose()
 
-    async def _loop(self, interval: float, step: Any) -> None:
+    async def _loop(self) -> None:
         # The flag as well as the cancel: a cancel that lands inside a Redis call can
         # be lost there, and the loop must still end.
         while not self._closing:
-            await asyncio.sleep(interval)
-            await step()
+            if self.degraded:
+                interval = self.probe_interval_s
+            elif self._dispatches >= self.sync_every:
+                interval = self.flush_interval_s
+            else:
+                interval = self.heartbeat_s
+            wait = self._synced_at + interval - time.monotonic()
+            if wait > 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        await self._due.wait()
+                self._due.clear()
+                continue  # what is due may have changed: look again
+            try:
+                await self.sync()
+            except Exception:  # a bug must not stop the syncs (the others would then
+                # take this replica for dead while it still decides)
+                log.exception("shared counters: the sync failed")
+                self._synced_at = time.monotonic()
 
-    @property
-    def degraded(self) -> bool:
-        return self._local is not None
+    async def heartbeat_now(self) -> None:
+        """Merge with Redis now (tests, shutdown)."""
+        await self.sync()
 
-    # --- the fallback ---
-    def _degrade(self, error: BaseException, unsent: dict[str, float]) -> LocalCounters:
-        local = LocalCounters(self.lift)
-        local.restore(dict(self._snapshot), dict(self._waiting), dict(self._paths))
-        self._local = local
-        self._absorb(self._take_pending())
-        self._absorb(unsent)
+    # --- one sync ---
+    async def sync(self) -> None:
+        async with self._syncing:
+            await self._sync_once()
+
+    def _waiting_entry(self) -> str:
+        ledger = self.state.ledger
+        lines = "" if self._closing else "\n".join(
+            "\t".join(ledger.nodes(tenant)) for tenant in self.state.waiting
+        )  # fmt: skip
+        if not lines and not self._entry_sent:
+            return _NOTHING_TO_WRITE
+        return lines
+
+    async def _sync_once(self) -> None:
+        charges, self._charges = self._charges, {}
+        floors, self._floors = self._floors, {}
+        last, self._last = self._last, None
+        dispatches, self._dispatches = self._dispatches, 0
+        entry = self._waiting_entry()
+        nodes = charges.keys() | floors.keys()
+        args: list[Any] = [self.namespace, self.gateway_id, self.ttl_ms, len(nodes)]
+        for node in nodes:
+            floor = floors.get(node)
+            args.extend((node, "" if floor is None else repr(floor), repr(charges.get(node, 0.0))))
+        args.extend((entry, "" if last is None else "\t".join(last)))
+        self._synced_at = time.monotonic()
+        try:
+            answer = await self._script(args=args)
+        except _FAILURES as error:
+            self._keep(charges, floors, last, dispatches)
+            self._entry_sent = True  # unknown: take it out at the next sync if need be
+            self._failed(error)
+            return
+        self.syncs += 1
+        if entry != _NOTHING_TO_WRITE:
+            self._entry_sent = bool(entry)
+        if self.degraded:
+            self.degraded = False
+            log.info("Redis at %s answers again: counters merged", self.url)
+        last_children = {_text(k): _text(v) for k, v in _pairs(answer[2])}
+        self._settle(_as_counters(answer[0]), _waiting_elsewhere(answer[1]), last_children)
+
+    def _keep(
+        self,
+        charges: dict[str, float],
+        floors: dict[str, float],
+        last: tuple[str, ...] | None,
+        dispatches: int,
+    ) -> None:
+        """A sync failed: what it carried goes with the next one (it may have reached
+        Redis before the failure: sending it again errs towards charging)."""
+        for node, amount in charges.items():
+            self._charges[node] = self._charges.get(node, 0.0) + amount
+        for node, floor in floors.items():
+            self._floors[node] = max(floor, self._floors.get(node, floor))
+        if self._last is None:
+            self._last = last
+        self._dispatches += dispatches
+
+    def _failed(self, error: BaseException) -> None:
+        if self.degraded:
+            return
+        self.degraded = True
         self.outages += 1
+        self._due.set()  # the loop probes sooner than it planned
         log.warning(
-            "Redis at %s is unreachable (%s): using local counters until it answers again",
+            "Redis at %s is unreachable (%s): deciding on this replica's counters "
+            "until it answers again",
             self.url,
             type(error).__name__,
         )
-        if not self._closing:
-            self._tasks.append(asyncio.create_task(self._recover()))
-        return local
 
-    def _absorb(self, unsent: dict[str, float]) -> None:
-        """Charges whose script failed while degraded: counted locally, and added to
-        Redis at reconciliation. Some may have reached Redis before the call failed:
-        counting them again errs towards charging."""
-        assert self._local is not None
-        for node, amount in unsent.items():
-            self._local.charge(((node, amount),))
-            self._outage[node] = self._outage.get(node, 0.0) + amount
+    def _settle(
+        self,
+        shared: dict[str, float],
+        elsewhere: dict[str, tuple[str, ...]],
+        last: dict[str, str],
+    ) -> None:
+        """This copy becomes Redis's counters plus what changed here since the sync
+        was sent; a counter Redis does not have is kept, and written back next time."""
+        ledger = self.state.ledger
+        epoch = str(shared.pop(EPOCH, ""))
+        if self._epoch is not None and epoch != self._epoch:
+            self._lost(shared)
+        self._epoch = epoch
+        lowered: set[str] = set()
+        for node, value in shared.items():
+            target = max(value, self._floors.get(node, value)) + self._charges.get(node, 0.0)
+            current = ledger.counter(node)
+            if target != current:
+                ledger.apply(((node, target - current),))
+                if target < current:
+                    lowered.add(node)
+        for node, value in ledger.node_counters().items():
+            if node not in shared:  # Redis lost it (restarted empty), or never had it
+                seen = value - self._charges.get(node, 0.0)
+                self._floors[node] = max(seen, self._floors.get(node, seen))
+        if lowered:  # a refund elsewhere: file the backlogged tenants' entries afresh
+            for tenant in {*self.state.waiting, *self.state.elsewhere}:
+                if lowered.intersection(ledger.nodes(tenant)):
+                    ledger.refile(tenant)
+        self.state.wait_elsewhere(elsewhere)
+        if self._last is None:  # nothing admitted here since: Redis's are the latest
+            for parent, node in last.items():
+                if self._heard_last.get(parent) != node:
+                    ledger.admitted_elsewhere(parent, node)
+        self._heard_last = last
 
-    def _restore(self, unsent: dict[str, float]) -> None:
-        """Charges of a call to send again with the next one."""
-        for node, amount in unsent.items():
-            self._pending[node] = self._pending.get(node, 0.0) + amount
+    def _lost(self, shared: dict[str, float]) -> None:
+        """Redis lost its counters (it restarted empty) since the last sync: this copy's
+        are written back with the next sync, as floors (none ends below what a replica
+        saw), and kept until then."""
+        pending = self._charges
+        for node, value in self.state.ledger.node_counters().items():
+            kept = max(shared.get(node, 0.0), value - pending.get(node, 0.0))
+            shared[node] = kept
+            self._floors[node] = max(kept, self._floors.get(node, kept))
+        self._due.set()
+        log.warning("Redis at %s lost the shared counters: writing back this replica's", self.url)
 
-    async def _remote(self, name: str, head: list[Any], tail: list[Any]) -> tuple[bool, Any]:
-        """Run a script, with the buffered charges, while Redis is in use: (True, its
-        answer), or (False, None) once the store is degraded (by this call or another),
-        the charges it carried counted locally."""
-        while self._local is None:
-            generation = self._generation
-            pending = self._take_pending()
-            changes_waiting = name in _CHANGE_WAITING
-            self._inflight += changes_waiting
-            try:
-                return True, await self._call(name, head, pending, tail)
-            except _FAILURES as error:
-                if self._local is not None:  # another call saw the outage first
-                    self._absorb(pending)
-                elif generation != self._generation:  # an outage already over: again
-                    self._restore(pending)
-                else:
-                    self._degrade(error, pending)
-            finally:
-                self._inflight -= changes_waiting
-        return False, None
-
-    async def _recover(self) -> None:
-        while self._local is not None and not self._closing:
-            await asyncio.sleep(self.probe_interval_s)
-            if self._inflight:  # a call from before the outage may still change waiting
-                continue
-            local = self._local
-            outage, self._outage = self._outage, {}
-            args: list[Any] = [self.namespace, self.gateway_id, len(local.counter)]
-            for tenant, value in local.counter.items():
-                args.extend((tenant, repr(outage.get(tenant, 0.0)), repr(value)))
-            args.extend((len(self._waiting), *_flat(self._waiting)))
-            try:
-                await self._scripts["RECONCILE"](args=args)
-            except _FAILURES:
-                for tenant, amount in outage.items():
-                    self._outage[tenant] = self._outage.get(tenant, 0.0) + amount
-                continue
-            # Charged while the reconcile was in flight: send them with the next call.
-            for tenant, amount in self._outage.items():
-                self._pending[tenant] = self._pending.get(tenant, 0.0) + amount
-            self._outage = {}
-            # self._waiting stays: it saw every arrival and departure, including those
-            # whose Redis call succeeded after another had failed.
-            self._local = None
-            self._generation += 1
-            log.info("Redis at %s answers again: counters reconciled", self.url)
-            await self._heartbeat()
-
-    async def heartbeat_now(self) -> None:
-        """Flush charges and refresh the counters now (tests, shutdown)."""
-        await self._heartbeat()
-
-    # --- calls ---
-    def _take_pending(self) -> dict[str, float]:
-        pending, self._pending = self._pending, {}
-        return pending
-
-    async def _call(
-        self, name: str, head: list[Any], pending: dict[str, float], tail: list[Any]
-    ) -> Any:
-        args: list[Any] = [
-            self.namespace,
-            self.gateway_id,
-            *head,
-            len(pending),
-            *_flat(pending),
-            *tail,
-        ]
-        return await self._scripts[name](args=args)
-
-    async def _flush(self) -> None:
-        if self._local is None and self._pending:
-            await self._remote("FLUSH", [], [])
-
-    async def _heartbeat(self) -> None:
-        if self._local is not None:
-            return
-        waiting = [-1] if self._inflight else [len(self._waiting), *_flat(self._waiting)]
-        ok, flat = await self._remote("HEARTBEAT", [], waiting)
-        if ok:
-            self._snapshot = _as_counters(flat)
-
-    # --- the store interface ---
-    async def arrive(self, tenant: str, path: tuple[str, ...]) -> float:
-        if len(path) > 1:
-            self._paths[tenant] = path
-        tail = [tenant, self.lift, len(path), *path]
-        ok, answer = await self._remote("ARRIVE", [self.ttl_ms], tail)
-        if ok:
-            value = float(answer)
-            self._waiting[tenant] = self._waiting.get(tenant, 0) + 1
-            self._also_locally(tenant, +1)
-            self._snapshot[tenant] = value
-            return value
-        assert self._local is not None
-        self._waiting[tenant] = self._waiting.get(tenant, 0) + 1
-        return self._local.arrive(tenant, path)
-
-    def _one_less(self, tenant: str) -> None:
-        _add(self._waiting, tenant, -1)
-
-    def _also_locally(self, tenant: str, delta: int) -> None:
-        """A Redis call that succeeded after another had failed (the store degraded
-        while it was in flight): the local counters, in charge now, must see it too,
-        or the tenant stays 'waiting' there, and in Redis after the reconcile."""
-        if self._local is not None:
-            _add(self._local.waiting, tenant, delta)
-
-    async def leave(self, tenant: str) -> None:
-        ok, _ = await self._remote("LEAVE", [], [tenant])
-        if ok:
-            self._one_less(tenant)
-            self._also_locally(tenant, -1)
-            return
-        assert self._local is not None
-        self._one_less(tenant)
-        self._local.leave(tenant)
-
-    async def pick(self, candidates: Sequence[Candidate]) -> str:
-        if self._local is None:
-            tail: list[Any] = [len(candidates)]
-            for tenant, charge in candidates:
-                tail.extend((tenant, len(charge)))
-                for node, amount in charge:
-                    tail.extend((node, repr(amount)))
-            ok, answer = await self._remote("PICK", [], tail)
-            if ok:
-                best, value = answer
-                name = best.decode() if isinstance(best, bytes) else str(best)
-                self._snapshot[name] = float(value.decode() if isinstance(value, bytes) else value)
-                for tenant, charge in candidates:
-                    if tenant == name:  # the groups above it were charged too
-                        self._note(charge, skip_last=True)
-                        break
-                self._one_less(name)
-                self._also_locally(name, -1)
-                return name
-        assert self._local is not None
-        name, charge = self._local.pick(candidates)
-        self._record_outage(charge)
-        self._one_less(name)
-        return name
-
-    def _note(self, charge: Charge, skip_last: bool = False) -> None:
-        """What Redis now holds for the charged nodes, as far as this gateway knows."""
-        nodes = charge[:-1] if skip_last else charge
-        for node, amount in nodes:
-            self._snapshot[node] = self._snapshot.get(node, 0.0) + amount
-
-    def _record_outage(self, charge: Charge) -> None:
-        for node, amount in charge:
-            self._outage[node] = self._outage.get(node, 0.0) + amount
-
-    async def arrive_and_take(self, tenant: str, charge: Charge) -> float:
-        if len(charge) > 1:
-            self._paths[tenant] = path_of(charge)
-        if self._local is None:
-            tail: list[Any] = [tenant, self.lift, len(charge)]
-            for node, amount in charge:
-                tail.extend((node, repr(amount)))
-            ok, value = await self._remote("ARRIVE_TAKE", [self.ttl_ms], tail)
-            if ok:
-                counter = float(value.decode() if isinstance(value, bytes) else value)
-                self._note(charge, skip_last=True)
-                self._snapshot[tenant] = counter
-                return counter
-        assert self._local is not None
-        counter = self._local.arrive_and_take(tenant, charge)
-        self._record_outage(charge)
-        return counter
-
-    def charge(self, charge: Charge) -> None:
-        if self._local is not None:
-            self._local.charge(charge)
-            self._record_outage(charge)
-            return
-        pending, snapshot = self._pending, self._snapshot
+    # --- what changed here ---
+    def _charged(self, charge: Charge) -> None:
+        pending = self._charges
         for node, amount in charge:
             if amount:
                 pending[node] = pending.get(node, 0.0) + amount
-                snapshot[node] = snapshot.get(node, 0.0) + amount
+
+    def _lifted(self, nodes: tuple[str, ...], before: list[float]) -> None:
+        ledger, pending = self.state.ledger, self._charges
+        for node, was in zip(nodes, before, strict=True):
+            now = ledger.counter(node)
+            if now > was:  # in Redis's terms: before the charges not yet sent
+                floor = now - pending.get(node, 0.0)
+                self._floors[node] = max(floor, self._floors.get(node, floor))
+
+    def _admitted(self, tenant: str) -> None:
+        self._last = self.state.ledger.nodes(tenant)
+        self._dispatches += 1
+        if self._dispatches >= self.sync_every:
+            self._due.set()
+
+    def _arrive(self, tenant: str, path: tuple[str, ...]) -> float:
+        nodes = path or (tenant,)
+        ledger = self.state.ledger
+        before = [ledger.counter(node) for node in nodes]
+        counter = self.state.arrive(tenant, path)
+        self._lifted(nodes, before)
+        return counter
+
+    # --- the store interface: no call waits for Redis ---
+    async def arrive(self, tenant: str, path: tuple[str, ...]) -> float:
+        return self._arrive(tenant, path)
+
+    async def leave(self, tenant: str) -> None:
+        self.state.leave(tenant)
+
+    async def pick(self, candidates: Sequence[Candidate]) -> str:
+        tenant, charge = self.state.pick(candidates)
+        self._charged(charge)
+        self._admitted(tenant)
+        return tenant
+
+    async def arrive_and_take(self, tenant: str, charge: Charge) -> float:
+        self._arrive(tenant, path_of(charge))
+        self.state.pick([(tenant, charge)])
+        self._charged(charge)
+        self._admitted(tenant)
+        return self.state.ledger.counter(tenant)
+
+    def charge(self, charge: Charge) -> None:
+        self.state.charge(charge)
+        self._charged(charge)
 
     def counters(self) -> dict[str, float]:
-        if self._local is not None:
-            return dict(self._local.counter)
-        return dict(self._snapshot)
-
-
-def _add(counts: dict[str, int], tenant: str, delta: int) -> None:
-    left = counts.get(tenant, 0) + delta
-    if left > 0:
-        counts[tenant] = left
-    else:
-        counts.pop(tenant, None)
+        return self.state.counter
