@@ -84,7 +84,10 @@ def served(done: list[Done], since: float, until: float) -> dict[str, float]:
     return out
 
 
-def ingress(src: Path, tmp: Path, seconds: float, mixed: bool) -> dict[str, Any]:
+def ingress(
+    src: Path, tmp: Path, seconds: float, mixed: bool, replicas: int = 2, depth: int = 4
+) -> dict[str, Any]:
+    """`depth`: each tenant's streams over the upstream's 4 slots (2: 8 streams)."""
     redis = RedisServer(tmp)
     redis.start()
     upstream = fake_upstream(tmp, "u-ingress", token_interval=0.01)
@@ -99,28 +102,39 @@ def ingress(src: Path, tmp: Path, seconds: float, mixed: bool) -> dict[str, Any]
             redis={"url": redis.url, "namespace": "bench"},
             gateway_id=f"g{i}",
         )
-        for i in range(2)
+        for i in range(replicas)
     ]
+    streams = 4 * depth
+    # Skewed: heavy reaches the first half of the replicas, light the others; mixed:
+    # heavy reaches every replica, light the last one.
+    heavy_at = gws if mixed else gws[: replicas // 2]
+    light_at = gws[-1:] if mixed else gws[replicas // 2 :]
 
     async def run() -> list[Done]:
         t0 = time.perf_counter()
         done: list[Done] = []
         until = t0 + seconds
-        # Four times as many streams as slots: a tenant's clients take a moment to send
-        # the next request, and a tenant with none waiting is not backlogged (VTC lifts
-        # its counter when its next request arrives, as it should).
-        loops = [closed_loop(gws[1].url, "light", 16, 20, until, t0, done)]
-        if mixed:
-            loops += [closed_loop(g.url, "heavy", 8, 20, until, t0, done) for g in gws]
-        else:
-            loops.append(closed_loop(gws[0].url, "heavy", 16, 20, until, t0, done))
+        loops = [
+            closed_loop(g.url, tenant, streams // len(at), 20, until, t0, done)
+            for tenant, at in (("heavy", heavy_at), ("light", light_at))
+            for g in at
+        ]
         await asyncio.gather(*loops)
         return done
 
     try:
+        time.sleep(1.0)  # settled: the replicas' first syncs are behind them
+        idle_start = redis_commands(redis.url)
+        time.sleep(IDLE_S)
+        idle = (redis_commands(redis.url) - idle_start) / IDLE_S
+        before = redis_commands(redis.url)
+        scripts_before = redis_scripts_run(redis.url)
+        load_began = time.perf_counter()
         done = asyncio.run(run())
+        load_s = time.perf_counter() - load_began
+        commands = redis_commands(redis.url) - before
+        scripts = redis_scripts_run(redis.url) - scripts_before
         peak = httpx.get(upstream.url + "/stats", timeout=5).json()["peak_running"]
-        scripts = redis_scripts_run(redis.url)
     finally:
         for g in gws:
             g.stop()
@@ -129,25 +143,45 @@ def ingress(src: Path, tmp: Path, seconds: float, mixed: bool) -> dict[str, Any]
     service = served(done, 2.0, seconds)
     heavy, light = service.get("heavy", 0.0), service.get("light", 0.0)
     weight = 1.0 if mixed else 4.0
+    promise = 1.0 if mixed else 4.0
     # SPEC 3's bound on the weighted gap, |W_heavy - W_light| <= 2 max(w_in L_in,
     # w_out M), M the tokens the upstream's 4 slots hold (prompt 3 + 20 output each),
     # plus one request's service for the window's edges.
     bound = 2 * max(3, 2 * 4 * 23) + (3 + 2 * 20)
+    ratio = heavy / max(light, 1.0)
     return {
+        "replicas": replicas,
+        "streams_per_tenant": streams,
         "served": service,
-        "heavy_over_light": round(heavy / max(light, 1.0), 3),
+        "heavy_over_light": round(ratio, 3),
+        "off_the_weights": round(abs(ratio / promise - 1.0), 3),
         "weighted_gap": round(abs(heavy / weight - light), 1),
         "gap_bound": bound,
-        "promise": 1.0 if mixed else 4.0,
+        "promise": promise,
         "upstream_peak_running": peak,
         "requests": len(done),
+        "redis_idle_commands_per_s_per_replica": round(idle / replicas, 1),
+        "redis_commands_per_request_beyond_idle": round(
+            max(0.0, commands - idle * load_s) / max(len(done), 1), 2
+        ),
         "redis_scripts_per_request": round(scripts / max(len(done), 1), 2),
-        "redis_scripts_per_s": round(scripts / seconds, 1),
     }
 
 
+IDLE_S = 4.0
+
+
+def redis_commands(url: str) -> int:
+    """Every command Redis ran, those inside scripts included (INFO commandstats)."""
+    import redis
+
+    stats = redis.Redis.from_url(url).info("commandstats")
+    # The INFO calls of this benchmark are not the gateways'.
+    return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
+
+
 def redis_scripts_run(url: str) -> int:
-    """Lua scripts Redis ran (per-request picks and charges, lease syncs, heartbeats)."""
+    """Lua scripts Redis ran (counter merges, lease syncs)."""
     import redis
 
     stats = redis.Redis.from_url(url).info("commandstats")
@@ -187,29 +221,47 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline-src", type=Path, help="another tree's src, run alongside")
     parser.add_argument("--seconds", type=float, default=24.0)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()
     trees = {"this": ROOT / "src"}
     if args.baseline_src:
         trees["baseline"] = args.baseline_src.resolve()
     figures: dict[str, dict[str, list[Any]]] = {name: {} for name in trees}
+    cells = [
+        (f"{kind}_{replicas}x{depth}", kind == "mixed", replicas, depth)
+        for kind in ("skewed", "mixed")
+        for replicas in (2, 4)
+        for depth in (2, 4)
+    ]
     for repeat in range(args.repeats):
         for name, src in trees.items():  # interleaved: the machine's noise hits both
             with tempfile.TemporaryDirectory() as tmp:
                 here = Path(tmp)
-                for scenario, result in (
-                    ("skewed", ingress(src, here, args.seconds, mixed=False)),
-                    ("mixed", ingress(src, here, args.seconds, mixed=True)),
-                    ("flood", flood(src, here)),
-                ):
+                results: list[tuple[str, dict[str, Any]]] = [
+                    (cell, ingress(src, here, args.seconds, mixed, replicas, depth))
+                    for cell, mixed, replicas, depth in cells
+                ]
+                results.append(("flood", flood(src, here)))
+                for scenario, result in results:
                     print(json.dumps({"tree": name, "repeat": repeat, scenario: result}))
                     figures[name].setdefault(scenario, []).append(result)
     summary = {
         name: {
-            "skewed_heavy_over_light": [r["heavy_over_light"] for r in f["skewed"]],
-            "mixed_heavy_over_light": [r["heavy_over_light"] for r in f["mixed"]],
+            **{
+                cell: {
+                    "heavy_over_light": [r["heavy_over_light"] for r in f[cell]],
+                    "off_the_weights": [r["off_the_weights"] for r in f[cell]],
+                    "commands_per_request": [
+                        r["redis_commands_per_request_beyond_idle"] for r in f[cell]
+                    ],
+                }
+                for cell, *_ in cells
+            },
+            "redis_idle_commands_per_s_per_replica": max(
+                r["redis_idle_commands_per_s_per_replica"] for c, *_ in cells for r in f[c]
+            ),
             "upstream_peak_running": max(
-                r["upstream_peak_running"] for r in f["skewed"] + f["mixed"]
+                r["upstream_peak_running"] for c, *_ in cells for r in f[c]
             ),
             "flood_light_ttft_p90_s": [r["light_ttft_p90_s"] for r in f["flood"]],
             "flood_light_dispatched_ahead_p90": [

@@ -29,7 +29,10 @@ CAP = UpstreamConfig(
 
 
 class Replica:
-    def __init__(self, redis: RedisServer, name: str, ttl_s: float = 5.0) -> None:
+    def __init__(
+        self, redis: RedisServer, name: str, ttl_s: float = 5.0, period_s: float = 1.0
+    ) -> None:
+        self.name = name
         self.upstream: Upstream = UpstreamPool([CAP], HealthConfig()).upstreams[0]
         self.demand: dict[str, ModelDemand] = {}
         self.ledger = LeaseLedger(
@@ -40,12 +43,25 @@ class Replica:
             namespace="cap",
             gateway_id=name,
             ttl_s=ttl_s,
+            idle_interval_s=period_s,
         )
 
-    def wants(self, requests: int, counter: float, band: int = 0) -> None:
+    def wants(
+        self, requests: int, counter: float, band: int = 0, weights: dict[str, float] | None = None
+    ) -> None:
+        """`requests` of 10 tokens waiting here, of tenants with these weights (one
+        tenant of weight 1, named after the replica, by default)."""
+        nodes = weights or {f"t-{self.name}": 1.0}
         self.demand = (
-            {"m": ModelDemand(requests, 10 * requests, (band, counter))} if requests else {}
+            {"m": ModelDemand(requests, 10 * requests, (band, counter), dict(nodes))}
+            if requests
+            else {}
         )
+
+    @property
+    def due(self) -> int:
+        assert self.upstream.lease is not None
+        return self.upstream.lease.keep_slots
 
     @property
     def slots(self) -> int:
@@ -59,7 +75,7 @@ class Replica:
             self.upstream.acquire(10)
 
 
-def test_leases_never_exceed_the_capacity_and_go_where_vtc_would(
+def test_leases_never_exceed_the_capacity_and_follow_the_weights_waiting(
     redis_server: RedisServer,
 ) -> None:
     async def run() -> None:
@@ -73,25 +89,57 @@ def test_leases_never_exceed_the_capacity_and_go_where_vtc_would(
             one.run(4)
             one.wants(2, counter=50.0)
             assert not one.upstream.has_room(10)  # the lease, not the upstream, is full
-            two.wants(3, counter=10.0)  # a request that VTC would send first
+            two.wants(3, counter=10.0, weights={"b": 3.0})  # three times a's weight
             await two.ledger.sync()
-            assert two.slots == 0  # nothing is free
-            await one.ledger.sync()  # one hears of the better claim: it gives back
+            assert (two.slots, two.due) == (0, 3)  # due 3 of 4, and nothing is free yet
+            await one.ledger.sync()  # one hears of it: it gives back down to its due
             assert one.upstream.lease is not None and one.upstream.lease.giving_back
+            assert one.due == 1
             one.upstream.release(10)  # a request ends at one: the slot goes back
             assert not one.upstream.has_room(10)
             await one.ledger.sync()
             await two.ledger.sync()
             assert (one.slots, two.slots) == (3, 1)
-            two.wants(3, counter=90.0)  # two is now the more served: one keeps what frees
-            await two.ledger.sync()
+            for _ in range(2):
+                one.upstream.release(10)
             await one.ledger.sync()
-            one.upstream.release(10)
-            assert one.upstream.has_room(10)
+            await two.ledger.sync()
+            assert (one.slots, two.slots) == (1, 3)
+            one.upstream.release(10)  # down to its due: it keeps what frees now
+            assert one.slots == 1 and one.upstream.has_room(10)
             assert one.slots + two.slots <= 4
         finally:
             await one.ledger.close()
             await two.ledger.close()
+
+    asyncio.run(run())
+
+
+def test_a_share_s_fraction_of_a_slot_is_held_in_turns(redis_server: RedisServer) -> None:
+    """Weights 1 and 4 over 4 slots: 0.8 and 3.2 slots. Period after period the first
+    is due 1 slot or none, 0.8 on average, and the two always add up to 4."""
+
+    async def run() -> None:
+        period = 0.02
+        one = Replica(redis_server, "f1", period_s=period)
+        two = Replica(redis_server, "f2", period_s=period)
+        one.wants(8, counter=0.0, weights={"light": 1.0})
+        two.wants(8, counter=0.0, weights={"heavy": 4.0})
+        await one.ledger.sync()
+        await two.ledger.sync()
+        dues: list[int] = []
+        try:
+            for _ in range(100):
+                await one.ledger.sync()
+                await two.ledger.sync()
+                await one.ledger.sync()  # in the same period as two's, almost always
+                dues.append(one.due)
+                await asyncio.sleep(period)
+        finally:
+            await one.ledger.close()
+            await two.ledger.close()
+        assert set(dues) == {0, 1}
+        assert sum(dues) / len(dues) == pytest.approx(0.8, abs=0.1)
 
     asyncio.run(run())
 
@@ -129,18 +177,19 @@ def test_tokens_are_leased_like_requests(redis_server: RedisServer) -> None:
     async def run() -> None:
         one, two = Replica(redis_server, "t1"), Replica(redis_server, "t2")
         try:
-            one.demand = {"m": ModelDemand(1, 900, (0, 0.0))}
+            one.demand = {"m": ModelDemand(1, 900, (0, 0.0), {"a": 1.0})}
             await one.ledger.sync()
             assert one.upstream.lease is not None and two.upstream.lease is not None
             assert one.upstream.lease.tokens == 1000  # alone: all of it, in reserve
-            two.demand = {"m": ModelDemand(1, 500, (0, 0.0))}
+            two.demand = {"m": ModelDemand(1, 300, (0, 0.0), {"b": 1.0})}
             await two.ledger.sync()
-            assert two.upstream.lease.tokens == 0
-            await one.ledger.sync()  # hears two's claim, and settles again at once:
-            await one.ledger.sync()  # asked for, it keeps what it needs, no reserve
+            assert two.upstream.lease.tokens == 0  # nothing free yet
+            await one.ledger.sync()  # hears two's claim: its due is half, no reserve
+            await one.ledger.sync()  # and tells Redis what it gave back (it asked to)
             await two.ledger.sync()
-            assert (one.upstream.lease.tokens, two.upstream.lease.tokens) == (900, 100)
-            assert one.upstream.has_room(900) and not two.upstream.has_room(500)
+            # Two needs 300 of its 500: the 200 it cannot use are one's.
+            assert (one.upstream.lease.tokens, two.upstream.lease.tokens) == (700, 300)
+            assert two.upstream.has_room(300) and not one.upstream.has_room(900)
         finally:
             await one.ledger.close()
             await two.ledger.close()
@@ -150,7 +199,8 @@ def test_tokens_are_leased_like_requests(redis_server: RedisServer) -> None:
 
 def test_a_sync_answered_late_never_overwrites_a_later_one(redis_server: RedisServer) -> None:
     """Two syncs of one replica in flight, the first one's answer back last: the lease
-    this replica acts on must be the one Redis holds for it, not the older answer."""
+    this replica acts on must never exceed what Redis holds for it, and they agree once
+    the syncs are over."""
 
     async def run() -> None:
         gone = Replica(redis_server, "late0")
@@ -176,10 +226,53 @@ def test_a_sync_answered_late_never_overwrites_a_later_one(redis_server: RedisSe
             await asyncio.sleep(0.05)
             one.wants(0, counter=0.0)  # then only for its reserve
             await asyncio.gather(first, one.ledger.sync())
-            held = await one.ledger._redis.hget(f"cap:lease:s:{CAP.url}", "late1")
+            key = f"cap:lease:s:{CAP.url}"
+            held = await one.ledger._redis.hget(key, "late1")
+            assert one.slots == 2 <= int(held or 0)  # Redis never holds less
+            await one.ledger.sync()  # the one its give-back asked for
+            held = await one.ledger._redis.hget(key, "late1")
             assert one.slots == int(held or 0) == 2
         finally:
             await one.ledger.close()
+
+    asyncio.run(run())
+
+
+def test_what_a_replica_dispatches_during_its_sync_is_never_leased_twice(
+    redis_server: RedisServer,
+) -> None:
+    """`one` holds the 4 slots and runs 2; `two` claims half. While `one`'s sync is in
+    flight (it will hear that its due is 2), it dispatches 2 more within its lease:
+    Redis must keep all 4 for it, and `two` gets a slot only once one of them ends."""
+
+    async def run() -> None:
+        one, two = Replica(redis_server, "r1"), Replica(redis_server, "r2")
+        try:
+            one.wants(6, counter=0.0)
+            await one.ledger.sync()
+            one.run(2)
+            two.wants(2, counter=0.0)
+            await two.ledger.sync()
+            assert two.slots == 0
+            script = one.ledger._sync
+
+            async def dispatching_meanwhile(*args: object, **kwargs: object) -> object:
+                answer = await script(*args, **kwargs)
+                one.run(2)  # the admission loop went on while the answer travelled
+                return answer
+
+            one.ledger._sync = dispatching_meanwhile  # type: ignore[assignment]
+            await one.ledger.sync()
+            one.ledger._sync = script  # type: ignore[assignment]
+            await two.ledger.sync()
+            assert one.upstream.running == 4 and two.slots == 0
+            one.upstream.release(10)  # given back: two's now
+            await one.ledger.sync()
+            await two.ledger.sync()
+            assert (one.slots, two.slots) == (3, 1)
+        finally:
+            await one.ledger.close()
+            await two.ledger.close()
 
     asyncio.run(run())
 

@@ -141,7 +141,6 @@ class Gateway:
             namespace=r.namespace,
             gateway_id=self.replica_id,
             timeout_s=r.timeout_s,
-            sync_interval_s=r.flush_interval_s,
             idle_interval_s=r.heartbeat_s,
             ttl_s=r.gateway_ttl_s,
         )
@@ -149,11 +148,13 @@ class Gateway:
         return ledger
 
     def waiting_demand(self) -> dict[str, ModelDemand]:
-        """What the requests waiting here need, per model, and the best claim among
-        them: (band, the counter of its tenant's top-level node)."""
+        """What the requests waiting here need, per model: the best claim among them
+        (band, the counter of its tenant's top-level node), and the top-level nodes
+        waiting with their weights (the capacity is shared by them)."""
         demand: dict[str, ModelDemand] = {}
         counters: dict[int, dict[str, float]] = {}
         tree = self.directory.tree
+        weights = self.directory.weights()
         for band, tenant, model, queue in self.admission.waiting_queues():
             need = demand.get(model)
             if need is None:
@@ -164,6 +165,8 @@ class Gateway:
                 store = self.stores.get(band)
                 counters[band] = store.counters() if store is not None else {}
             top = tenant if tree.flat else tree.path(tenant)[0]
+            if top not in need.nodes:
+                need.nodes[top] = weights.get(top, 1.0)
             claim = (band, counters[band].get(top, 0.0))
             if need.claim is None or claim < need.claim:
                 need.claim = claim

@@ -4,7 +4,7 @@ a replica's lease on an upstream, and what its waiting requests need."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 Claim = tuple[int, float]  # (band, counter) of a waiting request: the lower goes first
 
@@ -15,7 +15,9 @@ class Lease:
 
     slots: int = 0  # sequences it may have running there at once (one per choice)
     tokens: int = 0  # in-flight tokens it may hold there
-    giving_back: bool = False  # another replica has the better claim: what frees returns
+    giving_back: bool = False  # it holds more than its due: what frees returns, down to it
+    keep_slots: int = 0  # its due, at the last sync
+    keep_tokens: int = 0
     others_slots: int = 0  # held by the other live replicas, at the last sync
     others_tokens: int = 0
     on_give_back: Callable[[], None] | None = None  # capacity went back: tell the pool
@@ -38,3 +40,5 @@ class ModelDemand:
     seats: int = 0  # the upstream sequences they would run (one per choice)
     tokens: int = 0  # the in-flight tokens they would hold
     claim: Claim | None = None  # the best of them
+    # The top-level nodes (tenants, or groups as `@path`) waiting, with their weights.
+    nodes: dict[str, float] = field(default_factory=dict)

@@ -5,27 +5,50 @@ Keys, under the namespace `ns` of the replicas' Redis settings (shared by every 
 - `ns:leasers`            sorted set gateway id -> its last sync (ms, Redis clock)
 - `ns:lease:s:<url>`      hash gateway id -> the requests it may have on that upstream
 - `ns:lease:t:<url>`      hash gateway id -> the in-flight tokens it may hold there
-- `ns:claims:<model>`     hash gateway id -> "band counter" of its best waiting request
-                          for that model (none: no field)
+- `ns:claims:<model>`     hash gateway id -> what its waiting requests for that model
+                          ask (no field: none waits there), tab-separated: the best
+                          band, the best counter, the requests and tokens it would
+                          hold (running and waiting), then (top-level node, weight)
+                          for every tenant or group waiting there
 
 A gateway whose last sync is older than the TTL is dead: its fields are dropped where
 they are met, so its capacity returns to the pool. Upstreams are keyed by URL, which
-every replica's config gives alike. A sync that gives capacity back to replicas with a
-better claim publishes its gateway id on the channel `ns:leases`, and they sync at once.
+every replica's config gives alike. A sync that gives capacity back, makes a claim for
+a model this replica had none for, or is a replica's last, publishes on the channel
+`ns:leases` the ids of the replicas whose due differs from what they hold, and those
+sync at once.
+
+How an upstream is divided among the replicas whose requests wait for it (those at the
+best band): in proportion to the weights waiting at each, a tenant or group waiting at
+n replicas counting 1/n of its weight at each, and none above what it would hold
+(water-filling, so what one cannot use goes to the others). A share's fraction of a
+slot is held in turns: the fractions are laid end to end and each period (of
+`period_ms`, Redis time) a golden-ratio offset says which replicas hold one more, so
+over periods each holds its exact share. The shared counters then order the tenants
+within each replica, and the tenant waiting at several replicas is evened out by them.
 """
 
 from __future__ import annotations
 
-# ARGV: ns, gw, ttl_ms, announce (1: publish on ns:leases), n_upstreams,
-#   (url, cap_slots, cap_tokens, want_slots, want_tokens, floor_slots, floor_tokens) x n,
+# ARGV: ns, gw, ttl_ms, announce (1: publish on ns:leases; 2: and this replica leaves,
+#   everything it holds goes back; 3: and no lease grows, the first sync after an
+#   outage), period_ms, n_upstreams,
+#   (url, cap_slots, cap_tokens, need_slots, need_tokens, floor_slots, floor_tokens,
+#    n_models, model x n_models) x n_upstreams,
 #   n_models, (model, claim or '') x n_models
-# Each lease becomes max(floor, min(want, capacity - what the other live replicas hold));
-# a capacity of 0 is no limit. Returns, per upstream, its lease of slots, the others'
-# slots, its lease of tokens, the others' tokens; then the live replicas (this one
-# included); then, per model, the other live replicas' claims.
+# Each lease becomes max(floor, min(want, capacity - what the other live replicas
+# hold)); a capacity of 0 is no limit. want: with nobody else waiting for the upstream,
+# what this replica needs and at least its share of the capacity (the capacity over the
+# live replicas) in reserve; with others waiting, its share as above (0 when it waits
+# at a worse band or not at all), and beyond it what nobody else holds or is due.
+# Returns, per upstream: its lease of slots, the others' slots, its lease of tokens,
+# the others' tokens, its want of slots, of tokens; then the live replicas (this one
+# included) and Redis's time (ms: the replicas sync just after each period begins).
 SYNC = r"""
-local ns, gw, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
-if ARGV[4] == '1' then redis.call('PUBLISH', ns .. ':leases', gw) end
+local ns, gw, ttl, period = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[5])
+local leaving = ARGV[4] == '2'
+local announcing = ARGV[4] ~= '0'
+local told = {}  -- the replicas to tell: their due and what they hold differ
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local leasers = ns .. ':leasers'
@@ -40,58 +63,208 @@ local function live(g)
   end
   return alive[g]
 end
+-- What the other live replicas hold: the sum, and each one's.
 local function others(key)
-  local sum = 0
+  local sum, each = 0, {}
   local flat = redis.call('HGETALL', key)
   for i = 1, #flat, 2 do
     local g = flat[i]
     if g ~= gw then
-      if live(g) then sum = sum + tonumber(flat[i + 1]) else redis.call('HDEL', key, g) end
+      if live(g) then
+        each[g] = tonumber(flat[i + 1])
+        sum = sum + each[g]
+      else
+        redis.call('HDEL', key, g)
+      end
     end
   end
-  return sum
+  return sum, each
 end
-local function settle(key, cap, want, floor)
-  local held = others(key)
+local function fields(text)
+  local out = {}
+  for field in string.gmatch(text, '[^\t]+') do out[#out + 1] = field end
+  return out
+end
+-- The capacity divided among `who` (sorted ids) by weight, none above its need; whole
+-- units, the fractions held in turns period by period.
+local function share(cap, who, weight, need)
+  local exact, active, left = {}, {}, cap
+  for _, g in ipairs(who) do active[#active + 1] = g end
+  while #active > 0 do
+    local total = 0
+    for _, g in ipairs(active) do total = total + weight[g] end
+    local full, rest = {}, {}
+    for _, g in ipairs(active) do
+      local s = total > 0 and left * weight[g] / total or left / #active
+      if s >= need[g] then full[#full + 1] = g else rest[#rest + 1] = g end
+    end
+    if #full == 0 then
+      for _, g in ipairs(active) do
+        exact[g] = total > 0 and left * weight[g] / total or left / #active
+      end
+      break
+    end
+    for _, g in ipairs(full) do
+      exact[g] = need[g]
+      left = left - need[g]
+    end
+    active = rest
+  end
+  local turn = (math.floor(now / period) * 0.6180339887498949) % 1
+  local whole, laid = {}, 0
+  for _, g in ipairs(who) do
+    local s = exact[g] or 0
+    local base = math.floor(s + 1e-9)
+    local fraction = s - base
+    whole[g] = base + math.floor(laid + fraction + turn + 1e-9) - math.floor(laid + turn + 1e-9)
+    laid = laid + fraction
+  end
+  return whole
+end
+local recovering = ARGV[4] == '3'
+local function settle(key, cap, want, floor, held)
   local grant = want
+  if recovering and grant > floor then grant = floor end
   if cap > 0 and grant > cap - held then grant = cap - held end
   if grant < floor then grant = floor end
   if grant > 0 then redis.call('HSET', key, gw, grant) else redis.call('HDEL', key, gw) end
   return grant, held
 end
+
+local ups = {}
+local i = 7
+for u = 1, tonumber(ARGV[6]) do
+  local up = {url = ARGV[i], cap_s = tonumber(ARGV[i + 1]), cap_t = tonumber(ARGV[i + 2]),
+    need_s = tonumber(ARGV[i + 3]), need_t = tonumber(ARGV[i + 4]),
+    floor_s = tonumber(ARGV[i + 5]), floor_t = tonumber(ARGV[i + 6]), models = {}}
+  local n = tonumber(ARGV[i + 7])
+  for k = 1, n do up.models[k] = ARGV[i + 7 + k] end
+  ups[u] = up
+  i = i + 8 + n
+end
+-- Every live replica's claims, this one's written first.
+local claims = {}  -- model -> gateway -> {band, need_s, need_t, nodes}
+local claimed = false  -- a claim this replica did not have: the others hear it at once
+for _ = 1, tonumber(ARGV[i]) do
+  local model, mine = ARGV[i + 1], ARGV[i + 2]
+  local key = ns .. ':claims:' .. model
+  if mine == '' then
+    redis.call('HDEL', key, gw)
+  elseif redis.call('HSET', key, gw, mine) == 1 then
+    claimed = true
+  end
+  local byg = {}
+  local flat = redis.call('HGETALL', key)
+  for j = 1, #flat, 2 do
+    local g = flat[j]
+    if g == gw or live(g) then
+      local f = fields(flat[j + 1])
+      local nodes = {}
+      for k = 5, #f - 1, 2 do nodes[f[k]] = tonumber(f[k + 1]) end
+      byg[g] = {band = tonumber(f[1]), need_s = tonumber(f[3]), need_t = tonumber(f[4]),
+        nodes = nodes}
+    else
+      redis.call('HDEL', key, g)
+    end
+  end
+  claims[model] = byg
+  i = i + 2
+end
+local live_count = redis.call('ZCOUNT', leasers, now - ttl, '+inf')
+
 local out = {}
-local i = 6
-for _ = 1, tonumber(ARGV[5]) do
-  local url = ARGV[i]
-  local slots, others_slots = settle(ns .. ':lease:s:' .. url, tonumber(ARGV[i + 1]),
-    tonumber(ARGV[i + 3]), tonumber(ARGV[i + 5]))
-  local tokens, others_tokens = settle(ns .. ':lease:t:' .. url, tonumber(ARGV[i + 2]),
-    tonumber(ARGV[i + 4]), tonumber(ARGV[i + 6]))
+for _, up in ipairs(ups) do
+  local key_s, key_t = ns .. ':lease:s:' .. up.url, ns .. ':lease:t:' .. up.url
+  local held_s, each_s = others(key_s)
+  local held_t, each_t = others(key_t)
+  -- Who waits for this upstream, at which band, with which weights and needs.
+  local per, best = {}, nil
+  for _, model in ipairs(up.models) do
+    for g, c in pairs(claims[model] or {}) do
+      local p = per[g]
+      if p == nil then
+        p = {band = c.band, need_s = 0, need_t = 0, nodes = {}}
+        per[g] = p
+      end
+      if c.band < p.band then p.band = c.band end
+      p.need_s, p.need_t = p.need_s + c.need_s, p.need_t + c.need_t
+      for node, w in pairs(c.nodes) do p.nodes[node] = w end
+      if best == nil or c.band < best then best = c.band end
+    end
+  end
+  local anyone_else = false
+  for g, _ in pairs(per) do
+    if g ~= gw then anyone_else = true end
+  end
+  local want_s, want_t = 0, 0
+  if not anyone_else then
+    if not leaving then
+      want_s = math.max(up.need_s, math.floor(up.cap_s / live_count))
+      want_t = math.max(up.need_t, math.floor(up.cap_t / live_count))
+    end
+  else
+    local who, count = {}, {}
+    for g, p in pairs(per) do
+      if p.band == best and not (g == gw and leaving) then
+        who[#who + 1] = g
+        for node, _ in pairs(p.nodes) do count[node] = (count[node] or 0) + 1 end
+      end
+    end
+    table.sort(who)
+    local weight, need_s, need_t = {}, {}, {}
+    for _, g in ipairs(who) do
+      local w = 0
+      for node, wn in pairs(per[g].nodes) do w = w + wn / count[node] end
+      weight[g] = w
+      if g == gw then
+        need_s[g], need_t[g] = up.need_s, up.need_t
+      else
+        need_s[g], need_t[g] = per[g].need_s, per[g].need_t
+      end
+    end
+    local function want(cap, mine_need, needs, held)
+      if leaving then return 0 end
+      if cap <= 0 then return mine_need end
+      local due = share(cap, who, weight, needs)
+      -- Beyond its share: what no other replica holds or is due.
+      local taken = 0
+      local seen = {}
+      for _, g in ipairs(who) do
+        if g ~= gw then
+          taken = taken + math.max(held[g] or 0, due[g])
+          seen[g] = true
+          if (held[g] or 0) ~= due[g] then told[g] = true end
+        end
+      end
+      for g, h in pairs(held) do
+        if not seen[g] then taken = taken + h end
+      end
+      if due[gw] == nil then return 0 end
+      return math.min(mine_need, math.max(due[gw], cap - taken))
+    end
+    want_s = want(up.cap_s, up.need_s, need_s, each_s)
+    want_t = want(up.cap_t, up.need_t, need_t, each_t)
+  end
+  local slots, others_slots = settle(key_s, up.cap_s, want_s, up.floor_s, held_s)
+  local tokens, others_tokens = settle(key_t, up.cap_t, want_t, up.floor_t, held_t)
   out[#out + 1] = slots
   out[#out + 1] = others_slots
   out[#out + 1] = tokens
   out[#out + 1] = others_tokens
-  i = i + 7
+  out[#out + 1] = want_s
+  out[#out + 1] = want_t
 end
-out[#out + 1] = redis.call('ZCOUNT', leasers, now - ttl, '+inf')
-local n = tonumber(ARGV[i])
-i = i + 1
-for _ = 1, n do
-  local key = ns .. ':claims:' .. ARGV[i]
-  if ARGV[i + 1] == '' then
-    redis.call('HDEL', key, gw)
-  else
-    redis.call('HSET', key, gw, ARGV[i + 1])
+out[#out + 1] = live_count
+out[#out + 1] = now
+-- Capacity given back, a new claim, or this replica leaving: the replicas whose due
+-- now differs from what they hold sync at once.
+if announcing or claimed then
+  local names = {}
+  for g, _ in pairs(told) do names[#names + 1] = g end
+  if #names > 0 then
+    table.sort(names)
+    redis.call('PUBLISH', ns .. ':leases', table.concat(names, ' '))
   end
-  local theirs = {}
-  local flat = redis.call('HGETALL', key)
-  for j = 1, #flat, 2 do
-    if flat[j] ~= gw then
-      if live(flat[j]) then theirs[#theirs + 1] = flat[j + 1] else redis.call('HDEL', key, flat[j]) end
-    end
-  end
-  out[#out + 1] = theirs
-  i = i + 2
 end
 return out
 """

@@ -6,8 +6,9 @@ replica holds a lease on part of each upstream's capacity and dispatches within 
 its own, with no round trip per request; one Lua script (`SYNC`, lease_script.py)
 settles all of a replica's leases atomically, so the leases of the live replicas never
 add up to more than an upstream's capacity. A replica syncs every `flush_interval_s`
-(50 ms) while it holds a lease or has requests waiting, at once when a waiting request
-could grow its lease, and every `heartbeat_s` otherwise.
+(50 ms) while it has requests waiting, at once when a waiting request could grow its
+lease, when it gave capacity back or when another replica made a new claim (its sync
+publishes it), and every `heartbeat_s` (1 s) otherwise.
 
 What a replica asks for, per upstream:
 
@@ -52,13 +53,13 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from redis.exceptions import RedisError
 
 from tokenfair.edge.tasks import cancel_and_wait
-from tokenfair.gateway.replicas.capacity import Claim, Lease, ModelDemand
+from tokenfair.gateway.replicas.capacity import Lease, ModelDemand
 from tokenfair.gateway.replicas.lease_script import SYNC
 from tokenfair.gateway.replicas.redis_client import connect, subscriber
 from tokenfair.gateway.upstreams.pool import Upstream
@@ -73,6 +74,9 @@ _FAILURES = (RedisError, OSError, asyncio.TimeoutError)
 STARTUP_GRACE_S = 1.0
 # How long an outage lasts before a lease below this replica's share is raised to it.
 RAISE_AFTER_S = 0.5
+# A periodic sync goes this long after a period begins (Redis's clock), so that every
+# replica's lands in the new period.
+PERIOD_MARGIN_S = 0.01
 
 
 Demand = Callable[[], dict[str, ModelDemand]]
@@ -81,10 +85,14 @@ Demand = Callable[[], dict[str, ModelDemand]]
 @dataclass(slots=True)
 class _Want:
     upstream: Upstream
-    slots: int
+    slots: int  # what it would hold: what runs and what waits
     tokens: int
-    giving_back: bool
-    mine: Claim | None = field(default=None)
+    # What it may be using while the sync is in flight, which Redis must keep for it:
+    # its lease here (never less than what runs). A lease only shrinks here, as what
+    # runs ends, and Redis hears of it at the next sync: so Redis always holds at least
+    # every replica's lease, and the leases never add up to more than the capacity.
+    floor_slots: int
+    floor_tokens: int
 
 
 def _capacity(limit: int | None) -> int:
@@ -102,7 +110,6 @@ class LeaseLedger:
         namespace: str,
         gateway_id: str,
         timeout_s: float = 0.25,
-        sync_interval_s: float = 0.05,
         idle_interval_s: float = 1.0,
         ttl_s: float = 5.0,
     ) -> None:
@@ -112,7 +119,6 @@ class LeaseLedger:
         self.on_grant = on_grant  # capacity appeared: wake the dispatcher
         self.namespace = namespace
         self.gateway_id = gateway_id
-        self.sync_interval_s = sync_interval_s
         self.idle_interval_s = idle_interval_s
         self.ttl_s = ttl_s
         self._redis = connect(url, timeout_s)
@@ -125,10 +131,11 @@ class LeaseLedger:
             for model in upstream.config.models:
                 self._by_model.setdefault(model, []).append(upstream)
         self._models = sorted(self._by_model)
-        self._theirs: dict[str, Claim] = {}  # model -> the best claim of another replica
         self._claimed: set[str] = set()  # the models this replica claimed at its last sync
         self._live = 1  # live replicas at the last sync, this one included
-        self._busy = False  # requests waited here at the last sync
+        # Redis's clock at the last sync, and this process's then: the periods' starts.
+        self._redis_now_ms: int | None = None
+        self._heard_at = 0.0
         self._synced = False  # a sync succeeded since the start
         self._failing_since: float | None = None  # the first failed sync of an outage
         self._announce = False  # capacity went back since the last sync: publish it
@@ -152,23 +159,27 @@ class LeaseLedger:
         self._closing = True
         await cancel_and_wait(self._tasks)
         # Give everything back at once rather than after the TTL (a restart, a scale-in).
-        none = [_Want(u, 0, 0, True) for u in self.upstreams]
+        none = [_Want(u, 0, 0, 0, 0) for u in self.upstreams]
         async with self._syncing:
             with contextlib.suppress(*_FAILURES):
-                await self._sync(args=self._args(none, {}, announce=True))
+                await self._sync(args=self._args(none, {}, announce=True, leaving=True))
         for client in (self._redis, self._listener):
             with contextlib.suppress(*_FAILURES):
                 await client.aclose()
 
     async def _listen(self) -> None:
-        """Sync at once when another replica gives capacity back (it may be ours now)."""
+        """Sync at once when another replica's sync names this one: its due and what it
+        holds differ (capacity given back may be ours now, or a new claim makes us give
+        some back)."""
         me = self.gateway_id.encode()
         while not self._closing:
             pubsub = self._listener.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(self._channel)
                 async for message in pubsub.listen():
-                    if message.get("data") != me and self._nudged is not None:
+                    named = message.get("data")
+                    told = isinstance(named, bytes) and me in named.split(b" ")
+                    if told and self._nudged is not None:
                         self._nudged.set()
             except _FAILURES:  # Redis away: the syncs notice it; listen again later
                 await asyncio.sleep(self.idle_interval_s)
@@ -184,8 +195,11 @@ class LeaseLedger:
     async def _loop(self) -> None:
         assert self._nudged is not None
         while not self._closing:
-            held = any(u.lease.slots or u.lease.tokens for u in self.upstreams if u.lease)
-            interval = self.sync_interval_s if held or self._busy else self.idle_interval_s
+            # Just after each period begins (the shares' turns: every replica syncs
+            # then, and they agree on who is due what), and at once when capacity is
+            # given back here, another replica's sync names this one, or a new claim is
+            # made: never per request.
+            interval = self._until_next_period()
             # asyncio.timeout, not wait_for: Python 3.11's wait_for can lose a cancel
             # that comes as the event is set (a replica closing as a peer announces).
             with contextlib.suppress(TimeoutError):
@@ -197,6 +211,14 @@ class LeaseLedger:
             except Exception:  # a bug must not stop the leases (the others would
                 # then take this replica for dead while it still sends)
                 log.exception("upstream capacity leases: the sync failed")
+
+    def _until_next_period(self) -> float:
+        period = self.idle_interval_s
+        if self._redis_now_ms is None:
+            return period
+        now_ms = self._redis_now_ms + 1000 * (time.monotonic() - self._heard_at)
+        left = period - (now_ms / 1000) % period
+        return left + PERIOD_MARGIN_S
 
     def nudge(self, model: str) -> None:
         """A request for `model` waits here: sync now if the other replicas have not
@@ -226,43 +248,46 @@ class LeaseLedger:
 
     # --- one sync ---
     def _wants(self, demand: dict[str, ModelDemand]) -> list[_Want]:
+        """Per upstream: what this replica would hold there (what runs, and what waits
+        for its models), and its lease, which Redis keeps for it (`_Want`)."""
         wants: list[_Want] = []
         for upstream in self.upstreams:
             lease = upstream.lease
             assert lease is not None
-            models = upstream.config.models
-            needs = [demand[m] for m in models if m in demand]
-            claims = [d.claim for d in needs if d.claim is not None]
-            mine = min(claims) if claims else None
-            theirs = min((self._theirs[m] for m in models if m in self._theirs), default=None)
-            giving_back = theirs is not None and (mine is None or theirs < mine)
-            if giving_back:
-                slots, tokens = max(0, upstream.running), max(0, upstream.inflight_tokens)
-                if lease.slots > slots or lease.tokens > tokens:
-                    self._announce = True
-                # No new request on what is being given back, even before Redis hears.
-                lease.slots, lease.tokens = min(lease.slots, slots), min(lease.tokens, tokens)
-            else:
-                slots = upstream.running + sum(d.seats for d in needs)
-                tokens = upstream.inflight_tokens + sum(d.tokens for d in needs)
-                if theirs is None:  # nobody else waits for it: a share of the capacity
-                    # in reserve, so that a request finds room here at once (and routing
-                    # has a choice) without asking Redis.
-                    cap = upstream.config
-                    slots = max(slots, _capacity(cap.max_concurrent) // self._live)
-                    tokens = max(tokens, _capacity(cap.max_inflight_tokens) // self._live)
-            lease.giving_back = giving_back
-            wants.append(_Want(upstream, slots, tokens, giving_back, mine))
+            needs = [demand[m] for m in upstream.config.models if m in demand]
+            running, inflight = max(0, upstream.running), max(0, upstream.inflight_tokens)
+            slots = running + sum(d.seats for d in needs)
+            tokens = inflight + sum(d.tokens for d in needs)
+            floor_slots, floor_tokens = max(lease.slots, running), max(lease.tokens, inflight)
+            wants.append(_Want(upstream, slots, tokens, floor_slots, floor_tokens))
         return wants
 
+    def _claim(self, model: str, need: ModelDemand) -> str:
+        """What this replica's requests waiting for `model` ask (lease_script.py)."""
+        assert need.claim is not None
+        band, counter = need.claim
+        upstreams = self._by_model.get(model, ())
+        slots = need.seats + sum(max(0, u.running) for u in upstreams)
+        tokens = need.tokens + sum(max(0, u.inflight_tokens) for u in upstreams)
+        nodes = (f"{node}\t{weight!r}" for node, weight in sorted(need.nodes.items()))
+        return "\t".join((str(band), repr(counter), str(slots), str(tokens), *nodes))
+
     def _args(
-        self, wants: list[_Want], demand: dict[str, ModelDemand], announce: bool
+        self,
+        wants: list[_Want],
+        demand: dict[str, ModelDemand],
+        announce: bool,
+        leaving: bool = False,
     ) -> list[Any]:
         args: list[Any] = [
             self.namespace,
             self.gateway_id,
             int(self.ttl_s * 1000),
-            1 if announce else 0,
+            # 2: leaving; 3: the first sync after an outage, which grows no lease (what
+            # Redis holds of the others may be gone; they write theirs back as this one
+            # does); 1: capacity was given back.
+            2 if leaving else 3 if self.degraded else 1 if announce else 0,
+            max(1, int(self.idle_interval_s * 1000)),
             len(wants),
         ]
         for want in wants:
@@ -272,16 +297,20 @@ class LeaseLedger:
                     upstream.url,
                     _capacity(cap.max_concurrent),
                     _capacity(cap.max_inflight_tokens),
-                    max(0, want.slots),
-                    max(0, want.tokens),
-                    max(0, upstream.running) if want.slots else 0,
-                    max(0, upstream.inflight_tokens) if want.tokens else 0,
+                    want.slots,
+                    want.tokens,
+                    want.floor_slots,
+                    want.floor_tokens,
+                    len(cap.models),
+                    *cap.models,
                 )
             )
         args.append(len(self._models))
         for model in self._models:
-            claim = demand[model].claim if model in demand else None
-            args.extend((model, "" if claim is None else f"{claim[0]} {claim[1]!r}"))
+            need = demand.get(model)
+            args.extend(
+                (model, "" if need is None or need.claim is None else self._claim(model, need))
+            )
         return args
 
     async def sync(self) -> None:
@@ -291,7 +320,6 @@ class LeaseLedger:
 
     async def _sync_once(self) -> None:
         demand = self.demand()
-        self._busy = bool(demand)
         self._claimed = {m for m, d in demand.items() if d.claim is not None}
         wants = self._wants(demand)
         announce, self._announce = self._announce, False
@@ -312,29 +340,31 @@ class LeaseLedger:
         for i, want in enumerate(wants):
             lease = want.upstream.lease
             assert lease is not None
-            slots, others_slots, tokens, others_tokens = (int(v) for v in answer[4 * i : 4 * i + 4])
+            slots, others_slots, tokens, others_tokens, keep_slots, keep_tokens = (
+                int(v) for v in answer[6 * i : 6 * i + 6]
+            )
+            # Given back during the sync (a request ended): Redis keeps more than that
+            # until the next sync, which the give-back asked for.
+            if lease.slots < want.floor_slots:
+                slots = min(slots, lease.slots)
+            if lease.tokens < want.floor_tokens:
+                tokens = min(tokens, lease.tokens)
             grew = grew or slots > lease.slots or tokens > lease.tokens
             lease.slots, lease.tokens = slots, tokens
             lease.others_slots, lease.others_tokens = others_slots, others_tokens
-        at = 4 * len(wants)
-        self._live = max(1, int(answer[at]))
-        theirs: dict[str, Claim] = {}
-        for model, flat in zip(self._models, answer[at + 1 :], strict=True):
-            for entry in flat:
-                band, counter = (entry.decode() if isinstance(entry, bytes) else entry).split()
-                claim = (int(band), float(counter))
-                if model not in theirs or claim < theirs[model]:
-                    theirs[model] = claim
-        before, self._theirs = self._theirs, theirs
-        for want in wants:  # with what the other replicas want now
-            lease = want.upstream.lease
-            assert lease is not None
-            models = want.upstream.config.models
-            best = min((theirs[m] for m in models if m in theirs), default=None)
-            lease.giving_back = best is not None and (want.mine is None or best < want.mine)
-            if best is not None and not any(m in before for m in models):
-                # Asked for since this sync's wants were made: settle again at once.
-                self._gave_back()
+            # Holding more than its due: nothing new beyond it; what does not run goes
+            # back now, what runs as it ends (the pool calls _gave_back).
+            lease.keep_slots, lease.keep_tokens = keep_slots, keep_tokens
+            lease.giving_back = slots > keep_slots or tokens > keep_tokens
+            if lease.giving_back:
+                upstream = want.upstream
+                down_slots = min(slots, max(upstream.running, keep_slots))
+                down_tokens = min(tokens, max(upstream.inflight_tokens, keep_tokens))
+                if down_slots < slots or down_tokens < tokens:
+                    lease.slots, lease.tokens = down_slots, down_tokens
+                    self._gave_back()
+        self._live = max(1, int(answer[6 * len(wants)]))
+        self._redis_now_ms, self._heard_at = int(answer[6 * len(wants) + 1]), time.monotonic()
         if grew:
             self.on_grant()
 
@@ -355,9 +385,8 @@ class LeaseLedger:
                 self._live,
                 self.ttl_s if self._synced else min(self.ttl_s, STARTUP_GRACE_S),
             )
-        # Claims heard before the outage are stale: giving back on them would take the
-        # lease down to nothing as requests finish, and dispatch would stop for Redis.
-        self._theirs = {}
+        # Shares heard before the outage are stale: giving back on them would take the
+        # lease down as requests finish, and dispatch would stop for Redis.
         for upstream in self.upstreams:
             assert upstream.lease is not None
             upstream.lease.giving_back = False

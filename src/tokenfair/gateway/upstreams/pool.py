@@ -153,11 +153,13 @@ class Upstream:
         self.running -= seats
         self.inflight_tokens -= tokens
         lease = self.lease
-        if lease is not None and lease.giving_back:  # what frees goes back to the pool
-            lease.slots = min(lease.slots, self.running)
-            lease.tokens = min(lease.tokens, self.inflight_tokens)
-            if lease.on_give_back is not None:
-                lease.on_give_back()
+        if lease is not None and lease.giving_back:  # what frees goes back, down to its due
+            slots = min(lease.slots, max(self.running, lease.keep_slots))
+            tokens = min(lease.tokens, max(self.inflight_tokens, lease.keep_tokens))
+            if slots < lease.slots or tokens < lease.tokens:
+                lease.slots, lease.tokens = slots, tokens
+                if lease.on_give_back is not None:
+                    lease.on_give_back()
 
 
 class UpstreamPool:
