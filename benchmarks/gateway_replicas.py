@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -124,15 +126,17 @@ def ingress(
 
     try:
         time.sleep(1.0)  # settled: the replicas' first syncs are behind them
-        idle_start = redis_commands(redis.url)
+        idle_start, idle_cpu_start = redis_commands(redis.url), redis_cpu_s(redis.url)
         time.sleep(IDLE_S)
         idle = (redis_commands(redis.url) - idle_start) / IDLE_S
-        before = redis_commands(redis.url)
+        idle_cpu = (redis_cpu_s(redis.url) - idle_cpu_start) / IDLE_S
+        before, cpu_before = redis_commands(redis.url), redis_cpu_s(redis.url)
         scripts_before = redis_scripts_run(redis.url)
         load_began = time.perf_counter()
         done = asyncio.run(run())
         load_s = time.perf_counter() - load_began
         commands = redis_commands(redis.url) - before
+        cpu = redis_cpu_s(redis.url) - cpu_before
         scripts = redis_scripts_run(redis.url) - scripts_before
         peak = httpx.get(upstream.url + "/stats", timeout=5).json()["peak_running"]
     finally:
@@ -165,6 +169,12 @@ def ingress(
             max(0.0, commands - idle * load_s) / max(len(done), 1), 2
         ),
         "redis_scripts_per_request": round(scripts / max(len(done), 1), 2),
+        # Redis's CPU (user + system): an idle replica's, per second, and a request's
+        # beyond the idle rate.
+        "redis_cpu_idle_ms_per_s_per_replica": round(1000 * idle_cpu / replicas, 3),
+        "redis_cpu_us_per_request_beyond_idle": round(
+            1e6 * max(0.0, cpu - idle_cpu * load_s) / max(len(done), 1), 1
+        ),
     }
 
 
@@ -180,6 +190,14 @@ def redis_commands(url: str) -> int:
     return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
 
 
+def redis_cpu_s(url: str) -> float:
+    """The CPU time Redis has used, user and system (INFO cpu)."""
+    import redis
+
+    info = redis.Redis.from_url(url).info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
 def redis_scripts_run(url: str) -> int:
     """Lua scripts Redis ran (counter merges, lease syncs)."""
     import redis
@@ -188,6 +206,78 @@ def redis_scripts_run(url: str) -> int:
     return sum(
         int(v["calls"]) for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval")
     )
+
+
+def freeze(src: Path, tmp: Path, seconds: float = 10.0) -> dict[str, Any]:
+    """Redis frozen (SIGSTOP) for `seconds` under load: two replicas in front of one
+    upstream of 4 slots, tenant a at the first and b at the second (weights 1:1), 8
+    streams each. Per tenant, the longest time without a first token going out while
+    Redis is frozen (the dispatch gap), the longest time to first token of a request
+    sent then, and the upstream's peak of running requests (its capacity is 4)."""
+    redis = RedisServer(tmp)
+    redis.start()
+    upstream = fake_upstream(tmp, "u-freeze", token_interval=0.01)
+    tenants = tenants_file(tmp, None)
+    gws = [
+        start_gateway(
+            src,
+            tmp,
+            f"f{i}",
+            upstream,
+            tenants,
+            redis={"url": redis.url, "namespace": "freeze"},
+            gateway_id=f"f{i}",
+        )
+        for i in range(2)
+    ]
+    before, after = 3.0, 3.0
+    assert redis.process is not None
+    pid = redis.process.pid
+
+    async def run() -> list[Done]:
+        t0 = time.perf_counter()
+        done: list[Done] = []
+        loop = asyncio.get_running_loop()
+        loop.call_later(before, os.kill, pid, signal.SIGSTOP)
+        loop.call_later(before + seconds, os.kill, pid, signal.SIGCONT)
+        until = t0 + before + seconds + after
+        await asyncio.gather(
+            closed_loop(gws[0].url, "heavy", 8, 20, until, t0, done),
+            closed_loop(gws[1].url, "light", 8, 20, until, t0, done),
+        )
+        return done
+
+    try:
+        done = asyncio.run(run())
+        peak = httpx.get(upstream.url + "/stats", timeout=5).json()["peak_running"]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+        for g in gws:
+            g.stop()
+        upstream.stop()
+        redis.stop()
+    frozen_from, frozen_to = before, before + seconds
+    result: dict[str, Any] = {"frozen_s": seconds, "upstream_peak_running": peak}
+    for tenant in ("heavy", "light"):
+        firsts = sorted(d.start + d.first for d in done if d.tenant == tenant)
+        inside = [t for t in firsts if frozen_from <= t <= frozen_to]
+        edges = [frozen_from, *inside, frozen_to]
+        result[f"{tenant}_longest_gap_s"] = round(
+            max(b - a for a, b in itertools.pairwise(edges)), 3
+        )
+        result[f"{tenant}_first_tokens_while_frozen"] = len(inside)
+        result[f"{tenant}_ttft_max_s"] = round(
+            max(
+                (
+                    d.first
+                    for d in done
+                    if d.tenant == tenant and frozen_from <= d.start <= frozen_to
+                ),
+                default=0.0,
+            ),
+            3,
+        )
+    return result
 
 
 def flood(src: Path, tmp: Path, light_requests: int = 20) -> dict[str, Any]:
@@ -217,19 +307,55 @@ def flood(src: Path, tmp: Path, light_requests: int = 20) -> dict[str, Any]:
     }
 
 
+def _summary(f: dict[str, list[Any]], cells: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        cell: {
+            "heavy_over_light": [r["heavy_over_light"] for r in f[cell]],
+            "off_the_weights": [r["off_the_weights"] for r in f[cell]],
+            "commands_per_request": [r["redis_commands_per_request_beyond_idle"] for r in f[cell]],
+            "redis_cpu_us_per_request": [
+                r["redis_cpu_us_per_request_beyond_idle"] for r in f[cell]
+            ],
+        }
+        for cell in cells
+    }
+    ingress = [r for cell in cells for r in f[cell]]
+    if ingress:
+        out["redis_idle_commands_per_s_per_replica"] = max(
+            r["redis_idle_commands_per_s_per_replica"] for r in ingress
+        )
+        out["upstream_peak_running"] = max(r["upstream_peak_running"] for r in ingress)
+    if "flood" in f:
+        out["flood_light_ttft_p90_s"] = [r["light_ttft_p90_s"] for r in f["flood"]]
+        out["flood_light_dispatched_ahead_p90"] = [
+            r["light_dispatched_ahead_p90"] for r in f["flood"]
+        ]
+    if "freeze" in f:
+        out["freeze_longest_gap_s"] = [
+            max(r["heavy_longest_gap_s"], r["light_longest_gap_s"]) for r in f["freeze"]
+        ]
+        out["freeze_upstream_peak_running"] = [r["upstream_peak_running"] for r in f["freeze"]]
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--baseline-src", type=Path, help="another tree's src, run alongside")
-    parser.add_argument("--seconds", type=float, default=24.0)
+    parser.add_argument("--seconds", type=float, default=40.0)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument(
+        "--only", help="comma-separated scenarios: skewed, mixed, flood, freeze (default: all)"
+    )
     args = parser.parse_args()
     trees = {"this": ROOT / "src"}
     if args.baseline_src:
         trees["baseline"] = args.baseline_src.resolve()
     figures: dict[str, dict[str, list[Any]]] = {name: {} for name in trees}
+    only = set(args.only.split(",")) if args.only else {"skewed", "mixed", "flood", "freeze"}
     cells = [
         (f"{kind}_{replicas}x{depth}", kind == "mixed", replicas, depth)
         for kind in ("skewed", "mixed")
+        if kind in only
         for replicas in (2, 4)
         for depth in (2, 4)
     ]
@@ -241,35 +367,14 @@ def main() -> int:
                     (cell, ingress(src, here, args.seconds, mixed, replicas, depth))
                     for cell, mixed, replicas, depth in cells
                 ]
-                results.append(("flood", flood(src, here)))
+                if "flood" in only:
+                    results.append(("flood", flood(src, here)))
+                if "freeze" in only:
+                    results.append(("freeze", freeze(src, here)))
                 for scenario, result in results:
                     print(json.dumps({"tree": name, "repeat": repeat, scenario: result}))
                     figures[name].setdefault(scenario, []).append(result)
-    summary = {
-        name: {
-            **{
-                cell: {
-                    "heavy_over_light": [r["heavy_over_light"] for r in f[cell]],
-                    "off_the_weights": [r["off_the_weights"] for r in f[cell]],
-                    "commands_per_request": [
-                        r["redis_commands_per_request_beyond_idle"] for r in f[cell]
-                    ],
-                }
-                for cell, *_ in cells
-            },
-            "redis_idle_commands_per_s_per_replica": max(
-                r["redis_idle_commands_per_s_per_replica"] for c, *_ in cells for r in f[c]
-            ),
-            "upstream_peak_running": max(
-                r["upstream_peak_running"] for c, *_ in cells for r in f[c]
-            ),
-            "flood_light_ttft_p90_s": [r["light_ttft_p90_s"] for r in f["flood"]],
-            "flood_light_dispatched_ahead_p90": [
-                r["light_dispatched_ahead_p90"] for r in f["flood"]
-            ],
-        }
-        for name, f in figures.items()
-    }
+    summary = {name: _summary(f, [cell for cell, *_ in cells]) for name, f in figures.items()}
     print(json.dumps({"summary": summary}))
     return 0
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import threading
@@ -211,8 +212,10 @@ def test_no_upstream_in_rotation_is_a_quick_503(tmp_path: Path) -> None:
 
 
 def test_requests_past_the_shutdown_grace_period_are_answered(tmp_path: Path) -> None:
-    """SIGTERM: past --shutdown-timeout a relayed stream ends with an error event and
-    [DONE], a request still queued in the gateway gets a 503; no traceback."""
+    """SIGTERM: past --shutdown-timeout a relayed stream ends with an error event, the
+    usage its client asked for, and [DONE]; a request still queued in the gateway gets
+    a 503; the metrics port answers until the drain is over; no traceback, and no
+    task left for uvicorn to cancel."""
     upstream = fake_upstream(tmp_path, "slow", token_interval=0.01)
     config = [{"url": upstream.url, "models": ["fake"], "max_concurrent": 1}]
     gw = gateway(tmp_path, config, cli=("--shutdown-timeout", "1"))
@@ -221,9 +224,16 @@ def test_requests_past_the_shutdown_grace_period_are_answered(tmp_path: Path) ->
         events: list[str] = []
         answer: list[httpx.Response] = []
         streaming = threading.Event()
+        scraped: list[int] = []  # events received when a scrape succeeded after SIGTERM
 
         def long_stream() -> None:  # 3,000 tokens 10 ms apart: far past the grace period
-            body = {"model": "fake", "prompt": "hi", "max_tokens": 3000, "stream": True}
+            body = {
+                "model": "fake",
+                "prompt": "hi",
+                "max_tokens": 3000,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
             url = f"{gw.url}/v1/completions"
             with httpx.stream("POST", url, json=body, headers=headers, timeout=60) as response:
                 for line in response.iter_lines():
@@ -244,6 +254,12 @@ def test_requests_past_the_shutdown_grace_period_are_answered(tmp_path: Path) ->
         _wait_until(lambda: sum(state(gw)["waiting"].values()) == 1)
         assert gw.popen is not None
         gw.popen.send_signal(signal.SIGTERM)
+        metrics = f"http://127.0.0.1:{gw.metrics_port}/metrics"
+        while streamer.is_alive():
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(metrics, timeout=5).status_code == 200:
+                    scraped.append(len(events))
+            time.sleep(0.1)
         streamer.join(30)
         waiter.join(30)
         code = gw.popen.wait(30)
@@ -252,13 +268,17 @@ def test_requests_past_the_shutdown_grace_period_are_answered(tmp_path: Path) ->
         upstream.stop()
 
     assert events[-1] == "[DONE]"
-    assert json.loads(events[-2])["error"]["code"] == "shutting_down"
+    usage = json.loads(events[-2])["usage"]
+    assert usage["completion_tokens"] >= 50 and usage["prompt_tokens"] > 0
+    assert json.loads(events[-3])["error"]["code"] == "shutting_down"
     assert len(events) > 50  # the grace period ran first
+    assert scraped and scraped[-1] > scraped[0]  # scraped while the drain streamed
     assert answer[0].status_code == 503
     assert answer[0].json()["error"]["code"] == "shutting_down"
     assert code == -signal.SIGTERM
     log = gw.log.read_text()
     assert "Traceback" not in log and "Exception in ASGI application" not in log
+    assert "running task" not in log, log  # uvicorn's ERROR when it has to cancel
 
 
 def test_a_timeout_mid_stream_ends_with_an_error_event(tmp_path: Path) -> None:

@@ -139,7 +139,7 @@ def test_a_share_s_fraction_of_a_slot_is_held_in_turns(redis_server: RedisServer
             await one.ledger.close()
             await two.ledger.close()
         assert set(dues) == {0, 1}
-        assert sum(dues) / len(dues) == pytest.approx(0.8, abs=0.1)
+        assert sum(dues) / len(dues) == pytest.approx(0.8, abs=0.05)
 
     asyncio.run(run())
 

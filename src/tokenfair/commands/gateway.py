@@ -94,7 +94,7 @@ def gateway(
         raise typer.Exit(code=2) from None
     import uvicorn
 
-    from tokenfair.commands.listeners import Server, bind
+    from tokenfair.commands.listeners import GracefulServer, bind, serve
     from tokenfair.edge.read_timeout import read_timeout_protocol
 
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
@@ -112,9 +112,11 @@ def gateway(
         proxy_headers=False,  # the client address is never used; skip the middleware
         timeout_graceful_shutdown=shutdown_timeout,
     )
-    server = Server(uv_config)
+    server = GracefulServer(uv_config, cut=app.proxy.cut_at_shutdown)
     sockets = bind(app, listen.host, listen.port, listen.metrics_host, listen.metrics_port)
-    server.run(sockets)
+    import uvloop
+
+    uvloop.run(serve(server, sockets))
 
 
 def _reach(settings: GatewayConfig) -> None:

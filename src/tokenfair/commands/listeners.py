@@ -1,8 +1,9 @@
 """The sockets `tokenfair serve` and `tokenfair gateway` listen on: the API port, and
-the metrics port when there is one (edge/operator_port.py), both served by one uvicorn
-server: the application tells them apart by the port a request came in on. And that
-server, which sets its start-up heap aside from the garbage collector, and, for
-`tokenfair serve`, ends what still runs at the end of its shutdown's grace period itself."""
+the metrics port when there is one (edge/operator_port.py), each served by a uvicorn
+server of its own over one application, which tells them apart by the port a request
+came in on; the metrics port's server stops once the API's has drained. And the API's
+server, which sets its start-up heap aside from the garbage collector and ends what
+still runs at the end of its shutdown's grace period itself."""
 
 from __future__ import annotations
 
@@ -109,3 +110,32 @@ class GracefulServer(Server):
                 "answers' ends",
                 len(unread),
             )
+
+
+async def serve(server: uvicorn.Server, sockets: list[socket.socket]) -> None:
+    """Serve the API socket with `server`, and the metrics socket (the second, when
+    there is one) with a server of its own that stops only once `server` has drained:
+    a scrape during the drain still answers, with what the drain serves. (One server
+    for both would close the metrics port at the signal.)"""
+    if len(sockets) < 2:
+        await server.serve(sockets)
+        return
+    api, metrics = sockets
+    config = server.config
+    pages = Server(
+        uvicorn.Config(
+            config.app,
+            lifespan="off",  # the application starts and stops with the API's server
+            log_config=None,
+            access_log=False,
+            log_level=config.log_level,
+            http=config.http,
+            proxy_headers=False,
+        )
+    )
+    pages_done = asyncio.ensure_future(pages._serve([metrics]))  # no signal handlers
+    try:
+        await server.serve([api])
+    finally:
+        pages.should_exit = True
+        await pages_done

@@ -269,7 +269,7 @@ def serve(
         )
     import uvicorn
 
-    from tokenfair.commands.listeners import GracefulServer, bind
+    from tokenfair.commands.listeners import GracefulServer, bind, serve
     from tokenfair.core.scheduler import ConfigError
     from tokenfair.edge.directory import TenantDirectory
     from tokenfair.edge.tenants import TenantsFileError, load_tenants
@@ -387,7 +387,7 @@ def serve(
 
         if tenants is not None:
             loop.add_signal_handler(signal.SIGHUP, on_hangup)
-        await server.serve(sockets)
+        await serve(server, sockets)
 
     if has("uvloop"):
         import uvloop

@@ -295,4 +295,5 @@ def create_app(config: GatewayConfig) -> Any:
         await side(scope, receive, send)
 
     app.gateway = gateway  # type: ignore[attr-defined]
+    app.proxy = proxy  # type: ignore[attr-defined]
     return app

@@ -31,9 +31,9 @@ its siblings. A tree with no group is the flat case, one level under the root.
 
 Every counter policy (vtc, wvtc, lcf, vtc-artifact, vtc-predict, vtc-oracle,
 vtc-preempt, vtc-lpm, dlpm, and the hierarchical one) keeps its counters here, and so
-do the vLLM plugin (through those policies) and the gateway's in-process counters. The
-only other copy is the gateway's Lua for Redis (gateway/replicas/lua.py), which the
-property tests check against this one.
+do the vLLM plugin (through those policies) and the gateway, each of whose replicas
+decides on a copy of these counters merged with the others' through Redis
+(gateway/replicas/redis_store.py): Redis only adds charges, the rules are all here.
 """
 
 from __future__ import annotations

@@ -9,9 +9,10 @@ router sends it (`UpstreamPool.choose`, upstreams/routing.py): which request run
 it runs are decided apart.
 
 A request that finds nothing waiting in this gateway and room upstream goes at once,
-without a turn of the dispatcher: its fairness step is one round trip (lift and
-charge in one Redis script). It is the decision the dispatcher would take, minus its
-latency; whenever requests wait, everything goes through the dispatcher.
+without a turn of the dispatcher (lifted and charged in this replica's counters). It is
+the decision the dispatcher would take, minus its latency; whenever requests wait,
+everything goes through the dispatcher. No decision waits for Redis: the counters are
+merged in the background (replicas/redis_store.py).
 
 A request retried after its upstream failed before the first byte goes ahead of every
 waiting request and is not charged again.
@@ -108,19 +109,10 @@ class Admission:
         return self.pool.choose(ticket.model, ticket.tokens, ticket.seats, prefix=ticket.prefix)
 
     async def _take_now(self, ticket: Ticket, upstream: Upstream, fairness: Fairness) -> Upstream:
-        """Dispatch at once: the slot is held before the fairness step, which then runs
-        to its end even if the client leaves meanwhile (the charge is then part of the
-        dispatch, as for any request that leaves after being dispatched)."""
+        """Dispatch at once: the slot is held, then the fairness step runs (in this
+        process, to its end without suspending)."""
         self._dispatch(ticket, upstream)
-        if not fairness.remote:  # in this process: runs to its end without suspending
-            await fairness.take_now(ticket)
-            return upstream
-        step = asyncio.ensure_future(fairness.take_now(ticket))
-        try:
-            await asyncio.shield(step)
-        except asyncio.CancelledError:
-            self.release(ticket)
-            raise
+        await fairness.take_now(ticket)
         return upstream
 
     def waiting_queues(self) -> Iterator[tuple[int, str, str, TicketQueue]]:

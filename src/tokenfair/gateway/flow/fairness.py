@@ -9,8 +9,8 @@
   `rpm:N` does), and `on_admit` is told when it goes.
 
 This seam is the one door to the counters: the dispatch charge goes with `pick` and
-`take_now`, and what a request costs as it streams (flow/meter.py) with `charge`, which
-never waits (the store buffers it), so a streamed chunk costs no round trip.
+`take_now`, and what a request costs as it streams (flow/meter.py) with `charge`. None
+of them waits for Redis (the replicas merge their counters in the background).
 """
 
 from __future__ import annotations
@@ -29,8 +29,6 @@ from tokenfair.gateway.replicas.counters import CounterStore, path_of
 
 
 class Fairness(Protocol):
-    remote: bool  # its decisions need a round trip (Redis)
-
     def order_key(self, ticket: Ticket) -> tuple: ...
     def accept(self, ticket: Ticket) -> bool: ...
     async def arrive(self, ticket: Ticket) -> None: ...
@@ -47,7 +45,6 @@ class CounterFairness:
     def __init__(self, store: CounterStore, order: OrderKey) -> None:
         self.store = store
         self.order_key = order
-        self.remote = store.remote
 
     def accept(self, ticket: Ticket) -> bool:
         return True
@@ -77,8 +74,6 @@ class CounterFairness:
 
 class PolicyFairness:
     """One of the core's ordering policies, used for its sort key and its `accept`."""
-
-    remote = False
 
     def __init__(self, spec: str) -> None:
         policy: Policy = make_policy(spec)

@@ -1,8 +1,8 @@
 """What the gateway replicas share through Redis.
 
 - VTC's counters per node of the group tree: `counters.py` (the store's interface, and
-  the store of one process), `redis_store.py` and `lua.py` (shared through Redis, every
-  decision one atomic script);
+  the store of one process), `redis_store.py` (each replica decides on its copy, which
+  `lua.py`'s script merges with Redis in the background);
 - each upstream's capacity shared as leases: `leases.py`, settled by the script of
   `lease_script.py`, with `capacity.py` (a lease and what waiting requests need, apart
   because the pool holds them and leases.py imports the pool);

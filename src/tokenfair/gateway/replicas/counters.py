@@ -1,12 +1,11 @@
 """Where VTC's counters live: the store interface and the in-memory store.
 
-The gateway's dispatcher asks a store three questions, each answered atomically:
+The gateway's dispatcher asks a store three questions, each answered at once:
 `arrive` (a request of this tenant starts waiting: apply the lift rule), `pick` (of
 these waiting tenants, which comes first? charge it), `leave` (a waiting request went
 away). `arrive_and_take` is `arrive` then `pick` of that one request in a single step: a
-request that finds nothing waiting and room upstream goes at once, with one round trip
-to Redis instead of two. Output tokens are charged with `charge`, which may be buffered
-and is flushed with the next question or within a flush interval.
+request that finds nothing waiting and room upstream goes at once. Output tokens are
+charged with `charge`.
 
 Counters are per node of the tenants' group tree (hierarchical VTC, the core's
 ledger): a tenant's `path` is its nodes from the top-level group down
@@ -17,9 +16,10 @@ the candidates, the top-level node with the smallest counter, then its child wit
 smallest counter, down to a tenant (ties: the first candidate, the oldest head). A
 flat tree is plain weighted VTC.
 
-The same rules run in Python here, through the core's ledger (one gateway, or a
-gateway that lost Redis), and in Lua in Redis (`lua.py`, several gateways), which the
-property tests check against the ledger, so both keep SPEC section 3's counters.
+The rules run here only, through the core's ledger: a gateway alone keeps one
+`LocalCounters`, and each of several replicas keeps one merged with the others' through
+Redis (`redis_store.py`), where the tenants waiting at the other replicas count as
+backlogged too (`wait_elsewhere`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ def path_of(charge: Charge) -> tuple[str, ...]:
 
 class CounterStore(Protocol):
     lift: str
-    remote: bool  # answers need a round trip (Redis); False: in this process, at once
 
     async def start(self) -> None: ...
     async def close(self) -> None: ...
@@ -158,8 +157,6 @@ class LocalCounters:
 
 class MemoryCounterStore:
     """The store of a gateway without Redis: everything in this process, nothing lags."""
-
-    remote = False
 
     def __init__(self, lift: str = "paper") -> None:
         self.lift = lift

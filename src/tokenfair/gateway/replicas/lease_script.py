@@ -5,6 +5,8 @@ Keys, under the namespace `ns` of the replicas' Redis settings (shared by every 
 - `ns:leasers`            sorted set gateway id -> its last sync (ms, Redis clock)
 - `ns:lease:s:<url>`      hash gateway id -> the requests it may have on that upstream
 - `ns:lease:t:<url>`      hash gateway id -> the in-flight tokens it may hold there
+- `ns:turns:<url>`        hash: the period, each replica's credit, and the replicas
+                          holding one more slot this period (below)
 - `ns:claims:<model>`     hash gateway id -> what its waiting requests for that model
                           ask (no field: none waits there), tab-separated: the best
                           band, the best counter, the requests and tokens it would
@@ -22,9 +24,9 @@ How an upstream is divided among the replicas whose requests wait for it (those 
 best band): in proportion to the weights waiting at each, a tenant or group waiting at
 n replicas counting 1/n of its weight at each, and none above what it would hold
 (water-filling, so what one cannot use goes to the others). A share's fraction of a
-slot is held in turns: the fractions are laid end to end and each period (of
-`period_ms`, Redis time) a golden-ratio offset says which replicas hold one more, so
-over periods each holds its exact share. The shared counters then order the tenants
+slot is held in turns, period by period (of `period_ms`, Redis time), by smooth weighted
+round robin (`ns:turns:<url>`), so that over any run of periods each holds its share to
+within one period's slot. The shared counters then order the tenants
 within each replica, and the tenant waiting at several replicas is evened out by them.
 """
 
@@ -53,15 +55,19 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local leasers = ns .. ':leasers'
 redis.call('ZADD', leasers, now, gw)
--- Long dead: every lease of theirs has been dropped where it was met by now.
-redis.call('ZREMRANGEBYSCORE', leasers, '-inf', now - 10 * ttl)
-local alive = {}
+-- Every replica's last sync, in one read: the live ones, and the long dead (every
+-- lease of theirs has been dropped where it was met by now) to forget.
+local alive, live_count, long_dead = {}, 0, {}
+local seen = redis.call('ZRANGE', leasers, 0, -1, 'WITHSCORES')
+for j = 1, #seen, 2 do
+  local at = tonumber(seen[j + 1])
+  alive[seen[j]] = at >= now - ttl
+  if alive[seen[j]] then live_count = live_count + 1 end
+  if at < now - 10 * ttl then long_dead[#long_dead + 1] = seen[j] end
+end
+if #long_dead > 0 then redis.call('ZREM', leasers, unpack(long_dead)) end
 local function live(g)
-  if alive[g] == nil then
-    local seen = redis.call('ZSCORE', leasers, g)
-    alive[g] = seen ~= false and tonumber(seen) >= now - ttl
-  end
-  return alive[g]
+  return alive[g] == true
 end
 -- What the other live replicas hold: the sum, and each one's.
 local function others(key)
@@ -85,9 +91,53 @@ local function fields(text)
   for field in string.gmatch(text, '[^\t]+') do out[#out + 1] = field end
   return out
 end
--- The capacity divided among `who` (sorted ids) by weight, none above its need; whole
--- units, the fractions held in turns period by period.
-local function share(cap, who, weight, need)
+-- Which of `who` hold one more unit this period, m of them: smooth weighted round robin,
+-- kept in `key` (the period, each replica's credit, the period's choice). Each period
+-- every replica's credit grows by its fraction, and the m with the most (ties: the
+-- first id) hold one more and lose 1 of credit: over any run of periods, each holds
+-- its fractions' sum to within one. The first sync of a period chooses; the others in
+-- it read the choice.
+local function turns(key, who, fraction, m)
+  local k = math.floor(now / period)
+  local flat = redis.call('HGETALL', key)
+  local state = {}
+  for j = 1, #flat, 2 do state[flat[j]] = flat[j + 1] end
+  local chosen = {}
+  if tonumber(state.k) == k and state.e ~= nil then
+    for g in string.gmatch(state.e, '[^ ]+') do chosen[g] = true end
+    return chosen
+  end
+  -- Credit carries over from the last period only: after a pause, every replica
+  -- starts again from its fraction.
+  local carry = tonumber(state.k) == k - 1
+  local credit, order = {}, {}
+  for _, g in ipairs(who) do
+    credit[g] = (carry and tonumber(state['c:' .. g] or '0') or 0) + fraction[g]
+    order[#order + 1] = g
+  end
+  table.sort(order, function(a, b)
+    if credit[a] ~= credit[b] then return credit[a] > credit[b] end
+    return a < b
+  end)
+  local writes, names = {'k', tostring(k)}, {}
+  for index, g in ipairs(order) do
+    if index <= m then
+      chosen[g] = true
+      credit[g] = credit[g] - 1
+      names[#names + 1] = g
+    end
+    writes[#writes + 1] = 'c:' .. g
+    writes[#writes + 1] = string.format('%.17g', credit[g])
+  end
+  writes[#writes + 1] = 'e'
+  writes[#writes + 1] = table.concat(names, ' ')
+  redis.call('HSET', key, unpack(writes))
+  return chosen
+end
+-- The capacity divided among `who` (sorted ids) by weight, none above its need
+-- (water-filling); whole units, the fractions held in turns (`turns`, when `key` is
+-- given: slots) or by the largest fractions (tokens, where one is next to nothing).
+local function share(cap, who, weight, need, key)
   local exact, active, left = {}, {}, cap
   for _, g in ipairs(who) do active[#active + 1] = g end
   while #active > 0 do
@@ -110,24 +160,44 @@ local function share(cap, who, weight, need)
     end
     active = rest
   end
-  local turn = (math.floor(now / period) * 0.6180339887498949) % 1
-  local whole, laid = {}, 0
+  local whole, fraction, laid = {}, {}, 0
   for _, g in ipairs(who) do
     local s = exact[g] or 0
-    local base = math.floor(s + 1e-9)
-    local fraction = s - base
-    whole[g] = base + math.floor(laid + fraction + turn + 1e-9) - math.floor(laid + turn + 1e-9)
-    laid = laid + fraction
+    whole[g] = math.floor(s + 1e-9)
+    fraction[g] = math.max(0, s - whole[g])
+    laid = laid + fraction[g]
+  end
+  local m = math.floor(laid + 0.5)
+  if m == 0 then return whole end
+  local extra
+  if key ~= nil then
+    extra = turns(key, who, fraction, m)
+  else
+    local order = {}
+    for _, g in ipairs(who) do order[#order + 1] = g end
+    table.sort(order, function(a, b)
+      if fraction[a] ~= fraction[b] then return fraction[a] > fraction[b] end
+      return a < b
+    end)
+    extra = {}
+    for index = 1, m do extra[order[index]] = true end
+  end
+  for g, _ in pairs(extra) do
+    if whole[g] ~= nil then whole[g] = whole[g] + 1 end
   end
   return whole
 end
 local recovering = ARGV[4] == '3'
+-- This replica's lease on one limit of an upstream. A limit of 0 (none): nothing is
+-- kept in Redis, the lease is what it wants.
 local function settle(key, cap, want, floor, held)
   local grant = want
   if recovering and grant > floor then grant = floor end
   if cap > 0 and grant > cap - held then grant = cap - held end
   if grant < floor then grant = floor end
-  if grant > 0 then redis.call('HSET', key, gw, grant) else redis.call('HDEL', key, gw) end
+  if cap > 0 then
+    if grant > 0 then redis.call('HSET', key, gw, grant) else redis.call('HDEL', key, gw) end
+  end
   return grant, held
 end
 
@@ -170,13 +240,14 @@ for _ = 1, tonumber(ARGV[i]) do
   claims[model] = byg
   i = i + 2
 end
-local live_count = redis.call('ZCOUNT', leasers, now - ttl, '+inf')
 
 local out = {}
 for _, up in ipairs(ups) do
   local key_s, key_t = ns .. ':lease:s:' .. up.url, ns .. ':lease:t:' .. up.url
-  local held_s, each_s = others(key_s)
-  local held_t, each_t = others(key_t)
+  local held_s, each_s = 0, {}
+  if up.cap_s > 0 then held_s, each_s = others(key_s) end
+  local held_t, each_t = 0, {}
+  if up.cap_t > 0 then held_t, each_t = others(key_t) end
   -- Who waits for this upstream, at which band, with which weights and needs.
   local per, best = {}, nil
   for _, model in ipairs(up.models) do
@@ -197,6 +268,7 @@ for _, up in ipairs(ups) do
     if g ~= gw then anyone_else = true end
   end
   local want_s, want_t = 0, 0
+  local due_s, due_t = {}, {}
   if not anyone_else then
     if not leaving then
       want_s = math.max(up.need_s, math.floor(up.cap_s / live_count))
@@ -222,31 +294,41 @@ for _, up in ipairs(ups) do
         need_s[g], need_t[g] = per[g].need_s, per[g].need_t
       end
     end
-    local function want(cap, mine_need, needs, held)
-      if leaving then return 0 end
-      if cap <= 0 then return mine_need end
-      local due = share(cap, who, weight, needs)
+    local function want(cap, mine_need, needs, held, turns_key)
+      if cap <= 0 then return leaving and 0 or mine_need, {} end
+      local due = share(cap, who, weight, needs, turns_key)
+      if leaving then return 0, due end
       -- Beyond its share: what no other replica holds or is due.
       local taken = 0
-      local seen = {}
+      local listed = {}
       for _, g in ipairs(who) do
         if g ~= gw then
           taken = taken + math.max(held[g] or 0, due[g])
-          seen[g] = true
-          if (held[g] or 0) ~= due[g] then told[g] = true end
+          listed[g] = true
         end
       end
       for g, h in pairs(held) do
-        if not seen[g] then taken = taken + h end
+        if not listed[g] then taken = taken + h end
       end
-      if due[gw] == nil then return 0 end
-      return math.min(mine_need, math.max(due[gw], cap - taken))
+      if due[gw] == nil then return 0, due end
+      return math.min(mine_need, math.max(due[gw], cap - taken)), due
     end
-    want_s = want(up.cap_s, up.need_s, need_s, each_s)
-    want_t = want(up.cap_t, up.need_t, need_t, each_t)
+    want_s, due_s = want(up.cap_s, up.need_s, need_s, each_s, ns .. ':turns:' .. up.url)
+    want_t, due_t = want(up.cap_t, up.need_t, need_t, each_t, nil)
   end
   local slots, others_slots = settle(key_s, up.cap_s, want_s, up.floor_s, held_s)
   local tokens, others_tokens = settle(key_t, up.cap_t, want_t, up.floor_t, held_t)
+  -- Whom to tell: a replica due more than it holds, while capacity is free now (given
+  -- back, or this one left); with a new claim, a replica holding more than its due.
+  local function tell(cap, due, each, free)
+    if cap <= 0 then return end
+    for g, d in pairs(due) do
+      local h = each[g] or 0
+      if g ~= gw and ((h < d and free > 0) or (claimed and h > d)) then told[g] = true end
+    end
+  end
+  tell(up.cap_s, due_s, each_s, up.cap_s - held_s - slots)
+  tell(up.cap_t, due_t, each_t, up.cap_t - held_t - tokens)
   out[#out + 1] = slots
   out[#out + 1] = others_slots
   out[#out + 1] = tokens

@@ -222,8 +222,9 @@ class LeaseLedger:
 
     def nudge(self, model: str) -> None:
         """A request for `model` waits here: sync now if the other replicas have not
-        heard that this one wants it, or if one of its upstreams has free capacity that
-        this replica may claim."""
+        heard that this one wants it, or if one of its upstreams may grow this replica's
+        lease: it holds less than its due and the capacity looks free, or no other
+        replica holds any of it (nobody else waits: what frees is ours)."""
         if self._nudged is None or self._nudged.is_set():
             return
         if model not in self._claimed:
@@ -232,8 +233,6 @@ class LeaseLedger:
         for upstream in self._by_model.get(model, ()):
             lease = upstream.lease
             assert lease is not None
-            if lease.giving_back:
-                continue
             cap = upstream.config
             slots_free = (
                 cap.max_concurrent is None or lease.slots + lease.others_slots < cap.max_concurrent
@@ -242,7 +241,9 @@ class LeaseLedger:
                 cap.max_inflight_tokens is None
                 or lease.tokens + lease.others_tokens < cap.max_inflight_tokens
             )
-            if slots_free and tokens_free:
+            owed = lease.slots < lease.keep_slots or lease.tokens < lease.keep_tokens
+            alone = not lease.others_slots and not lease.others_tokens
+            if slots_free and tokens_free and (owed or alone):
                 self._nudged.set()
                 return
 

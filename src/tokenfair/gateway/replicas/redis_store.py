@@ -68,7 +68,7 @@ def _waiting_elsewhere(entries: list[Any]) -> dict[str, tuple[str, ...]]:
 
 
 class RedisCounterStore:
-    remote = False  # every decision is taken here; Redis is merged in the background
+    """The counters of one band, decided here and merged with Redis (module doc)."""
 
     def __init__(
         self,

@@ -87,6 +87,26 @@ Send = Any
 class CompletionProxy:
     def __init__(self, gateway: ProxyParts) -> None:
         self.gw = gateway
+        # The requests being served (waiting, or relaying), with what went out of each.
+        self._serving: dict[asyncio.Future[None], ClientResponse] = {}
+
+    def cut_at_shutdown(self) -> None:
+        """The shutdown's grace period is over: end every request still being served. A
+        stream ends with what it was sent, a `shutting_down` error event, its usage (when
+        asked) and `[DONE]`; a request not yet answered gets a 503. They end
+        themselves, so the server's shutdown then finds nothing left to cancel."""
+        serving = list(self._serving.items())
+        streams = sum(response.event_stream for _, response in serving)
+        for work, response in serving:
+            response.cut_by = shutting_down()
+            work.cancel()
+        if serving:
+            log.info(
+                "shutting down: %d streams and %d other requests still running after the "
+                "grace period were cut",
+                streams,
+                len(serving) - streams,
+            )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         response = ClientResponse(send)
@@ -107,21 +127,22 @@ class CompletionProxy:
         except ClientGone:  # the client left while sending its body
             return
         work = asyncio.ensure_future(self._serve(call, tenant, prompt, response, arrival))
+        self._serving[work] = response
         watcher = asyncio.ensure_future(self._watch(receive))
-        stopping = False
         try:
             await asyncio.wait((work, watcher), return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:  # the shutdown's grace period ran out
-            stopping = True
+        except asyncio.CancelledError:  # uvicorn's own timeout, past the cut: a backstop
+            response.cut_by = response.cut_by or shutting_down()
         finally:
             watcher.cancel()
             if not work.done():  # the client is gone, or the gateway stops: abandon it
                 work.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await work
-        if stopping:
+            del self._serving[work]
+        if response.cut_by is not None and not response.complete:
             with contextlib.suppress(OSError):
-                await response.cut_short(shutting_down())
+                await response.cut_short(response.cut_by)
 
     @staticmethod
     async def _watch(receive: Receive) -> None:

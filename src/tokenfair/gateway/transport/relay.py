@@ -5,6 +5,7 @@ request ended, as the metrics count it."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Callable
@@ -48,13 +49,16 @@ Send = Any
 class ClientResponse:
     """What has been sent to the client so far."""
 
-    __slots__ = ("complete", "event_stream", "send", "started")
+    __slots__ = ("complete", "cut_by", "event_stream", "send", "started")
 
     def __init__(self, send: Send) -> None:
         self.send = send
         self.started = False
         self.event_stream = False  # relaying server-sent events
         self.complete = False
+        # Set when the gateway cuts the request short (its shutdown's grace period is
+        # over): the relay ends the stream with it before its task is cancelled.
+        self.cut_by: APIError | None = None
 
     async def start(self, status: int, headers: list[tuple[bytes, bytes]]) -> None:
         self.started = True
@@ -178,13 +182,13 @@ async def relay_stream(
             type="upstream_error",
             code=ErrorCode.UPSTREAM_UNAVAILABLE,
         )
-        # Ended as the server ends a stream it cuts: the error event, the usage (what
-        # the tenant is charged) when the client asked for it, and [DONE].
-        end = b"data: " + orjson.dumps(event.body()) + b"\n\n"
-        if call.client_wants_usage:
-            end += reader.usage_event(int(meter.prompt), int(meter.output), int(meter.cached))
-        await response.body(end + b"data: [DONE]\n\n", more=False)
+        await _end_stream(call, reader, meter, response, event)
         return UPSTREAM_FAILED
+    except asyncio.CancelledError:
+        if response.cut_by is not None and not response.complete:  # the gateway stops
+            with contextlib.suppress(OSError):
+                await _end_stream(call, reader, meter, response, response.cut_by)
+        raise
     await response.body(reader.tail(), more=False)
     if not meter.usage_seen:
         meter.on_unfinished(failed=False)
@@ -193,3 +197,14 @@ async def relay_stream(
     if reader.error is not None:  # an error event in the stream
         return Outcome("error", "upstream_error")
     return Outcome.finished(reader.finish_reason)
+
+
+async def _end_stream(
+    call: CompletionCall, reader: SSEReader, meter: Meter, response: ClientResponse, why: APIError
+) -> None:
+    """End a stream as the server ends one it cuts: the error event, the usage (what the
+    tenant is charged) when the client asked for it, and [DONE]."""
+    end = b"data: " + orjson.dumps(why.body()) + b"\n\n"
+    if call.client_wants_usage:
+        end += reader.usage_event(int(meter.prompt), int(meter.output), int(meter.cached))
+    await response.body(end + b"data: [DONE]\n\n", more=False)
