@@ -25,8 +25,7 @@ figures over the baseline's show how far two identical targets differ in the run
 resolution of this tree's comparison with the baseline. With `--plain-engine`, one more
 gateway with Redis whose upstreams are `engine: openai`: what telling the upstream the
 tenant (the default engine's `cache_salt` and `vllm_xargs` in every body) costs.
-Each model is listed twice, as two upstreams on the same server, so that routing has a
-choice to make. `--prompt-bytes N` gives every request a system prompt of N bytes, one
+Each model is served by two upstream servers, so that routing has a choice to make. `--prompt-bytes N` gives every request a system prompt of N bytes, one
 per connection (a conversation repeating its prefix, as routing by prefix expects).
 Prints one JSON line per measurement and a summary line: the prefix-affinity gateway's
 figures over the least-loaded one's, this tree's over the baseline's, and how many
@@ -292,23 +291,27 @@ def main() -> None:
     results: dict[tuple[str, str], dict[str, Any]] = {}
     try:
         ports = {"short": free_port(), "stream": free_port()}
+        # A second server of each model: routing has a choice to make (one engine may
+        # not be listed twice, its capacity would count twice).
+        twins = {"short": free_port(), "stream": free_port()}
         for name, interval in (("short", "0"), ("stream", str(STREAM_TOKEN_S))):
-            procs.append(
-                _start(
-                    [
-                        sys.executable,
-                        "-m",
-                        "tests.gateway.fake_upstream",
-                        "--port",
-                        str(ports[name]),
-                        "--token-interval",
-                        interval,
-                    ],
-                    tmp / f"{name}.log",
-                    env,
+            for copy, port in enumerate((ports[name], twins[name])):
+                procs.append(
+                    _start(
+                        [
+                            sys.executable,
+                            "-m",
+                            "tests.gateway.fake_upstream",
+                            "--port",
+                            str(port),
+                            "--token-interval",
+                            interval,
+                        ],
+                        tmp / f"{name}-{copy}.log",
+                        env,
+                    )
                 )
-            )
-        for port in ports.values():
+        for port in (*ports.values(), *twins.values()):
             _wait_http(f"http://127.0.0.1:{port}", "/health", 30)
         targets = {
             "direct": {
@@ -332,8 +335,8 @@ def main() -> None:
                 "max_concurrent": 100000,
                 "name": f"{m}-{copy}",
             }
-            for m, p in ports.items()
-            for copy in (0, 1)
+            for m in ports
+            for copy, p in enumerate((ports[m], twins[m]))
         ]
         gateways: dict[str, dict[str, Any]] = {
             "tokenfair": {"routing": "prefix-affinity"},
