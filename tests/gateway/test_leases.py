@@ -238,6 +238,55 @@ def test_a_sync_answered_late_never_overwrites_a_later_one(redis_server: RedisSe
     asyncio.run(run())
 
 
+def test_capacity_given_back_reaches_the_replica_owed_it_without_its_own_sync(
+    redis_server: RedisServer,
+) -> None:
+    """`one` holds the 4 slots, `two` is due 2: as `one`'s requests end, its sync grants
+    the freed slots to `two` in Redis and announces them; `two` applies the
+    announcement without a sync of its own (a handover costs one sync, not two), and
+    an announcement older than its last sync is not applied (that sync may have
+    lowered its lease since)."""
+    import redis.asyncio as aioredis
+
+    async def run() -> None:
+        listener = aioredis.Redis.from_url(redis_server.url).pubsub()
+        await listener.subscribe("cap:leases")
+        one, two = Replica(redis_server, "a1"), Replica(redis_server, "a2")
+        try:
+            one.wants(6, counter=0.0)
+            await one.ledger.sync()
+            one.run(4)
+            two.wants(4, counter=0.0)
+            await two.ledger.sync()  # its claim
+            await one.ledger.sync()  # one hears it: it gives back, down to its due of 2
+            assert one.upstream.lease is not None and one.upstream.lease.giving_back
+            for _ in range(2):
+                one.upstream.release(10)
+            await one.ledger.sync()  # what frees is granted to two, and announced
+            held = await one.ledger._redis.hget(f"cap:lease:s:{CAP.url}", "a2")
+            assert int(held or 0) == 2 and two.slots == 0
+            said: list[str] = []
+            for _ in range(20):  # what was published so far (None: a subscription reply)
+                message = await listener.get_message(True, timeout=0.05)
+                if message is not None:
+                    said.append(message["data"].decode())
+            granted = [m for m in said if f"a2\t{CAP.url}\t2\t" in m]
+            assert granted, said
+            stale = "0" + granted[-1][granted[-1].index("\n") :]  # as old as can be
+            two.ledger._announced(stale)
+            assert two.slots == 0
+            two.ledger._announced(granted[-1])
+            assert two.slots == 2
+            two.run(2)
+            assert one.upstream.running + two.upstream.running == 4
+        finally:
+            await listener.aclose()
+            await one.ledger.close()
+            await two.ledger.close()
+
+    asyncio.run(run())
+
+
 def test_what_a_replica_dispatches_during_its_sync_is_never_leased_twice(
     redis_server: RedisServer,
 ) -> None:

@@ -16,9 +16,10 @@ Keys, under the namespace `ns` of the replicas' Redis settings (shared by every 
 A gateway whose last sync is older than the TTL is dead: its fields are dropped where
 they are met, so its capacity returns to the pool. Upstreams are keyed by URL, which
 every replica's config gives alike. A sync that gives capacity back, makes a claim for
-a model this replica had none for, or is a replica's last, publishes on the channel
-`ns:leases` the ids of the replicas whose due differs from what they hold, and those
-sync at once.
+a model this replica had none for, or is a replica's last, grants what is free to the
+replicas due more than they hold, and publishes on the channel `ns:leases` their new
+leases (they apply them without a sync) and the ids of the replicas holding more than
+their due (they sync at once).
 
 How an upstream is divided among the replicas whose requests wait for it (those at the
 best band): in proportion to the weights waiting at each, a tenant or group waiting at
@@ -50,7 +51,7 @@ SYNC = r"""
 local ns, gw, ttl, period = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[5])
 local leaving = ARGV[4] == '2'
 local announcing = ARGV[4] ~= '0'
-local told = {}  -- the replicas to tell: their due and what they hold differ
+local told = {}  -- id and upstream -> what to tell that replica (below)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local leasers = ns .. ':leasers'
@@ -269,6 +270,7 @@ for _, up in ipairs(ups) do
   end
   local want_s, want_t = 0, 0
   local due_s, due_t = {}, {}
+  local who_sorted = {}
   if not anyone_else then
     if not leaving then
       want_s = math.max(up.need_s, math.floor(up.cap_s / live_count))
@@ -283,6 +285,7 @@ for _, up in ipairs(ups) do
       end
     end
     table.sort(who)
+    who_sorted = who
     local weight, need_s, need_t = {}, {}, {}
     for _, g in ipairs(who) do
       local w = 0
@@ -318,17 +321,32 @@ for _, up in ipairs(ups) do
   end
   local slots, others_slots = settle(key_s, up.cap_s, want_s, up.floor_s, held_s)
   local tokens, others_tokens = settle(key_t, up.cap_t, want_t, up.floor_t, held_t)
-  -- Whom to tell: a replica due more than it holds, while capacity is free now (given
-  -- back, or this one left); with a new claim, a replica holding more than its due.
-  local function tell(cap, due, each, free)
-    if cap <= 0 then return end
-    for g, d in pairs(due) do
-      local h = each[g] or 0
-      if g ~= gw and ((h < d and free > 0) or (claimed and h > d)) then told[g] = true end
+  -- Whom to tell, when capacity was given back, a claim is new or this replica
+  -- leaves: a replica due more than it holds, while capacity is free, is granted it
+  -- here (its lease in Redis grows, and the announcement carries the new lease: it
+  -- needs no sync of its own); with a new claim, a replica holding more than its due
+  -- is told to sync (it gives back as its requests end).
+  local function tell(cap, due, each, free, key, which)
+    if cap <= 0 or not (announcing or claimed) then return end
+    for _, g in ipairs(who_sorted) do
+      local d, h = due[g], each[g] or 0
+      if d ~= nil and g ~= gw then
+        local entry = told[g .. '\t' .. up.url]
+        if h < d and free > 0 then
+          local lease = h + math.min(d - h, free)
+          free = free - (lease - h)
+          redis.call('HSET', key, g, lease)
+          entry = entry or {g = g, url = up.url}
+          entry[which] = lease
+        elseif claimed and h > d then
+          entry = entry or {g = g, url = up.url}
+        end
+        told[g .. '\t' .. up.url] = entry
+      end
     end
   end
-  tell(up.cap_s, due_s, each_s, up.cap_s - held_s - slots)
-  tell(up.cap_t, due_t, each_t, up.cap_t - held_t - tokens)
+  tell(up.cap_s, due_s, each_s, up.cap_s - held_s - slots, key_s, 's')
+  tell(up.cap_t, due_t, each_t, up.cap_t - held_t - tokens, key_t, 't')
   out[#out + 1] = slots
   out[#out + 1] = others_slots
   out[#out + 1] = tokens
@@ -340,13 +358,15 @@ out[#out + 1] = live_count
 out[#out + 1] = now
 -- Capacity given back, a new claim, or this replica leaving: the replicas whose due
 -- now differs from what they hold sync at once.
-if announcing or claimed then
-  local names = {}
-  for g, _ in pairs(told) do names[#names + 1] = g end
-  if #names > 0 then
-    table.sort(names)
-    redis.call('PUBLISH', ns .. ':leases', table.concat(names, ' '))
-  end
+-- The announcement: Redis's time, then a line per replica and upstream told: its id,
+-- the upstream, and the lease granted it here ('' if none: it is to sync).
+local lines = {}
+for _, entry in pairs(told) do
+  lines[#lines + 1] = entry.g .. '\t' .. entry.url .. '\t' .. (entry.s or '') .. '\t' .. (entry.t or '')
+end
+if #lines > 0 then
+  table.sort(lines)
+  redis.call('PUBLISH', ns .. ':leases', tostring(now) .. '\n' .. table.concat(lines, '\n'))
 end
 return out
 """

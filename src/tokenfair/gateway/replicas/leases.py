@@ -74,6 +74,8 @@ _FAILURES = (RedisError, OSError, asyncio.TimeoutError)
 STARTUP_GRACE_S = 1.0
 # How long an outage lasts before a lease below this replica's share is raised to it.
 RAISE_AFTER_S = 0.5
+# How soon a lost subscription to the announcements is made again.
+LISTEN_AGAIN_S = 0.5
 # A periodic sync goes this long after a period begins (Redis's clock), so that every
 # replica's lands in the new period.
 PERIOD_MARGIN_S = 0.01
@@ -126,6 +128,7 @@ class LeaseLedger:
         self._channel = f"{namespace}:leases"
         self._sync = self._redis.register_script(SYNC)
         self._by_model: dict[str, list[Upstream]] = {}
+        self._by_url = {upstream.url: upstream for upstream in upstreams}
         for upstream in upstreams:
             upstream.lease = Lease(on_give_back=self._gave_back)
             for model in upstream.config.models:
@@ -168,24 +171,57 @@ class LeaseLedger:
                 await client.aclose()
 
     async def _listen(self) -> None:
-        """Sync at once when another replica's sync names this one: its due and what it
-        holds differ (capacity given back may be ours now, or a new claim makes us give
-        some back)."""
-        me = self.gateway_id.encode()
+        """Another replica's sync named this one (lease_script.py): apply the lease it
+        granted here, or sync at once."""
         while not self._closing:
             pubsub = self._listener.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(self._channel)
                 async for message in pubsub.listen():
-                    named = message.get("data")
-                    told = isinstance(named, bytes) and me in named.split(b" ")
-                    if told and self._nudged is not None:
-                        self._nudged.set()
-            except _FAILURES:  # Redis away: the syncs notice it; listen again later
-                await asyncio.sleep(self.idle_interval_s)
+                    data = message.get("data")
+                    if isinstance(data, bytes):
+                        try:
+                            self._announced(data.decode())
+                        except Exception:  # a bug must not stop the listening
+                            log.exception("upstream capacity leases: an announcement failed")
+            except _FAILURES:  # Redis away: the syncs notice it; listen again soon
+                await asyncio.sleep(min(self.idle_interval_s, LISTEN_AGAIN_S))
             finally:
                 with contextlib.suppress(*_FAILURES):
                     await pubsub.aclose()
+
+    def _announced(self, text: str) -> None:
+        """A lease granted in Redis by another replica's sync is applied here when no
+        sync of this replica is in flight (its answer could be about to lower it) and
+        the grant is newer than this replica's last sync (which may have lowered it
+        since); otherwise this replica syncs, and hears of it so."""
+        head, _, body = text.partition("\n")
+        try:
+            at = int(head)
+        except ValueError:
+            return
+        mine = [
+            line.split("\t") for line in body.split("\n") if line.split("\t")[0] == self.gateway_id
+        ]
+        if not mine:
+            return
+        applies = not self._syncing.locked() and (self._redis_now_ms or 0) < at
+        grew = False
+        for fields in mine:
+            upstream = self._by_url.get(fields[1]) if len(fields) == 4 else None
+            granted = upstream is not None and (fields[2] or fields[3])
+            if not (applies and granted):
+                if self._nudged is not None:
+                    self._nudged.set()
+                continue
+            assert upstream is not None and upstream.lease is not None
+            lease = upstream.lease
+            if fields[2] and int(fields[2]) > lease.slots:
+                lease.slots, grew = int(fields[2]), True
+            if fields[3] and int(fields[3]) > lease.tokens:
+                lease.tokens, grew = int(fields[3]), True
+        if grew:
+            self.on_grant()
 
     def _gave_back(self) -> None:
         self._announce = True
