@@ -262,6 +262,7 @@ def test_capacity_given_back_reaches_the_replica_owed_it_without_its_own_sync(
             assert one.upstream.lease is not None and one.upstream.lease.giving_back
             for _ in range(2):
                 one.upstream.release(10)
+            await asyncio.sleep(0.01)  # Redis's clock (ms) past two's last sync
             await one.ledger.sync()  # what frees is granted to two, and announced
             held = await one.ledger._redis.hget(f"cap:lease:s:{CAP.url}", "a2")
             assert int(held or 0) == 2 and two.slots == 0

@@ -78,12 +78,8 @@ class ListenConfig(_Strict):
 class RedisConfig(_Strict):
     url: str = "redis://127.0.0.1:6379/0"
     namespace: str = Field(default="tokenfair", min_length=1)
-    # Short: a Redis that does not answer must not hold the background syncs up (no
-    # request ever waits for one).
-    timeout_s: float = Field(default=0.25, gt=0)
-    # The shared counters are merged after `sync_every` dispatches of this replica, no
-    # sooner than `flush_interval_s` after the last merge and at least every
-    # `heartbeat_s` (docs/deploy.md: what this staleness costs).
+    timeout_s: float = Field(default=0.25, gt=0)  # short: a dead Redis holds no sync up
+    # Counters merge after `sync_every` dispatches, `flush_interval_s` to `heartbeat_s` apart.
     flush_interval_s: float = Field(default=0.05, gt=0)
     heartbeat_s: float = Field(default=1.0, gt=0)
     sync_every: int = Field(default=16, ge=1)

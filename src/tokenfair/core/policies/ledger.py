@@ -18,9 +18,8 @@ its siblings. A tree with no group is the flat case, one level under the root.
   its backlogged siblings, or, with none, to the counter of the sibling admitted last
   (`paper`); the paper artifact's rule skips the second case (`artifact`), `none` never
   lifts (least counter first). So idle time cannot be banked as credit.
-- **Charges**: the prompt at the first admission (its cached tokens at the configured
-  share, core/cost.py), every output token as the driver reports it (the first one
-  free under the paper's router, which makes it in the prefill step).
+- **Charges**: the prompt at the first admission (cached tokens at their share,
+  core/cost.py), each output token as reported (the paper's router: the first free).
 - **Rebasing**: a float64 counter far larger than a charge no longer registers it, so
   each level keeps its children's counters less a base of its own: an admission that
   finds the level's reference (the least counter of its backlogged children and the
@@ -29,11 +28,7 @@ its siblings. A tree with no group is the flat case, one level under the root.
   changes, bar a node more than REBASE_AT behind: it keeps that much of its credit.
   `counter(s)` add the base back.
 
-Every counter policy (vtc, wvtc, lcf, vtc-artifact, vtc-predict, vtc-oracle,
-vtc-preempt, vtc-lpm, dlpm, and the hierarchical one) keeps its counters here, and so
-do the vLLM plugin (through those policies) and the gateway, each of whose replicas
-decides on a copy of these counters merged with the others' through Redis
-(gateway/replicas/redis_store.py): Redis only adds charges, the rules are all here.
+Every counter policy, the vLLM plugin and the gateway's replicas keep theirs here.
 """
 
 from __future__ import annotations
@@ -328,11 +323,9 @@ class CounterLedger:
                 self._rebase(parent, level, node)
 
     def admitted_elsewhere(self, parent: str, node: str) -> None:
-        """Another copy of these counters admitted `node` last under `parent` (the
-        gateway's replicas): the lift's reference at that level, with no rebase (the
-        copy that admitted it rebased its own)."""
-        if node not in self._counter:
-            self._counter[node] = self._fresh(parent)
+        """Another copy of these counters (a gateway replica) admitted `node` last under
+        `parent`: the lift's reference there, with no rebase (that copy did its own)."""
+        self._counter.setdefault(node, self._fresh(parent))
         self._level(parent).last = node
 
     def _rebase(self, parent: str, level: _Level, admitted: str) -> None:

@@ -370,3 +370,29 @@ if #lines > 0 then
 end
 return out
 """
+
+
+def claim_text(claim: tuple[int, float], slots: int, tokens: int, nodes: dict[str, float]) -> str:
+    """A replica's claim for a model, as `ns:claims:<model>` holds it: its best band and
+    counter, the requests and tokens it would hold, and the nodes waiting, weighted."""
+    band, counter = claim
+    weighted = (f"{node}\t{weight!r}" for node, weight in sorted(nodes.items()))
+    return "\t".join((str(band), repr(counter), str(slots), str(tokens), *weighted))
+
+
+Grant = tuple[str, int | None, int | None]  # upstream URL, slots, tokens (None: none)
+
+
+def announced(text: str, gateway_id: str) -> tuple[int, list[Grant]]:
+    """An announcement on `ns:leases`: Redis's time when it was made, and what it says
+    to `gateway_id`, per upstream (a lease granted, or nothing: sync)."""
+    head, _, body = text.partition("\n")
+    if not head.isdigit():
+        return 0, []
+    grants: list[Grant] = []
+    for line in body.split("\n"):
+        fields = line.split("\t")
+        if len(fields) == 4 and fields[0] == gateway_id:
+            slots, tokens = (int(f) if f else None for f in fields[2:])
+            grants.append((fields[1], slots, tokens))
+    return int(head), grants

@@ -3,47 +3,24 @@
 `max_concurrent` and `max_inflight_tokens` are the upstream's, however many gateway
 replicas send to it. With `redis:` set (and `share_capacity`, the default), each
 replica holds a lease on part of each upstream's capacity and dispatches within it on
-its own, with no round trip per request; one Lua script (`SYNC`, lease_script.py)
-settles all of a replica's leases atomically, so the leases of the live replicas never
-add up to more than an upstream's capacity. A replica syncs every `flush_interval_s`
-(50 ms) while it has requests waiting, at once when a waiting request could grow its
-lease, when it gave capacity back or when another replica made a new claim (its sync
-publishes it), and every `heartbeat_s` (1 s) otherwise.
-
-What a replica asks for, per upstream:
-
-- its running requests and in-flight tokens, which it never gives back;
-- plus what its waiting requests for the upstream's models need, unless another
-  replica has the better claim on it: a request waiting there in a higher band, or in
-  the same band with a smaller VTC counter (the counters are shared, so they compare).
-  Then it gives back every slot that frees, its lease following its running requests
-  down, until its own claim is the better one again: the pool's next free slot goes
-  where VTC would send it, whichever replica holds the request;
-- while no other replica waits for the upstream, at least its share of the capacity
-  (the capacity over the live replicas) in reserve: a request finds room at once,
-  routing has a choice, and a steady load asks Redis for nothing. Replicas sharing an
-  upstream start where a per-replica split of it would put them, and grow past it
-  into what the others leave unused (one sync: a round trip).
-
-A replica whose last sync is older than `gateway_ttl_s` is dead: the next sync of any
-replica using the upstream drops its leases, and its capacity returns to the pool.
+its own, with no round trip per request; one Lua script (`SYNC`, lease_script.py, which
+says how an upstream is divided) settles all of a replica's leases atomically, so the
+leases of the live replicas never add up to more than an upstream's capacity. Redis
+always holds at least a replica's lease: a lease shrinks only here, as what runs ends,
+and Redis hears of it at the next sync. A replica syncs just after each period begins
+(`heartbeat_s`, Redis's clock), when it gives capacity back, when a request waits and
+its lease may grow, and when another replica's announcement names it; a lease granted
+it by another replica's sync arrives in the announcement. A replica whose last sync is
+older than `gateway_ttl_s` is dead: its capacity returns to the pool.
 
 Redis unreachable (down, frozen, or not yet up when the gateway starts), the replica
-fails open. Claims heard before the outage are dropped, so it gives nothing more back
-on their strength (a lease that followed its running requests down would reach 0, and
-dispatch would stop for Redis). Its share of an upstream is the capacity over the live
-replicas it last saw (itself alone before any sync succeeded). After `RAISE_AFTER_S`
-(0.5 s) of outage, a lease below that share is raised to it, and none is lowered: a
-replica that held next to nothing when Redis froze dispatches again within a second,
-not after `gateway_ttl_s`. Meanwhile the upstream may be sent more than its capacity:
-by at most the raised shares, under twice the capacity however many replicas there
-are, for at most `gateway_ttl_s` (5 s). Once the outage has lasted `gateway_ttl_s`
-(when the replicas that still reach Redis count this one as dead), or `STARTUP_GRACE_S`
-if it never reached Redis since it started (a first answer that is merely slow, on a
-loaded machine, must not hand it the whole capacity while the others share it), each
-of its leases becomes exactly its share, so replicas cut off together are back within
-the capacity. A replica cut off alone, while the others still reach Redis, may
-overshoot by its share. The next sync that succeeds settles every lease again.
+fails open: it stops giving back, and after `RAISE_AFTER_S` (0.5 s) a lease below its
+share (the capacity over the live replicas it last saw) is raised to it and none is
+lowered, so it dispatches again within a second; the upstream may meanwhile be sent up
+to the raised shares more than its capacity, for at most `gateway_ttl_s`. Once the
+outage has lasted `gateway_ttl_s` (`STARTUP_GRACE_S` if it never reached Redis), each
+lease becomes exactly its share. The first sync that succeeds grows no lease (what Redis
+holds of the others may be gone), and settles every lease again.
 """
 
 from __future__ import annotations
@@ -60,7 +37,8 @@ from redis.exceptions import RedisError
 
 from tokenfair.edge.tasks import cancel_and_wait
 from tokenfair.gateway.replicas.capacity import Lease, ModelDemand
-from tokenfair.gateway.replicas.lease_script import SYNC
+from tokenfair.gateway.replicas.lease_outage import fail_open
+from tokenfair.gateway.replicas.lease_script import SYNC, announced, claim_text
 from tokenfair.gateway.replicas.redis_client import connect, subscriber
 from tokenfair.gateway.upstreams.pool import Upstream
 
@@ -89,10 +67,8 @@ class _Want:
     upstream: Upstream
     slots: int  # what it would hold: what runs and what waits
     tokens: int
-    # What it may be using while the sync is in flight, which Redis must keep for it:
-    # its lease here (never less than what runs). A lease only shrinks here, as what
-    # runs ends, and Redis hears of it at the next sync: so Redis always holds at least
-    # every replica's lease, and the leases never add up to more than the capacity.
+    # What it may use while the sync is in flight, which Redis must keep for it: its
+    # lease here (never less than what runs; module doc).
     floor_slots: int
     floor_tokens: int
 
@@ -195,31 +171,19 @@ class LeaseLedger:
         sync of this replica is in flight (its answer could be about to lower it) and
         the grant is newer than this replica's last sync (which may have lowered it
         since); otherwise this replica syncs, and hears of it so."""
-        head, _, body = text.partition("\n")
-        try:
-            at = int(head)
-        except ValueError:
-            return
-        mine = [
-            line.split("\t") for line in body.split("\n") if line.split("\t")[0] == self.gateway_id
-        ]
-        if not mine:
-            return
+        at, granted = announced(text, self.gateway_id)
         applies = not self._syncing.locked() and (self._redis_now_ms or 0) < at
         grew = False
-        for fields in mine:
-            upstream = self._by_url.get(fields[1]) if len(fields) == 4 else None
-            granted = upstream is not None and (fields[2] or fields[3])
-            if not (applies and granted):
+        for url, slots, tokens in granted:
+            lease = self._by_url[url].lease if url in self._by_url else None
+            if lease is None or not applies or (slots is None and tokens is None):
                 if self._nudged is not None:
                     self._nudged.set()
                 continue
-            assert upstream is not None and upstream.lease is not None
-            lease = upstream.lease
-            if fields[2] and int(fields[2]) > lease.slots:
-                lease.slots, grew = int(fields[2]), True
-            if fields[3] and int(fields[3]) > lease.tokens:
-                lease.tokens, grew = int(fields[3]), True
+            if slots is not None and slots > lease.slots:
+                lease.slots, grew = slots, True
+            if tokens is not None and tokens > lease.tokens:
+                lease.tokens, grew = tokens, True
         if grew:
             self.on_grant()
 
@@ -302,12 +266,10 @@ class LeaseLedger:
     def _claim(self, model: str, need: ModelDemand) -> str:
         """What this replica's requests waiting for `model` ask (lease_script.py)."""
         assert need.claim is not None
-        band, counter = need.claim
         upstreams = self._by_model.get(model, ())
         slots = need.seats + sum(max(0, u.running) for u in upstreams)
         tokens = need.tokens + sum(max(0, u.inflight_tokens) for u in upstreams)
-        nodes = (f"{node}\t{weight!r}" for node, weight in sorted(need.nodes.items()))
-        return "\t".join((str(band), repr(counter), str(slots), str(tokens), *nodes))
+        return claim_text(need.claim, slots, tokens, need.nodes)
 
     def _args(
         self,
@@ -422,29 +384,7 @@ class LeaseLedger:
                 self._live,
                 self.ttl_s if self._synced else min(self.ttl_s, STARTUP_GRACE_S),
             )
-        # Shares heard before the outage are stale: giving back on them would take the
-        # lease down as requests finish, and dispatch would stop for Redis.
-        for upstream in self.upstreams:
-            assert upstream.lease is not None
-            upstream.lease.giving_back = False
         grace = self.ttl_s if self._synced else min(self.ttl_s, STARTUP_GRACE_S)
         lasted = now - self._failing_since
-        if lasted < min(grace, RAISE_AFTER_S):
-            return  # a blip: the leases as they are
-        # Past RAISE_AFTER_S a lease below this replica's share is raised to it (none is
-        # lowered yet: the others may still count this replica's leases), so that no
-        # tenant of this replica waits for Redis; past the grace, every lease is exactly
-        # the share, and replicas cut off together are back within the capacity.
-        exact = lasted >= grace
-        grew = False
-        for upstream in self.upstreams:
-            lease, cap = upstream.lease, upstream.config
-            assert lease is not None
-            slots = max(1, cap.max_concurrent // self._live) if cap.max_concurrent else 0
-            tokens = max(1, cap.max_inflight_tokens // self._live) if cap.max_inflight_tokens else 0
-            if not exact:
-                slots, tokens = max(slots, lease.slots), max(tokens, lease.tokens)
-            grew = grew or slots > lease.slots or tokens > lease.tokens
-            lease.slots, lease.tokens = slots, tokens
-        if grew:
+        if fail_open(self.upstreams, self._live, lasted, grace, RAISE_AFTER_S):
             self.on_grant()

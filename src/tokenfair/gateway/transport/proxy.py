@@ -91,10 +91,9 @@ class CompletionProxy:
         self._serving: dict[asyncio.Future[None], ClientResponse] = {}
 
     def cut_at_shutdown(self) -> None:
-        """The shutdown's grace period is over: end every request still being served. A
-        stream ends with what it was sent, a `shutting_down` error event, its usage (when
-        asked) and `[DONE]`; a request not yet answered gets a 503. They end
-        themselves, so the server's shutdown then finds nothing left to cancel."""
+        """The shutdown's grace period is over: end every request still served (a stream
+        with a `shutting_down` event, its usage when asked, `[DONE]`; else a 503), so
+        that the server's shutdown then finds nothing left to cancel."""
         serving = list(self._serving.items())
         streams = sum(response.event_stream for _, response in serving)
         for work, response in serving:
