@@ -150,10 +150,6 @@ class RedisCounterStore:
                 log.exception("shared counters: the sync failed")
                 self._synced_at = time.monotonic()
 
-    async def heartbeat_now(self) -> None:
-        """Merge with Redis now (tests, shutdown)."""
-        await self.sync()
-
     # --- one sync ---
     async def sync(self) -> None:
         async with self._syncing:
