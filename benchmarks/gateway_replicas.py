@@ -131,13 +131,14 @@ def ingress(
         idle = (redis_commands(redis.url) - idle_start) / IDLE_S
         idle_cpu = (redis_cpu_s(redis.url) - idle_cpu_start) / IDLE_S
         before, cpu_before = redis_commands(redis.url), redis_cpu_s(redis.url)
-        scripts_before = redis_scripts_run(redis.url)
+        scripts_before, script_us_before = redis_scripts_run(redis.url)
         load_began = time.perf_counter()
         done = asyncio.run(run())
         load_s = time.perf_counter() - load_began
         commands = redis_commands(redis.url) - before
         cpu = redis_cpu_s(redis.url) - cpu_before
-        scripts = redis_scripts_run(redis.url) - scripts_before
+        scripts, script_us = redis_scripts_run(redis.url)
+        scripts, script_us = scripts - scripts_before, script_us - script_us_before
         peak = httpx.get(upstream.url + "/stats", timeout=5).json()["peak_running"]
     finally:
         for g in gws:
@@ -169,6 +170,9 @@ def ingress(
             max(0.0, commands - idle * load_s) / max(len(done), 1), 2
         ),
         "redis_scripts_per_request": round(scripts / max(len(done), 1), 2),
+        # Redis's own time in the scripts (commandstats), per script and per request.
+        "redis_us_per_script": round(script_us / max(scripts, 1), 1),
+        "redis_script_us_per_request": round(script_us / max(len(done), 1), 1),
         # Redis's CPU (user + system): an idle replica's, per second, and a request's
         # beyond the idle rate.
         "redis_cpu_idle_ms_per_s_per_replica": round(1000 * idle_cpu / replicas, 3),
@@ -198,14 +202,14 @@ def redis_cpu_s(url: str) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def redis_scripts_run(url: str) -> int:
-    """Lua scripts Redis ran (counter merges, lease syncs)."""
+def redis_scripts_run(url: str) -> tuple[int, float]:
+    """Lua scripts Redis ran (counter merges, lease syncs), and the microseconds they
+    took in all, their commands included (INFO commandstats)."""
     import redis
 
     stats = redis.Redis.from_url(url).info("commandstats")
-    return sum(
-        int(v["calls"]) for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval")
-    )
+    scripts = [v for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval")]
+    return sum(int(v["calls"]) for v in scripts), sum(float(v["usec"]) for v in scripts)
 
 
 def freeze(src: Path, tmp: Path, seconds: float = 10.0) -> dict[str, Any]:
@@ -316,6 +320,7 @@ def _summary(f: dict[str, list[Any]], cells: list[str]) -> dict[str, Any]:
             "redis_cpu_us_per_request": [
                 r["redis_cpu_us_per_request_beyond_idle"] for r in f[cell]
             ],
+            "redis_us_per_script": [r["redis_us_per_script"] for r in f[cell]],
         }
         for cell in cells
     }

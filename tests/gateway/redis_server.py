@@ -81,3 +81,17 @@ class RedisServer:
     def thaw(self) -> None:
         assert self.process is not None
         self.process.send_signal(signal.SIGCONT)
+
+
+def commands_run(url: str) -> dict[str, int]:
+    """The commands Redis ran since its statistics were last reset (CONFIG RESETSTAT),
+    those inside scripts included; the test's own, handshakes and subscriptions left out."""
+    import redis
+
+    stats = redis.Redis.from_url(url).info("commandstats")
+    calls = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+    return {
+        k: v
+        for k, v in calls.items()
+        if k not in ("config|resetstat", "subscribe", "info", "hello")
+    }

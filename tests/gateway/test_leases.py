@@ -17,7 +17,7 @@ import pytest
 
 from tests.gateway.load import Done, closed_loop
 from tests.gateway.processes import fake_upstream, gateway, state, stats
-from tests.gateway.redis_server import RedisServer
+from tests.gateway.redis_server import RedisServer, commands_run
 from tokenfair.gateway.config import HealthConfig, UpstreamConfig
 from tokenfair.gateway.replicas.capacity import ModelDemand
 from tokenfair.gateway.replicas.leases import STARTUP_GRACE_S, LeaseLedger
@@ -226,11 +226,11 @@ def test_a_sync_answered_late_never_overwrites_a_later_one(redis_server: RedisSe
             await asyncio.sleep(0.05)
             one.wants(0, counter=0.0)  # then only for its reserve
             await asyncio.gather(first, one.ledger.sync())
-            key = f"cap:lease:s:{CAP.url}"
-            held = await one.ledger._redis.hget(key, "late1")
+            field = "s\tlate1\t" + CAP.url  # the lease of slots (lease_script.py)
+            held = await one.ledger._redis.hget("cap:capacity", field)
             assert one.slots == 2 <= int(held or 0)  # Redis never holds less
             await one.ledger.sync()  # the one its give-back asked for
-            held = await one.ledger._redis.hget(key, "late1")
+            held = await one.ledger._redis.hget("cap:capacity", field)
             assert one.slots == int(held or 0) == 2
         finally:
             await one.ledger.close()
@@ -264,7 +264,7 @@ def test_capacity_given_back_reaches_the_replica_owed_it_without_its_own_sync(
                 one.upstream.release(10)
             await asyncio.sleep(0.01)  # Redis's clock (ms) past two's last sync
             await one.ledger.sync()  # what frees is granted to two, and announced
-            held = await one.ledger._redis.hget(f"cap:lease:s:{CAP.url}", "a2")
+            held = await one.ledger._redis.hget("cap:capacity", "s\ta2\t" + CAP.url)
             assert int(held or 0) == 2 and two.slots == 0
             said: list[str] = []
             for _ in range(20):  # what was published so far (None: a subscription reply)
@@ -500,5 +500,36 @@ def test_a_replica_started_while_redis_is_down_dispatches(tmp_path: Path) -> Non
             alone.run(3)
         finally:
             await alone.ledger.close()
+
+    asyncio.run(run())
+
+
+def test_a_sync_that_changes_nothing_writes_only_its_time(redis_server: RedisServer) -> None:
+    """A lease sync reads the capacity hash once and writes what changed in one HSET:
+    with two replicas settled, another sync of each is the script, TIME, HGETALL and
+    the HSET of its last sync's time, however many fields the hash holds."""
+    import redis
+
+    async def run() -> None:
+        one, two = Replica(redis_server, "c1"), Replica(redis_server, "c2")
+        await one.ledger.start()
+        await two.ledger.start()
+        try:
+            one.wants(3, counter=0.0)
+            two.wants(3, counter=0.0)
+            for _ in range(2):
+                await one.ledger.sync()
+                await two.ledger.sync()
+            assert (one.slots, two.slots) == (2, 2)
+            client = redis.Redis.from_url(redis_server.url)
+            client.config_resetstat()
+            await one.ledger.sync()
+            await two.ledger.sync()
+            assert commands_run(redis_server.url) == {
+                "evalsha": 2, "time": 2, "hgetall": 2, "hset": 2,
+            }  # fmt: skip
+        finally:
+            await one.ledger.close()
+            await two.ledger.close()
 
     asyncio.run(run())

@@ -24,7 +24,7 @@ from tokenfair.gateway.replicas.redis_store import RedisCounterStore
 async def _counter(url: str, namespace: str, node: str) -> float:
     client = aioredis.Redis.from_url(url)
     try:
-        return float(await client.hget(f"{namespace}:counters", node) or 0.0)
+        return float(await client.hget(f"{namespace}:vtc", node) or 0.0)
     finally:
         await client.aclose()
 

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.gateway.redis_server import RedisServer
+from tests.gateway.redis_server import RedisServer, commands_run
 from tests.gateway.test_counters import TENANTS, Shares
 from tokenfair.gateway.replicas.counters import LocalCounters
 from tokenfair.gateway.replicas.redis_store import RedisCounterStore
@@ -247,5 +247,71 @@ def test_a_replica_that_stops_merging_stops_counting_as_waiting(
             await alive.close()
             dead._closing = True  # crashed: no last merge
             await dead._redis.aclose()
+
+    asyncio.run(run())
+
+
+def test_a_merge_reads_the_hash_once_and_writes_only_what_changed(
+    redis_server: RedisServer,
+) -> None:
+    """However many requests a merge carries: the script, TIME, one HGETALL, and one
+    HSET when something changed (a charge, a lift, the waiting entry, the last
+    admitted); nothing written when nothing did."""
+    import redis
+
+    async def run() -> None:
+        store = RedisCounterStore(
+            redis_server.url, namespace="cost", gateway_id="g0", heartbeat_s=1.0,
+            gateway_ttl_s=60.0, flush_interval_s=3600.0, sync_every=10**9,
+        )  # fmt: skip
+        await store.start()
+        try:
+            await store.arrive("a", ("a",))
+            await store.arrive("b", ("b",))
+            for _ in range(10):
+                await store.arrive_and_take("c", (("c", 10.0),))
+            await store.pick([("a", (("a", 5.0),)), ("b", (("b", 5.0),))])
+            redis.Redis.from_url(redis_server.url).config_resetstat()
+            await store.sync()  # eleven charges, a waiting entry, the last admitted
+            assert commands_run(redis_server.url) == {
+                "evalsha": 1,
+                "time": 1,
+                "hgetall": 1,
+                "hset": 1,
+            }
+            redis.Redis.from_url(redis_server.url).config_resetstat()
+            await store.sync()  # nothing changed here since
+            assert commands_run(redis_server.url) == {"evalsha": 1, "time": 1, "hgetall": 1}
+        finally:
+            await store.close()
+
+    asyncio.run(run())
+
+
+def test_a_waiting_entry_dropped_by_another_replica_is_written_again(
+    redis_server: RedisServer,
+) -> None:
+    """An unchanged entry is not rewritten at every merge; one that another replica
+    dropped (it took this one for dead: a pause longer than the TTL) is, at the next."""
+    import redis
+
+    client = redis.Redis.from_url(redis_server.url)
+
+    async def run() -> None:
+        store = RedisCounterStore(
+            redis_server.url, namespace="gone", gateway_id="g0", heartbeat_s=1.0,
+            gateway_ttl_s=60.0, flush_interval_s=3600.0, sync_every=10**9,
+        )  # fmt: skip
+        await store.start()
+        try:
+            await store.arrive("a", ("a",))
+            await store.sync()
+            assert client.hexists("gone:vtc", "~w:g0")
+            client.hdel("gone:vtc", "~w:g0")
+            await store.sync()  # unchanged here: not rewritten, but Redis said it is gone
+            await store.sync()
+            assert client.hget("gone:vtc", "~w:g0").endswith(b"\na")
+        finally:
+            await store.close()
 
     asyncio.run(run())

@@ -235,7 +235,11 @@ class GatewayConfig(_Strict):
     body_timeout_s: float = Field(default=DEFAULT_BODY_TIMEOUT_S, gt=0)
     # Serve /openapi.json, /docs and /redoc (open to whoever reaches the API port).
     api_docs: bool = False
-    gateway_id: str | None = None
+    # This replica's name in Redis (default: a random one per start); letters, digits
+    # and . _ : @ / + - (the Redis scripts' fields are tab- and space-separated).
+    gateway_id: str | None = Field(
+        default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@/+-]*$"
+    )
     # The key of the per-tenant cache salts the gateway sends upstream (the same in
     # every replica, like the Redis namespace); without it the salts are keyed by the
     # namespace, which anyone who knows it and a tenant's name can recompute.

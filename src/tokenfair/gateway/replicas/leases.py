@@ -39,7 +39,7 @@ from tokenfair.edge.tasks import cancel_and_wait
 from tokenfair.gateway.replicas.capacity import Lease, ModelDemand
 from tokenfair.gateway.replicas.lease_outage import fail_open
 from tokenfair.gateway.replicas.lease_script import SYNC, announced, claim_text
-from tokenfair.gateway.replicas.redis_client import connect, subscriber
+from tokenfair.gateway.replicas.redis_client import connect, failure, subscriber
 from tokenfair.gateway.upstreams.pool import Upstream
 
 log = logging.getLogger("tokenfair.gateway")
@@ -180,10 +180,15 @@ class LeaseLedger:
                 if self._nudged is not None:
                     self._nudged.set()
                 continue
+            # A grant is at most this replica's due (lease_script.py): its due is at
+            # least that now, or what was granted would go back as soon as it frees.
             if slots is not None and slots > lease.slots:
                 lease.slots, grew = slots, True
+                lease.keep_slots = max(lease.keep_slots, slots)
             if tokens is not None and tokens > lease.tokens:
                 lease.tokens, grew = tokens, True
+                lease.keep_tokens = max(lease.keep_tokens, tokens)
+            lease.giving_back = lease.slots > lease.keep_slots or lease.tokens > lease.keep_tokens
         if grew:
             self.on_grant()
 
@@ -269,7 +274,7 @@ class LeaseLedger:
         upstreams = self._by_model.get(model, ())
         slots = need.seats + sum(max(0, u.running) for u in upstreams)
         tokens = need.tokens + sum(max(0, u.inflight_tokens) for u in upstreams)
-        return claim_text(need.claim, slots, tokens, need.nodes)
+        return claim_text(need.claim[0], slots, tokens, need.nodes)
 
     def _args(
         self,
@@ -342,6 +347,12 @@ class LeaseLedger:
             slots, others_slots, tokens, others_tokens, keep_slots, keep_tokens = (
                 int(v) for v in answer[6 * i : 6 * i + 6]
             )
+            # A limit the upstream does not have is no lease: nothing to hold, nothing
+            # to give back (the script answers what would run there).
+            if want.upstream.config.max_concurrent is None:
+                slots = others_slots = keep_slots = 0
+            if want.upstream.config.max_inflight_tokens is None:
+                tokens = others_tokens = keep_tokens = 0
             # Given back during the sync (a request ended): Redis keeps more than that
             # until the next sync, which the give-back asked for.
             if lease.slots < want.floor_slots:
@@ -375,12 +386,11 @@ class LeaseLedger:
         if not self.degraded:
             self.degraded = True
             log.warning(
-                "Redis at %s is unreachable (%s): upstream leases below this replica's "
-                "share of its upstream (its capacity over %d live replica(s)) are raised "
-                "to it, and after %g s each becomes exactly that share, until Redis "
-                "answers",
+                "Redis at %s %s: upstream leases below this replica's share of its "
+                "upstream (its capacity over %d live replica(s)) are raised to it, and "
+                "after %g s each becomes exactly that share, until Redis answers",
                 self.url,
-                type(error).__name__,
+                failure(error),
                 self._live,
                 self.ttl_s if self._synced else min(self.ttl_s, STARTUP_GRACE_S),
             )

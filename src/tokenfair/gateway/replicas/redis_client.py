@@ -26,6 +26,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 
 HEALTH_CHECK_S = 5.0
 MAX_CONNECTIONS = 64
@@ -93,3 +94,12 @@ def subscriber(url: str, timeout_s: float) -> Any:
         health_check_interval=HEALTH_CHECK_S,
         retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
     )
+
+
+def failure(error: BaseException) -> str:
+    """What went wrong with Redis, for a log line: unreachable, or an answer that was an
+    error (a script Redis refused, a read-only replica, memory full), which a user must
+    see in full rather than take for an outage."""
+    if isinstance(error, ResponseError):
+        return f"answers with an error ({error})"
+    return f"is unreachable ({type(error).__name__})"

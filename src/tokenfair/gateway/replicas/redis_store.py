@@ -36,35 +36,12 @@ from redis.exceptions import RedisError
 from tokenfair.edge.tasks import cancel_and_wait
 from tokenfair.gateway.replicas import lua
 from tokenfair.gateway.replicas.counters import Candidate, Charge, LocalCounters, path_of
-from tokenfair.gateway.replicas.redis_client import connect
+from tokenfair.gateway.replicas.redis_client import connect, failure
 
 log = logging.getLogger("tokenfair.gateway")
 
 _FAILURES = (RedisError, OSError, asyncio.TimeoutError)
 _NOTHING_TO_WRITE = "-"  # the waiting entry, when it was empty at the last sync too
-EPOCH = "~epoch"  # a field of the counters hash (lua.py)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _as_counters(flat: list[Any]) -> dict[str, float]:
-    return {_text(node): float(_text(value)) for node, value in _pairs(flat)}
-
-
-def _pairs(flat: list[Any]) -> list[tuple[Any, Any]]:
-    return [(flat[i], flat[i + 1]) for i in range(0, len(flat), 2)]
-
-
-def _waiting_elsewhere(entries: list[Any]) -> dict[str, tuple[str, ...]]:
-    paths: dict[str, tuple[str, ...]] = {}
-    for entry in entries:
-        for line in _text(entry).split("\n"):
-            if line:
-                nodes = tuple(line.split("\t"))
-                paths[nodes[-1]] = nodes
-    return paths
 
 
 class RedisCounterStore:
@@ -104,6 +81,7 @@ class RedisCounterStore:
         self._heard_last: dict[str, str] = {}  # group -> its child admitted last, in Redis
         self._epoch: str | None = None  # of Redis's counters, at the last sync
         self._entry_sent = True  # Redis may hold a waiting entry of this replica
+        self._entry_written, self._entry_written_at = "", 0.0  # its lines, and when
         self._synced_at = 0.0
         self._due = asyncio.Event()
         self._syncing = asyncio.Lock()  # one sync at a time: answers settle in order
@@ -162,7 +140,21 @@ class RedisCounterStore:
         )  # fmt: skip
         if not lines and not self._entry_sent:
             return _NOTHING_TO_WRITE
+        # The same tenants as Redis has: rewritten only to keep the entry's time (the
+        # replica's liveness) well within the TTL.
+        fresh = time.monotonic() - self._entry_written_at + self.heartbeat_s < self.ttl_ms / 2000
+        if lines and lines == self._entry_written and fresh:
+            return _NOTHING_TO_WRITE
         return lines
+
+    def _last_news(self, last: tuple[str, ...] | None) -> str:
+        """The tenant admitted last here, for Redis; '' when Redis had it already."""
+        if last is None:
+            return ""
+        parents = ("", *last[:-1])
+        if all(self._heard_last.get(p) == node for p, node in zip(parents, last, strict=True)):
+            return ""
+        return "\t".join(last)
 
     async def _sync_once(self) -> None:
         charges, self._charges = self._charges, {}
@@ -175,23 +167,27 @@ class RedisCounterStore:
         for node in nodes:
             floor = floors.get(node)
             args.extend((node, "" if floor is None else repr(floor), repr(charges.get(node, 0.0))))
-        args.extend((entry, "" if last is None else "\t".join(last)))
+        args.extend((entry, self._last_news(last)))
         self._synced_at = time.monotonic()
         try:
             answer = await self._script(args=args)
         except _FAILURES as error:
             self._keep(charges, floors, last, dispatches)
             self._entry_sent = True  # unknown: take it out at the next sync if need be
+            self._entry_written = ""  # and write it again
             self._failed(error)
             return
         self.syncs += 1
         if entry != _NOTHING_TO_WRITE:
             self._entry_sent = bool(entry)
+            self._entry_written, self._entry_written_at = entry, self._synced_at
+        merged = lua.read_answer(answer, self.gateway_id)
+        if not merged.entry_kept:  # dropped by another replica (this one seemed dead)
+            self._entry_written = ""
         if self.degraded:
             self.degraded = False
             log.info("Redis at %s answers again: counters merged", self.url)
-        last_children = {_text(k): _text(v) for k, v in _pairs(answer[2])}
-        self._settle(_as_counters(answer[0]), _waiting_elsewhere(answer[1]), last_children)
+        self._settle(merged)
 
     def _keep(
         self,
@@ -217,25 +213,19 @@ class RedisCounterStore:
         self.outages += 1
         self._due.set()  # the loop probes sooner than it planned
         log.warning(
-            "Redis at %s is unreachable (%s): deciding on this replica's counters "
-            "until it answers again",
+            "Redis at %s %s: deciding on this replica's counters until it answers again",
             self.url,
-            type(error).__name__,
+            failure(error),
         )
 
-    def _settle(
-        self,
-        shared: dict[str, float],
-        elsewhere: dict[str, tuple[str, ...]],
-        last: dict[str, str],
-    ) -> None:
+    def _settle(self, merged: lua.Merged) -> None:
         """This copy becomes Redis's counters plus what changed here since the sync
         was sent; a counter Redis does not have is kept, and written back next time."""
         ledger = self.state.ledger
-        epoch = str(shared.pop(EPOCH, ""))
-        if self._epoch is not None and epoch != self._epoch:
+        shared = merged.counters
+        if self._epoch is not None and merged.epoch != self._epoch:
             self._lost(shared)
-        self._epoch = epoch
+        self._epoch = merged.epoch
         lowered: set[str] = set()
         for node, value in shared.items():
             target = max(value, self._floors.get(node, value)) + self._charges.get(node, 0.0)
@@ -247,17 +237,18 @@ class RedisCounterStore:
         for node, value in ledger.node_counters().items():
             if node not in shared:  # Redis lost it (restarted empty), or never had it
                 seen = value - self._charges.get(node, 0.0)
-                self._floors[node] = max(seen, self._floors.get(node, seen))
+                if seen:  # (Redis reads a counter it lacks as 0)
+                    self._floors[node] = max(seen, self._floors.get(node, seen))
         if lowered:  # a refund elsewhere: file the backlogged tenants' entries afresh
             for tenant in {*self.state.waiting, *self.state.elsewhere}:
                 if lowered.intersection(ledger.nodes(tenant)):
                     ledger.refile(tenant)
-        self.state.wait_elsewhere(elsewhere)
+        self.state.wait_elsewhere(merged.elsewhere)
         if self._last is None:  # nothing admitted here since: Redis's are the latest
-            for parent, node in last.items():
+            for parent, node in merged.last_children.items():
                 if self._heard_last.get(parent) != node:
                     ledger.admitted_elsewhere(parent, node)
-        self._heard_last = last
+        self._heard_last = merged.last_children
 
     def _lost(self, shared: dict[str, float]) -> None:
         """Redis lost its counters (it restarted empty) since the last sync: this copy's
@@ -268,6 +259,7 @@ class RedisCounterStore:
             kept = max(shared.get(node, 0.0), value - pending.get(node, 0.0))
             shared[node] = kept
             self._floors[node] = max(kept, self._floors.get(node, kept))
+        self._entry_written = ""  # the waiting entry went with them: write it again
         self._due.set()
         log.warning("Redis at %s lost the shared counters: writing back this replica's", self.url)
 
