@@ -276,8 +276,12 @@ def test_capacity_given_back_reaches_the_replica_owed_it_without_its_own_sync(
             stale = "0" + granted[-1][granted[-1].index("\n") :]  # as old as can be
             two.ledger._announced(stale)
             assert two.slots == 0
+            lease = two.upstream.lease
+            assert lease is not None
+            lease.keep_slots = 1  # as if its last sync had heard of a smaller due
             two.ledger._announced(granted[-1])
-            assert two.slots == 2
+            # A grant is at most the due: it raises the due, and nothing goes back.
+            assert (two.slots, two.due, lease.giving_back) == (2, 2, False)
             two.run(2)
             assert one.upstream.running + two.upstream.running == 4
         finally:
@@ -531,5 +535,34 @@ def test_a_sync_that_changes_nothing_writes_only_its_time(redis_server: RedisSer
         finally:
             await one.ledger.close()
             await two.ledger.close()
+
+    asyncio.run(run())
+
+
+def test_a_limit_the_upstream_lacks_is_never_given_back(redis_server: RedisServer) -> None:
+    """An upstream without a token limit: the lease holds no tokens, and a replica whose
+    demand shrinks has nothing to give back (no sync for it, no announcement)."""
+    slots_only = UpstreamConfig(url="http://10.0.0.2:8000", models=["m"], max_concurrent=4)
+
+    async def run() -> None:
+        one = Replica(redis_server, "n1")
+        one.upstream = UpstreamPool([slots_only], HealthConfig()).upstreams[0]
+        one.ledger = LeaseLedger(
+            redis_server.url, [one.upstream], lambda: one.demand, lambda: None,
+            namespace="slots", gateway_id="n1",
+        )  # fmt: skip
+        try:
+            one.wants(4, counter=0.0)
+            await one.ledger.sync()
+            one.run(4)
+            one.wants(0, counter=0.0)  # nothing waits: the tokens it would hold shrink
+            await one.ledger.sync()
+            lease = one.upstream.lease
+            assert lease is not None
+            assert (lease.slots, lease.tokens, lease.giving_back) == (4, 0, False)
+            one.upstream.release(10)
+            assert not one.ledger._announce  # no give-back to tell Redis of
+        finally:
+            await one.ledger.close()
 
     asyncio.run(run())
