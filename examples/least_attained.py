@@ -27,7 +27,7 @@ import math
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-from tokenfair.core.policies import Policy, PolicySettings, RequestView
+from tokenfair.core.policies import Needs, Policy, PolicySettings, RequestView
 
 # Rescale the stored values before 2^(t/h) could overflow a float's precision range.
 _RESCALE_AT = 2.0**64
@@ -38,7 +38,8 @@ class LeastAttainedService(Policy):
 
     name = "least-attained"
     charges_output = True
-    uses_weights = True
+    # Weighted, and fit to run inside vLLM (it only orders, charges and picks victims).
+    needs = Needs(weights=True, vllm=True)
 
     def __init__(self, settings: PolicySettings, half_life_s: float | None = 60.0) -> None:
         if half_life_s is not None and not half_life_s > 0:

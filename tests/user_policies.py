@@ -18,7 +18,7 @@ MODULE = "tf_user_policies"
 SOURCE = '''
 from collections import deque
 
-from tokenfair.core.policies.base import KeyedPolicy, Policy
+from tokenfair.core.policies import KeyedPolicy, Needs, Policy
 
 
 class Newest(KeyedPolicy):
@@ -27,7 +27,7 @@ class Newest(KeyedPolicy):
     A second line the listing leaves out.
     """
 
-    uses_weights = True
+    needs = Needs(weights=True)
 
     def __init__(self, settings, scale=1.0, tag=""):
         super().__init__()
@@ -43,6 +43,21 @@ class Newest(KeyedPolicy):
 
     def on_admit(self, request, first_time, now):
         self.admitted.append(request.request_id)
+
+
+class OldStyle(KeyedPolicy):
+    """Says it reads weights as classes did before declarations."""
+
+    uses_weights = True
+
+    def sort_key(self, request, band):
+        return (band, request.arrival_s)
+
+
+class NotInVllm(Newest):
+    """Declares that it cannot run inside vLLM."""
+
+    needs = Needs(weights=True, vllm=False)
 
 
 class OwnCharge(Newest):

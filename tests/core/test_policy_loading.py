@@ -74,7 +74,8 @@ def test_defaults_without_settings_and_a_class_keeping_its_own_charge(module: st
 
 
 def test_uses_weights_is_read_from_the_class(module: str) -> None:
-    assert uses_weights(f"{module}:Newest(scale=2)")
+    assert uses_weights(f"{module}:Newest(scale=2)")  # needs = Needs(weights=True)
+    assert uses_weights(f"{module}:OldStyle")  # uses_weights = True, as before
     assert not uses_weights(f"{module}:Plain")
     assert uses_weights("vtc") and not uses_weights("fcfs")
     assert not uses_weights("tf_no_such_policy_module:X")  # building it says why
@@ -137,7 +138,7 @@ def test_a_comma_separated_list_keeps_commas_inside_arguments() -> None:
         ("{m}_syntax:X", "importing module 'tf_user_policies_syntax' failed: SyntaxError"),
         (
             "{m}:Nope",
-            "module 'tf_user_policies' has no class 'Nope' (its policies: Cached, Newest, OwnCharge, Plain)",
+            "module 'tf_user_policies' has no class 'Nope' (its policies: Cached, Newest, NotInVllm, OldStyle, OwnCharge, Plain)",
         ),
         (
             "{m}:NotAPolicy",

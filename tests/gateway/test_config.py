@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from tokenfair.core.policies.catalog import BUILTINS
 from tokenfair.gateway.config import (
     GatewayConfig,
     GatewayConfigError,
@@ -232,3 +233,22 @@ def test_a_users_policy_without_a_sort_key_is_refused_in_one_line(
     )
     with pytest.raises(GatewayConfigError, match=r"<config>:1: policy: policy 'tf_nope\.x:P': "):
         parse_config(USER_POLICY.format(spec="tf_nope.x:P"))
+
+
+@pytest.mark.parametrize("name", sorted(BUILTINS))
+def test_the_gateway_runs_the_policies_that_declare_it(name: str) -> None:
+    """Shared counters for a policy whose declaration gives a shared lift, a policy per
+    replica for one that declares it, and a refusal naming both lists otherwise: the
+    gateway keeps no list of its own."""
+    declared = BUILTINS[name]
+    spec = f"{name}:20" if declared.argument is not None else name
+    upstreams = [{"url": "http://127.0.0.1:9/v1", "models": ["m"], "max_concurrent": 1}]
+    if declared.needs.shared_lift or declared.needs.per_replica:
+        config = GatewayConfig(policy=spec, upstreams=upstreams)
+        assert config.shared_counters == (declared.needs.shared_lift is not None)
+        if config.shared_counters:
+            assert config.lift_rule == declared.needs.shared_lift
+    else:
+        with pytest.raises(ValueError, match="unsupported policy") as error:
+            GatewayConfig(policy=spec, upstreams=upstreams)
+        assert "vtc" in str(error.value) and "rpm:N" in str(error.value)

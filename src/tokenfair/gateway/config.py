@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from tokenfair.core.policies.catalog import PER_REPLICA_POLICIES, SHARED_COUNTER_LIFTS, usage
 from tokenfair.edge.defaults import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
@@ -29,14 +30,10 @@ from tokenfair.edge.defaults import (
 from tokenfair.yaml_lines import line_of, load_with_nodes, validation_message, yaml_error
 
 # Policies whose counters can be shared between gateway replicas (the store's VTC).
-SHARED_COUNTER_POLICIES = {
-    "vtc": "paper",
-    "wvtc": "paper",
-    "vtc-artifact": "artifact",
-    "lcf": "none",
-}
-# Policies kept by each replica alone, taken from the core's registry.
-LOCAL_POLICIES = ("fcfs", "priority", "sjf", "rpm")
+# The counter policies whose counters the replicas share (with their lift rules), and
+# those each replica runs on its own: as the policies declare them (core/policies/).
+SHARED_COUNTER_POLICIES = SHARED_COUNTER_LIFTS
+LOCAL_POLICIES = PER_REPLICA_POLICIES
 
 
 class GatewayConfigError(ValueError):
@@ -265,9 +262,7 @@ class GatewayConfig(_Strict):
         if is_user_spec(policy):
             return _user_policy(policy.strip())
         if name not in SHARED_COUNTER_POLICIES and name not in LOCAL_POLICIES:
-            known = ", ".join(
-                [*SHARED_COUNTER_POLICIES, "fcfs", "priority", "sjf[:aging]", "rpm:N"]
-            )
+            known = ", ".join([*SHARED_COUNTER_POLICIES, *usage(LOCAL_POLICIES)])
             raise ValueError(
                 f"unknown or unsupported policy {policy!r}; the gateway runs: {known}; or "
                 "your own KeyedPolicy as package.module:ClassName"

@@ -14,6 +14,7 @@ from tests.integrations.vllm.harness import add, make_request, make_scheduler, r
 from tests.user_policies import install_module
 from tokenfair.core.cost import make_cost
 from tokenfair.core.policies import make_policy
+from tokenfair.core.policies.catalog import BUILTINS
 from tokenfair.integrations.vllm import FairAsyncScheduler
 from tokenfair.integrations.vllm.config import PluginConfigError, load_plugin_config
 from tokenfair.integrations.vllm.fields import output_hint_of, tenant_of
@@ -71,6 +72,21 @@ def test_every_bad_setting_is_one_line_naming_the_key(entry, message):
     assert "\n" not in str(error.value)
 
 
+@pytest.mark.parametrize("name", sorted(BUILTINS))
+def test_the_plugin_runs_the_policies_that_declare_it(name: str) -> None:
+    """A built-in policy runs inside vLLM exactly when its declaration says so: the
+    plugin keeps no list of its own."""
+    declared = BUILTINS[name]
+    spec = f"{name}:20" if declared.argument is not None else name
+    entry = {"policy": spec, "weights": {"a": 2.0}}
+    if declared.needs.vllm:
+        plugin = load_plugin_config({"tokenfair": entry}).make_plugin_policy()
+        assert plugin.policy.name.startswith(name)
+    else:
+        with pytest.raises(PluginConfigError, match="is not supported inside vLLM"):
+            load_plugin_config({"tokenfair": entry})
+
+
 def test_a_users_policy_class_runs_as_a_core_policy(tmp_path, monkeypatch):
     module = install_module(tmp_path, monkeypatch)
     config = load_plugin_config(
@@ -97,6 +113,9 @@ def test_a_users_policy_class_runs_as_a_core_policy(tmp_path, monkeypatch):
     assert str(error.value) == (
         f"tokenfair.policy: policy '{module}:Newest(scale=0)': scale must be > 0, got 0"
     )
+    # One that declares it cannot run inside vLLM is refused, as rpm is.
+    with pytest.raises(PluginConfigError, match="NotInVllm' is not supported inside vLLM"):
+        load_plugin_config({"tokenfair": {"policy": f"{module}:NotInVllm"}})
     with pytest.raises(PluginConfigError, match="cannot import module 'tf_nope'"):
         load_plugin_config({"tokenfair": {"policy": "tf_nope:P"}})
 

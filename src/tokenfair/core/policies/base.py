@@ -15,6 +15,7 @@ import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 from tokenfair.core.policies.memory_share import MemoryAsk
+from tokenfair.core.policies.needs import Needs
 from tokenfair.core.policies.view import RequestView
 from tokenfair.core.prefix_cache import PrefixCache
 from tokenfair.core.share_tree import ShareTree
@@ -24,6 +25,9 @@ class Policy:
     """Base policy: subclasses define the waiting order; the rest has sane defaults."""
 
     name = "base"
+    # What it needs from its driver and which drivers run it (declaration.py). The
+    # built-in names declare theirs in their modules; a class of one's own sets this.
+    needs = Needs()
     # True when on_output must be called as tokens are generated (counter policies).
     charges_output = False
     # The paper's system does not charge the first output token, which comes out of the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tokenfair.core.policies.base import KeyedPolicy
+from tokenfair.core.policies.declaration import Declared, Needs
 from tokenfair.core.policies.view import RequestView
 
 
@@ -11,3 +12,13 @@ class FCFSPolicy(KeyedPolicy):
 
     def sort_key(self, request: RequestView, band: int) -> tuple:
         return (band, request.arrival_s)
+
+
+DECLARED = [
+    Declared(
+        "fcfs",
+        "first come, first served (arrival order)",
+        lambda settings, arg: FCFSPolicy(),
+        needs=Needs(per_replica=True),
+    )
+]

@@ -23,10 +23,11 @@ nothing else on the instance, except two defaults the drivers read: `name` (the 
 class or entry point name, when the class keeps the base `"base"`) and
 `charge_cached_tokens` (from the settings, unless the class or its `__init__` set it).
 
-What a driver needs to know about a class, it reads from class attributes:
-`uses_weights` (True when the policy reads `settings.weights`: the drivers then pass the
-weights and do not warn that they are ignored; False when absent). The gateway runs a
-user policy only if it is a `KeyedPolicy`; the vLLM plugin gives one that overrides
+What a driver needs to know about a class, it reads from the class's declaration,
+`needs = Needs(...)` (declaration.py), as it does for the built-in names: `weights`
+(the policy reads `settings.weights`: the drivers then pass the weights and do not warn
+that they are ignored), `vllm` (False: the plugin refuses it). The gateway runs a user
+policy only if it is a `KeyedPolicy`; the vLLM plugin gives one that overrides
 `attach_prefix_cache` its view of vLLM's prefix cache.
 
 Every mistake is one `PolicyError` line naming the spec: a module that does not import
@@ -43,11 +44,12 @@ import importlib
 import importlib.metadata
 import inspect
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tokenfair.core.policies.base import Policy
-from tokenfair.core.policies.names import POLICY_HELP, POLICY_NAMES, PolicyError
+from tokenfair.core.policies.catalog import POLICY_HELP, POLICY_NAMES, PolicyError
+from tokenfair.core.policies.needs import Needs
 from tokenfair.core.policies.settings import PolicySettings
 
 ENTRY_POINT_GROUP = "tokenfair.policies"
@@ -249,13 +251,23 @@ def _default(policy: Policy, attribute: str, unset: object, value: object) -> No
         setattr(policy, attribute, value)
 
 
-def uses_weights(spec: str) -> bool:
-    """Whether the user policy `spec` reads tenant weights (its class's `uses_weights`);
-    False for a spec that does not load (building it reports why)."""
+def needs_of(spec: str) -> Needs:
+    """What the user policy `spec` declares it needs (its class's `needs`; a class that
+    says `uses_weights = True` instead, as before declarations, needs weights); the
+    defaults for a spec that does not load (building it reports why)."""
     try:
-        return bool(getattr(policy_class(spec), "uses_weights", False))
+        klass = policy_class(spec)
     except PolicyError:
-        return False
+        return Needs()
+    needs = getattr(klass, "needs", Needs())
+    if getattr(klass, "uses_weights", False) and not needs.weights:
+        needs = replace(needs, weights=True)
+    return needs
+
+
+def uses_weights(spec: str) -> bool:
+    """Whether the user policy `spec` reads tenant weights (its class's `needs`)."""
+    return needs_of(spec).weights
 
 
 def installed_policies() -> dict[str, str]:

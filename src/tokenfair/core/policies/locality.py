@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import Iterator
 
 from tokenfair.core.policies.cached_heads import CachedHeadHeap
+from tokenfair.core.policies.declaration import Argument, Declared, Needs
 from tokenfair.core.policies.settings import PolicySettings
 from tokenfair.core.policies.view import RequestView
 from tokenfair.core.policies.vtc import VTCPolicy
@@ -341,3 +342,23 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
     def _prefix_grew(self, request: RequestView) -> None:
         super()._prefix_grew(request)
         self._head_may_have_grown(request.client, self._index.blocks(request))
+
+
+DECLARED = [
+    Declared(
+        "vtc-lpm",
+        "VTC between clients; within the chosen client, the request with the longest "
+        "cached prefix first",
+        lambda settings, arg: LocalityVTCPolicy(settings, name="vtc-lpm"),
+        needs=Needs(weights=True),
+    ),
+    Declared(
+        "dlpm",
+        "deficit longest prefix match: among clients within `quantum` (default "
+        f"{DEFAULT_QUANTUM:g}) weighted tokens of the least served, the longest cached "
+        "prefix first",
+        lambda settings, quantum: DeficitLPMPolicy(settings, name="dlpm", quantum=quantum),
+        argument=Argument("quantum", DEFAULT_QUANTUM),
+        needs=Needs(weights=True),
+    ),
+]

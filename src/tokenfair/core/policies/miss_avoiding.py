@@ -29,6 +29,7 @@ the bound keeps few (the choice is kept until a counter, the cache or a queue ch
 from __future__ import annotations
 
 from tokenfair.core.policies.cached_heads import CachedHeadHeap
+from tokenfair.core.policies.declaration import Argument, Declared, Needs
 from tokenfair.core.policies.locality import LocalityVTCPolicy, LongestPrefixQueue
 from tokenfair.core.policies.settings import PolicySettings
 from tokenfair.core.policies.view import RequestView
@@ -144,3 +145,16 @@ class MissAvoidingVTCPolicy(LocalityVTCPolicy):
         super()._prefix_grew(request)
         if request.client in self._queues:
             self._may_have_grown(request.client, self._index.blocks(request))
+
+
+DECLARED = [
+    Declared(
+        "vtc-hit",
+        "vtc-lpm while VTC's choice finds its prompt cached; on a miss, the longest cached "
+        f"prefix among clients within `window` (default {DEFAULT_HIT_WINDOW:g}) weighted "
+        "tokens of the least served",
+        lambda settings, window: MissAvoidingVTCPolicy(settings, name="vtc-hit", window=window),
+        argument=Argument("window", DEFAULT_HIT_WINDOW),
+        needs=Needs(weights=True),
+    )
+]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tokenfair.core.policies.base import KeyedPolicy
+from tokenfair.core.policies.declaration import Declared, Needs
 from tokenfair.core.policies.view import RequestView
 
 
@@ -28,3 +29,13 @@ class PriorityPolicy(KeyedPolicy):
             return None
         worst = self.victim(running)
         return worst if worst.priority > head.priority else None
+
+
+DECLARED = [
+    Declared(
+        "priority",
+        "per-request priority, lower value first; preempts the lowest priority",
+        lambda settings, arg: PriorityPolicy(),
+        needs=Needs(per_replica=True),
+    )
+]

@@ -7,6 +7,7 @@ deployment is idle: that is the point of comparing against it.
 
 from __future__ import annotations
 
+from tokenfair.core.policies.declaration import Argument, Declared, Needs
 from tokenfair.core.policies.fcfs import FCFSPolicy
 from tokenfair.core.policies.view import RequestView
 from tokenfair.core.rate_window import RateWindow
@@ -26,3 +27,14 @@ class RPMPolicy(FCFSPolicy):
     def retry_after(self, client: str, now: float) -> float:
         """Seconds until `client` may be accepted again (0 when it may now)."""
         return self.window.retry_after(client, now)
+
+
+DECLARED = [
+    Declared(
+        "rpm",
+        "FCFS plus at most N accepted requests per client per sliding 60 s",
+        lambda settings, limit: RPMPolicy(limit=int(limit)),
+        argument=Argument("limit", None, unit="requests per minute"),
+        needs=Needs(per_replica=True, vllm=False),
+    )
+]

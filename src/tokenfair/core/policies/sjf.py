@@ -13,6 +13,7 @@ of its client's recent output lengths (its max_tokens before any history exists)
 from __future__ import annotations
 
 from tokenfair.core.policies.base import KeyedPolicy
+from tokenfair.core.policies.declaration import Argument, Declared, Needs
 from tokenfair.core.policies.predictor import OutputLengthPredictor
 from tokenfair.core.policies.view import RequestView
 
@@ -33,3 +34,14 @@ class SJFPolicy(KeyedPolicy):
 
     def on_finish(self, request: RequestView) -> None:
         self.predictor.observe(request)
+
+
+DECLARED = [
+    Declared(
+        "sjf",
+        "shortest predicted output first; waiting ages `aging` tokens/s (default 10)",
+        lambda settings, aging: SJFPolicy(aging=aging),
+        argument=Argument("aging", 10.0),
+        needs=Needs(per_replica=True),
+    )
+]

@@ -27,30 +27,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from tokenfair.core.cost import make_cost
 from tokenfair.core.policies import Policy, PolicyError, make_policy
-from tokenfair.core.policies.loading import is_user_spec
+from tokenfair.core.policies.catalog import BUILTINS, VLLM_POLICIES, usage
+from tokenfair.core.policies.loading import is_user_spec, needs_of
 from tokenfair.core.share_tree import ShareTree, ShareTreeError
 from tokenfair.edge.tenants import TenantsFileError, load_tenants
 from tokenfair.integrations.vllm.policies import PluginPolicy, plugin_policy
 from tokenfair.share_groups import Group, GroupName, Weight, group_weights, share_tree
 
 CONFIG_KEY = "tokenfair"
-
-# Policies that only order, charge and pick victims: what a vLLM waiting queue can do.
-# rpm rejects requests, vtc-preempt preempts for fairness and vtc-oracle needs the true
-# output length: none of that fits behind vLLM's queue interface.
-SUPPORTED_POLICIES = (
-    "fcfs",
-    "priority",
-    "sjf",
-    "lcf",
-    "vtc",
-    "wvtc",
-    "vtc-artifact",
-    "vtc-predict",
-    "vtc-lpm",
-    "vtc-hit",
-    "dlpm",
-)
 
 
 class PluginConfigError(ValueError):
@@ -158,15 +142,17 @@ class PluginConfig(BaseModel):
     def make_policy(self) -> Policy:
         """The tokenfair policy these settings describe."""
         name = self.policy_name
-        if name not in SUPPORTED_POLICIES and not self.user_policy:
+        runs_here = needs_of(self.policy).vllm if self.user_policy else name in VLLM_POLICIES
+        if not runs_here:
             raise PluginConfigError(
                 f"{CONFIG_KEY}.policy: {self.policy!r} is not supported inside vLLM; "
-                f"use one of {', '.join(SUPPORTED_POLICIES)}, or your own policy class "
+                f"use one of {', '.join(usage(VLLM_POLICIES))}, or your own policy class "
                 "as package.module:ClassName"
             )
         weights, tree = self.shares()
-        if name == "wvtc" and not weights:
-            raise PluginConfigError(f"{CONFIG_KEY}.weights: policy 'wvtc' needs tenant weights")
+        declared = BUILTINS.get(name)
+        if declared is not None and declared.needs.weights_required and not weights:
+            raise PluginConfigError(f"{CONFIG_KEY}.weights: policy {name!r} needs tenant weights")
         try:
             cost = make_cost(self.cost, self.w_in, self.w_out)
             return make_policy(

@@ -19,7 +19,9 @@ arrival and its `priority` puts them ahead of their equals; vLLM puts the last o
 pushed back first, and orders its priority queue by priority, arrival and request id
 only.) The other policies are tokenfair's core ones, with `running` in victim order.
 
-A new policy joins in `plugin_policy` (and config.SUPPORTED_POLICIES). The ones that
+A policy runs here when its declaration says so (`Needs.vllm`, core/policies/
+declaration.py): a new one needs no line here unless vLLM has its own form of it, as
+for `fcfs` and `priority` in `plugin_policy`. The ones that
 order by what the engine already holds (`vtc-lpm`, `dlpm`) get the scheduler's view of
 vLLM's prefix cache (prefix_cache.py) at construction. A user's policy class
 (`mypkg.mod:MyPolicy`) runs as the core's own do: vLLM's FCFS mode, `running` in its
