@@ -287,7 +287,7 @@ def check_work_conservation(workload: Workload, policy_name: str, config: Schedu
                 ) >= newcomer_chunk(limit)
                 # A tenant over its share of the pool steps aside for the others, and
                 # one that gave memory to another does not take it back in that step.
-                aside = head.client in scheduler.stepped_aside
+                aside = head.client in scheduler.admission.stepped_aside
                 assert full or short or shared or aside, (
                     f"a waiting request that fits was not admitted ({policy_name}): {head.request_id} "
                     f"of {head.client} ({wanted} blocks, {kv.num_free_blocks} free), "

@@ -112,13 +112,13 @@ def test_vtc_preempt_never_pushes_out_a_request_admitted_in_the_same_step():
     config = SchedulerConfig(kv_tokens=4096, block_size=4, max_num_seqs=2)
     scheduler = Scheduler(config, make_policy("vtc-preempt:0"))
     victims = []
-    preempt = scheduler._preempt
+    preempt = scheduler.preempt
 
     def recording_preempt(victim, out, mode=None, cause="memory"):
         victims.append(victim.num_computed_tokens)
         return preempt(victim, out, mode, cause)
 
-    scheduler._preempt = recording_preempt
+    scheduler.preempt = recording_preempt
     for client in ("a", "b", "c", "d"):
         scheduler.add_request(make_request(client=client, input_tokens=50, output_tokens=30), 0)
     for step in range(60):

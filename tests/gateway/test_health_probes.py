@@ -16,8 +16,8 @@ import uvloop
 
 from tests.gateway.redis_server import free_port
 from tokenfair.gateway.config import GatewayConfig, HealthConfig, UpstreamConfig
-from tokenfair.gateway.transport.upstream_client import UpstreamClient
 from tokenfair.gateway.upstreams import probe as probe_module
+from tokenfair.gateway.upstreams.client import UpstreamClient
 from tokenfair.gateway.upstreams.pool import UpstreamPool
 
 Run = Callable[[Coroutine[Any, Any, Any]], Any]

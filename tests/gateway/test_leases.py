@@ -19,8 +19,8 @@ from tests.gateway.load import Done, closed_loop
 from tests.gateway.processes import fake_upstream, gateway, state, stats
 from tests.gateway.redis_server import RedisServer, commands_run
 from tokenfair.gateway.config import HealthConfig, UpstreamConfig
-from tokenfair.gateway.replicas.capacity import ModelDemand
 from tokenfair.gateway.replicas.leases import STARTUP_GRACE_S, LeaseLedger
+from tokenfair.gateway.upstreams.capacity import ModelDemand
 from tokenfair.gateway.upstreams.pool import Upstream, UpstreamPool
 
 CAP = UpstreamConfig(

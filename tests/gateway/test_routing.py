@@ -16,7 +16,7 @@ from tokenfair.gateway.config import HealthConfig, RoutingConfig, UpstreamConfig
 from tokenfair.gateway.flow.admission import Admission
 from tokenfair.gateway.flow.fairness import CounterFairness
 from tokenfair.gateway.flow.order import by_priority
-from tokenfair.gateway.flow.ticket import Ticket
+from tokenfair.gateway.flow.ticket import Ticket, TicketState
 from tokenfair.gateway.replicas.counters import MemoryCounterStore
 from tokenfair.gateway.upstreams.pool import Upstream, UpstreamPool
 from tokenfair.gateway.upstreams.prefix import PrefixIndex, prefix_key
@@ -246,10 +246,10 @@ async def _dispatch_order(routing: RoutingConfig) -> tuple[list[str], dict[str, 
         await asyncio.sleep(0)
     for _ in range(10):
         await asyncio.sleep(0)
-    running = [t for t in tickets if t.state == "dispatched"]
+    running = [t for t in tickets if t.state is TicketState.DISPATCHED]
     assert len(running) == 6
-    while any(t.state == "dispatched" for t in tickets):
-        done = [t for t in tickets if t.state == "dispatched"][:2]
+    while any(t.state is TicketState.DISPATCHED for t in tickets):
+        done = [t for t in tickets if t.state is TicketState.DISPATCHED][:2]
         for ticket in done:  # two slots free at once: the router has a choice
             admission.release(ticket)
         for _ in range(10):

@@ -14,7 +14,7 @@ import pytest
 import uvloop
 
 from tests.gateway.processes import Process, fake_upstream, stats
-from tokenfair.gateway.transport.upstream_client import (
+from tokenfair.gateway.upstreams.client import (
     UpstreamClient,
     UpstreamDisconnected,
     UpstreamError,

@@ -11,7 +11,7 @@ from tokenfair.core.scheduler import Scheduler, SchedulerConfig
 from tokenfair.engine.async_engine import AsyncEngine
 from tokenfair.engine.engine import Engine, RequestOutput
 from tokenfair.engine.engine_client import RequestStream
-from tokenfair.server.sim_model import SimDetokenizer, WallClockSimExecutor, sim_profile
+from tokenfair.engine.sim.wall_clock import SimDetokenizer, WallClockSimExecutor, sim_profile
 
 
 def make_engine(step_s: float = 0.0, max_num_seqs: int = 8, kv_tokens: int = 4096) -> Engine:

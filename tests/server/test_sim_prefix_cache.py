@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.server.conftest import ADMIN_KEY, Server, launch, tenants_data
-from tokenfair.server.sim_model import SimTokenizer
+from tokenfair.engine.sim.wall_clock import SimTokenizer
 
 SYSTEM = "You are the support assistant of a bicycle shop; answer briefly and politely. " * 8
 

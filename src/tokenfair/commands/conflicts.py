@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tokenfair.engine.backends import backend_for
+
 
 def conflicting_options(
     model: str,
@@ -28,8 +30,7 @@ def conflicting_options(
         )
     if metrics_host is not None and metrics_port is None:
         return "--metrics-host is the address of --metrics-port: give --metrics-port too"
-    # "sim:" is server/sim_model.py's SIM_PREFIX, not imported before the extra is checked.
-    if model.startswith("sim:") and (device is not None or dtype is not None):
+    if not backend_for(model).takes_device and (device is not None or dtype is not None):
         option = "--device" if device is not None else "--dtype"
         return f"{option} is for a real model: --model {model} runs no model"
     if swap_tokens is not None and preemption != "swap":

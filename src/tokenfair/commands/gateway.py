@@ -123,7 +123,7 @@ def _reach(settings: GatewayConfig) -> None:
     """--check: ask every upstream and the Redis once; exit 1 if one does not answer."""
     import asyncio
 
-    from tokenfair.gateway.upstreams.probe import probe
+    from tokenfair.gateway.reach import probe
 
     reached = asyncio.run(probe(settings))
     for reach in reached:

@@ -67,9 +67,9 @@ def engine_arrangement(choice: str, model: str) -> str:
         )
     if choice != "auto":
         return choice
-    from tokenfair.server.sim_model import SIM_PREFIX
+    from tokenfair.engine.backends import backend_for
 
-    return "thread" if model.startswith(SIM_PREFIX) else "process"
+    return backend_for(model).engine_mode
 
 
 def summary(
@@ -259,12 +259,13 @@ def serve(
     if conflict is not None:
         raise _fail(conflict)
     require_extra("tokenfair serve", "server")
-    from tokenfair.server.sim_model import SIM_PREFIX
+    from tokenfair.engine.backends import backend_for
 
-    if not model.startswith(SIM_PREFIX):
+    extra = backend_for(model).extra
+    if extra is not None:
         require_extra(
             f"tokenfair serve --model {model}",
-            "model",
+            extra,
             hint="; or serve a simulated model: --model sim:a10g-llama-7b",
         )
     import uvicorn

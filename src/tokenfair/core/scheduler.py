@@ -6,12 +6,9 @@ One step, top to bottom:
      picks (recompute or swap) when the pool is short: only the request that was short
      is retried, a victim already planned leaves the plan and gives its tokens back
      (as vLLM v1 does); bring swapped requests back when there is room;
-  3. admit waiting requests in policy order under max_num_seqs, the token budget
-     (prefills may be chunked, and shared among tenants: step_share.py) and memory,
-     the head's cached prefix looked up first and taken only with its admission; the
-     first request that does not fit stops admission (no skipping ahead), unless
-     someone's seat or memory goes to it, or its tenant is over its share of the pool
-     and steps aside (holding_share.py);
+  3. admit waiting requests in policy order under max_num_seqs, the token budget and
+     memory (admission.py: the first that does not fit stops admission, unless a seat
+     or memory goes to it or its tenant steps aside);
   4. charge the policy: prompts at admission (here), output tokens as they are
      generated (`update`).
 
@@ -37,6 +34,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Literal
 
+from tokenfair.core.admission import Admission
 from tokenfair.core.batch import ExecutorOutput, ScheduledRequest, SchedulerOutput
 from tokenfair.core.holding_share import HoldingShare
 from tokenfair.core.kv_cache import KVCacheManager
@@ -67,14 +65,13 @@ class Scheduler:
         self.requests: dict[str, Request] = {}  # every unfinished request
         self.running: list[Request] = []  # admission order
         self.swapped: deque[Request] = deque()  # swap-out order
-        self._next_admit_seq = 0
         # Swap-out copies from force_preempt, delivered with the next step, by request.
         self._pending_swap_out: dict[str, list[tuple[int, int]]] = {}
         self._steps_since_admission = 0
         self._step_share = StepShare.for_config(config, policy)  # None: steps not shared
         # What a blocked head may take from what other tenants hold (seats, memory).
         self._holding = HoldingShare(config, policy, self.kv)
-        self.stepped_aside: frozenset[str] = frozenset()  # in the last admission
+        self.admission = Admission(self, self._step_share, self._holding)
         self.num_preemptions = 0  # all causes
         # The pool could not hold the running requests' next tokens (a sizing problem)...
         self.num_memory_preemptions = 0
@@ -144,7 +141,7 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
-    def _own(self, request: RequestView) -> Request:
+    def own(self, request: RequestView) -> Request:
         """The scheduler's request behind what the policy handed back (a policy sees and
         returns requests only as `RequestView`s)."""
         return self.requests[request.request_id]
@@ -164,10 +161,10 @@ class Scheduler:
         else:
             budget = self._schedule_running(out, budget)
             budget = self._schedule_swapped_in(out, budget)
-            self._admit(out, budget, now)
+            self.admission.admit(out, budget, now)
         return out
 
-    def _plan_chunk(self, remaining: int, budget: int) -> int:
+    def plan_chunk(self, remaining: int, budget: int) -> int:
         """Tokens to run of a request with `remaining` tokens left to compute."""
         if remaining <= budget:
             return remaining
@@ -217,9 +214,9 @@ class Scheduler:
         """Preempt the policy's victim because `short` found the pool short; return the
         budget left and the running requests still to plan, `short` first if it stays."""
         running = self.running
-        victim = self._own(self._holding.memory_shortage_victim(running))
+        victim = self.own(self._holding.memory_shortage_victim(running))
         at = running.index(short)
-        self._preempt(victim, out, cause="memory")
+        self.preempt(victim, out, cause="memory")
         if victim is short:
             return left, running[at:]  # the request after it now sits at `at`
         for index, scheduled in enumerate(plan):
@@ -237,7 +234,7 @@ class Scheduler:
         while self.swapped and len(self.running) < self.config.max_num_seqs:
             request = self.swapped[0]
             start = request.num_computed_tokens
-            n = self._plan_chunk(request.num_tokens - start, budget)
+            n = self.plan_chunk(request.num_tokens - start, budget)
             copies = kv.swap_in(request, start + n) if n else None
             if copies is None:
                 break
@@ -251,94 +248,6 @@ class Scheduler:
             budget -= n
         return budget
 
-    def _admit(self, out: SchedulerOutput, budget: int, now: float) -> int:
-        """Admit waiting requests in policy order; return how many were admitted."""
-        policy, kv, config = self.policy, self.kv, self.config
-        admitted = 0
-        if self.swapped:
-            return 0  # swapped requests come back before anyone new is let in
-        aside: set[str] = set()  # tenants whose head stepped aside (memory or step share)
-        while budget > 0:
-            waiting, first_in_line = self._holding.next_candidate(aside)
-            if waiting is None:
-                break
-            head = self._own(waiting)
-            # Its cached prefix, looked up (nothing taken): plan as if it were computed.
-            hit = kv.lookup_prefix(head)
-            if not (first_in_line or self._holding.may_pass(head, hit, self.running, aside)):
-                continue
-            computed = hit.num_tokens
-            n = self._plan_chunk(head.num_tokens - computed, budget)
-            if n == 0 and not out.scheduled:
-                # Too big for the budget and chunking is off: run it alone rather than never.
-                n = head.num_tokens - computed
-            unshared = n  # blocks for that: a shared prompt must not run short halfway
-            if n > 1 and self._step_share is not None:
-                n = self._step_share.allow(head.client, n)
-                if n == 0:  # its tenant had its share of this step: another may start
-                    aside.add(head.client)
-                    continue
-            table = None
-            if (
-                n > 0
-                and len(self.running) < config.max_num_seqs
-                and (
-                    config.admission != "reserve"
-                    or reserve_peak_fits([*self.running, head], self.kv, config)
-                )
-            ):
-                # Last: takes the prefix and the new blocks if they all fit, else nothing.
-                table = kv.allocate(head, computed + unshared, hit)
-            if table is None:
-                # It is next in line: its idle cached blocks become the most recently
-                # used, so evicted last (docs/experiments.md's locality numbers have it).
-                kv.touch_prefix(hit)
-                # Never push out a request admitted in this step (the tail of `running`).
-                settled = self.running[:-admitted] if admitted else self.running
-                chosen = self._holding.victim(head, hit, settled, len(self.running)) if n else None
-                if chosen is not None:
-                    victim = self._own(chosen)
-                    # The victim's tokens in this step go back to the budget.
-                    budget += self._unschedule(victim, out)
-                    self._preempt(victim, out, mode="recompute", cause="policy")
-                    if self._holding.took_memory:
-                        aside.add(victim.client)  # it gave way: it does not take it back now
-                    continue
-                if (
-                    n
-                    and len(self.running) < config.max_num_seqs
-                    and self._holding.steps_aside(head, hit, self.running)
-                ):
-                    aside.add(head.client)
-                    continue
-                break
-            head.num_computed_tokens = computed
-            if first_in_line:
-                policy.pop()
-            else:
-                policy.remove(head)  # a request behind the head of the queue
-            kv.count_prefix_query(head.num_computed_tokens, head.num_tokens)
-            budget -= n
-            first_time = not head.ever_admitted
-            if first_time:
-                head.cached_tokens = head.num_computed_tokens
-            head.ever_admitted = True
-            head.status = RequestStatus.RUNNING
-            head.admit_seq = self._next_admit_seq
-            self._next_admit_seq += 1
-            if head.scheduled_s is None:
-                head.scheduled_s = now
-            self.running.append(head)
-            policy.on_admit(head, first_time, now)
-            out.scheduled.append(ScheduledRequest(head, n, computed, table))
-            if self._step_share is not None:
-                self._step_share.admitted(head.client, n, computed + n == head.num_tokens)
-            admitted += 1
-        if admitted and self._step_share is not None:
-            self._step_share.cut_for_newcomers(out.scheduled)
-        self.stepped_aside = frozenset(aside) if aside else frozenset()  # (a singleton)
-        return admitted
-
     def _schedule_separate_prefill(self, out: SchedulerOutput, now: float) -> None:
         """The paper's router: a step is either new prompts only, or decode for all."""
         config = self.config
@@ -348,7 +257,7 @@ class Scheduler:
             if not config.retry_admission_every_step:
                 self._steps_since_admission = 0  # a failed attempt waits a full interval
             budget = config.max_prefill_tokens or config.max_batched_tokens
-            if self._admit(out, budget, now):
+            if self.admission.admit(out, budget, now):
                 self._steps_since_admission = 0
                 return
         self._steps_since_admission += 1
@@ -356,7 +265,7 @@ class Scheduler:
         self._schedule_swapped_in(out, budget)
 
     # --- preemption ---
-    def _unschedule(self, request: Request, out: SchedulerOutput) -> int:
+    def unschedule(self, request: Request, out: SchedulerOutput) -> int:
         """Drop `request` from this step's batch; return the tokens it had there."""
         returned = sum(s.num_new_tokens for s in out.scheduled if s.request is request)
         if returned:
@@ -365,7 +274,7 @@ class Scheduler:
                 self._step_share.give_back(request.client, returned)
         return returned
 
-    def _preempt(
+    def preempt(
         self,
         victim: Request,
         out: SchedulerOutput,
@@ -373,7 +282,7 @@ class Scheduler:
         cause: Literal["memory", "policy", "operator"] = "memory",
     ) -> None:
         """Push `victim` out (its swap-out copies go to `out`). It must not be in
-        `out.scheduled`: a caller that scheduled it drops it first (`_unschedule`)."""
+        `out.scheduled`: a caller that scheduled it drops it first (`unschedule`)."""
         mode = mode or self.config.preemption
         self.running.remove(victim)
         self.num_preemptions += 1
@@ -407,7 +316,7 @@ class Scheduler:
         if request.status is not RequestStatus.RUNNING:
             raise ValueError(f"request {request_id!r} is not running")
         out = SchedulerOutput(block_size=self.config.block_size)
-        self._preempt(request, out, mode, cause="operator")
+        self.preempt(request, out, mode, cause="operator")
         if out.swap_out:
             self._pending_swap_out[request_id] = out.swap_out
 

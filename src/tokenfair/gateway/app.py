@@ -26,13 +26,13 @@ from tokenfair.gateway.flow.fairness import CounterFairness, Fairness, PolicyFai
 from tokenfair.gateway.flow.order import ORDERS
 from tokenfair.gateway.flow.tokens import TokenCounter, load_tokenizer
 from tokenfair.gateway.metrics import GatewayMetrics
-from tokenfair.gateway.replicas.capacity import ModelDemand
+from tokenfair.gateway.reach import probe
 from tokenfair.gateway.replicas.counters import CounterStore, MemoryCounterStore
 from tokenfair.gateway.side_app import OPERATOR_PAGES, side_app
 from tokenfair.gateway.transport.proxy import CompletionProxy
 from tokenfair.gateway.transport.upstream_tenant import CacheSalts, isolation_warning, salt_key
+from tokenfair.gateway.upstreams.capacity import ModelDemand
 from tokenfair.gateway.upstreams.pool import UpstreamPool
-from tokenfair.gateway.upstreams.probe import probe
 
 log = logging.getLogger("tokenfair.gateway")
 

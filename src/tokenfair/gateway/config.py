@@ -27,6 +27,7 @@ from tokenfair.edge.defaults import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_READ_TIMEOUT_S,
 )
+from tokenfair.gateway.upstreams.kinds import EngineName, MetricsFlavour
 from tokenfair.yaml_lines import line_of, load_with_nodes, validation_message, yaml_error
 
 # Policies whose counters can be shared between gateway replicas (the store's VTC).
@@ -116,17 +117,17 @@ class UpstreamConfig(_Strict):
     max_inflight_tokens: int | None = Field(default=None, ge=1)
     # Follow the upstream's own load from its /metrics: vLLM's num_requests_running /
     # num_requests_waiting, or tokenfair's.
-    capacity_from_metrics: Literal["none", "vllm", "tokenfair"] = "none"
+    capacity_from_metrics: MetricsFlavour = "none"
     api_key: str | None = None
     health_path: str = "/health"
     # What the upstream is, which says how a request's tenant reaches it
-    # (gateway/transport/upstream_tenant.py): `vllm`, the default (cache_salt, vllm_xargs.tenant:
+    # (gateway/upstreams/kinds.py, transport/upstream_tenant.py): `vllm`, the default (cache_salt, vllm_xargs.tenant:
     # vLLM honours both, SGLang and tokenfair serve take the salt and ignore the rest),
     # `sglang` (cache_salt), `tokenfair` (the x-tokenfair-tenant header; api_key must be
     # a key whose tenant acts_for_tenants there), or `openai`: a server that refuses
     # fields it does not know, sent the body and headers as they came, its prefix cache
     # then shared by the gateway's tenants (the gateway warns at start).
-    engine: Literal["openai", "vllm", "sglang", "tokenfair"] = "vllm"
+    engine: EngineName = "vllm"
 
     @field_validator("url")
     @classmethod

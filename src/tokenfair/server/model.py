@@ -1,8 +1,9 @@
 """What the server serves: an Engine plus the tokenizer and limits around it.
 
-`build_served_model(spec, ...)` makes one from `builtin:tiny`, a local transformers
-model directory (the HF executor) or `sim:PROFILE` (the simulator's executor on the wall
-clock); the scheduler is the same in all three. The policy gets the tenants' weights.
+`build_served_model(spec, ...)` makes one with the backend the spec names
+(engine/backends.py: `builtin:tiny` or a local transformers model directory, the HF
+executor; `sim:PROFILE`, the simulator's executor on the wall clock); the scheduler is
+the same in all. The policy gets the tenants' weights.
 
 `build_engine_and_card(...)` is the same build for an engine in its own process
 (engine/engine_process.py): it runs there, keeps the Engine and sends the server the
@@ -16,19 +17,9 @@ from typing import Any, Protocol
 
 from tokenfair.core.policies.base import Policy
 from tokenfair.core.policies.registry import make_policy
-from tokenfair.core.scheduler import Scheduler, SchedulerConfig
 from tokenfair.core.share_tree import ShareTree
+from tokenfair.engine.backends import backend_for
 from tokenfair.engine.engine import Engine
-from tokenfair.server.sim_model import (
-    SIM_PREFIX,
-    SimDetokenizer,
-    SimTokenizer,
-    WallClockSimExecutor,
-    sim_profile,
-)
-
-# sim: has no position limit of its own; the KV pool and the tenant bound apply.
-SIM_MAX_CONTEXT = 1 << 30
 
 
 class ModelTokenizer(Protocol):
@@ -107,62 +98,19 @@ def build_served_model(
 ) -> ServedModel:
     """Load `spec` and build its engine; ValueError (one line) for anything wrong."""
     chosen = build_policy(policy, weights or {}, charge_cached_tokens, tree)
-    name = served_name or spec
-    if spec.startswith(SIM_PREFIX):
-        profile = sim_profile(spec.removeprefix(SIM_PREFIX))
-        config = SchedulerConfig.from_dict(
-            {**scheduler_options, "kv_tokens": kv_tokens if kv_tokens is not None else 1_000_000}
-        )
-        engine = Engine(
-            Scheduler(config, chosen),
-            WallClockSimExecutor(profile),
-            detokenizer=SimDetokenizer(),
-        )
-        return ServedModel(
-            name=name,
-            tokenizer=SimTokenizer(),
-            max_context=SIM_MAX_CONTEXT,
-            vocab_size=None,
-            has_chat_template=True,
-            keeps_token_ids=True,  # content-derived ids: its prefix cache sees real reuse
-            is_sim=True,
-            **_engine_facts(engine),
-        )
-    try:
-        from tokenfair.engine.hf.builtin import BUILTIN_KV_TOKENS, BUILTIN_PREFIX
-        from tokenfair.engine.hf.factory import make_hf_engine
-        from tokenfair.engine.hf.loader import load_model
-    except ImportError as error:
-        raise ValueError(
-            f"real models need the model extra: pip install 'tokenfair[model]' ({error})"
-        ) from None
-    loaded = load_model(spec, device, dtype)
-    if kv_tokens is None and spec.startswith(BUILTIN_PREFIX):
-        kv_tokens = BUILTIN_KV_TOKENS
-    if loaded.tokenizer is None:
-        raise ValueError(f"model {spec!r} has no tokenizer: the server needs one for text")
-    built = make_hf_engine(
-        loaded, policy="fcfs", kv_tokens=kv_tokens, seed=seed, **scheduler_options
-    )
-    # Same config and executor, our policy (it carries the tenants' weights).
-    engine = Engine(
-        Scheduler(built.scheduler.config, chosen), built.executor, detokenizer=built.detokenizer
-    )
-    model_config: Any = getattr(loaded.model, "config", None)
-    text_config = model_config.get_text_config()
-    max_positions = int(getattr(text_config, "max_position_embeddings", 0) or 0)
-    inner = getattr(loaded.tokenizer, "inner", None)
-    has_template = inner is None or getattr(inner, "chat_template", None) is not None
-    vocab = getattr(text_config, "vocab_size", None)
+    built = backend_for(spec).build(
+        spec, chosen, kv_tokens=kv_tokens, device=device, dtype=dtype, seed=seed,
+        **scheduler_options,
+    )  # fmt: skip
     return ServedModel(
-        name=name,
-        tokenizer=loaded.tokenizer,
-        max_context=max_positions or engine.scheduler.config.kv_tokens,
-        vocab_size=int(vocab) if vocab else None,
-        has_chat_template=has_template,
-        keeps_token_ids=True,
-        is_sim=False,
-        **_engine_facts(engine),
+        name=served_name or spec,
+        tokenizer=built.tokenizer,
+        max_context=built.max_context,
+        vocab_size=built.vocab_size,
+        has_chat_template=built.has_chat_template,
+        keeps_token_ids=built.keeps_token_ids,
+        is_sim=built.is_sim,
+        **_engine_facts(built.engine),
     )
 
 

@@ -14,6 +14,7 @@ from dataclasses import fields
 
 import torch
 
+from tokenfair.core.policies.base import Policy
 from tokenfair.core.policies.registry import make_policy
 from tokenfair.core.scheduler import Scheduler, SchedulerConfig
 from tokenfair.engine.engine import Engine
@@ -74,7 +75,7 @@ def _most_kv_tokens_usable(
 def make_hf_engine(
     loaded: LoadedModel,
     *,
-    policy: str = "fcfs",
+    policy: str | Policy = "fcfs",
     kv_tokens: int | None = None,
     kv_memory_fraction: float | None = None,
     attention: AttentionMode = "paged",
@@ -84,7 +85,8 @@ def make_hf_engine(
     pack_linear: bool | None = None,
     **scheduler_options: object,
 ) -> Engine:
-    """An Engine serving `loaded` with the given policy and scheduler settings
+    """An Engine serving `loaded` with the given policy (a name, or one built with the
+    tenants' weights) and scheduler settings
     (any `SchedulerConfig` field: max_num_seqs, max_batched_tokens, block_size,
     swap_tokens, admission, preemption, enable_chunked_prefill, ...).
 
@@ -110,7 +112,7 @@ def make_hf_engine(
             )
             kv_tokens = ceiling
     config = SchedulerConfig.from_dict({**scheduler_options, "kv_tokens": kv_tokens})
-    scheduler = Scheduler(config, make_policy(policy))
+    scheduler = Scheduler(config, make_policy(policy) if isinstance(policy, str) else policy)
     executor = HFExecutor(
         loaded.model,
         num_blocks=config.num_blocks,

@@ -14,7 +14,8 @@ them it would close an import cycle).
 `meter.py` is what a request costs as it happens, charged through `fairness.py`;
 `tokens.py` counts tokens without running the model.
 
-May import, of the rest of the gateway: upstreams/pool.py (where a request may go),
+Above upstreams/ and replicas/, below transport/: may import, of the rest of the
+gateway, messages.py (a message's text), upstreams/pool.py (where a request may go),
 upstreams/prefix.py (what the router places it by), and replicas/counters.py from
 fairness.py alone.
 """

@@ -32,7 +32,7 @@ from tokenfair.edge.tasks import cancel_and_wait
 from tokenfair.gateway.flow.bands import BandedQueues
 from tokenfair.gateway.flow.fairness import Fairness
 from tokenfair.gateway.flow.order import TicketQueue
-from tokenfair.gateway.flow.ticket import Ticket
+from tokenfair.gateway.flow.ticket import Ticket, TicketState
 from tokenfair.gateway.upstreams.pool import Upstream, UpstreamPool
 
 RECENT_DISPATCHES = 1000
@@ -94,7 +94,7 @@ class Admission:
         try:
             # The lift happens before the request is visible to the dispatcher.
             await fairness.arrive(ticket)
-            if ticket.state == "waiting":
+            if ticket.state is TicketState.WAITING:
                 self._queues.add(ticket)
                 self.wake()
             return await ticket.future
@@ -125,7 +125,7 @@ class Admission:
         return list(self._retries)
 
     def _enqueue(self, ticket: Ticket) -> None:
-        ticket.state = "waiting"
+        ticket.move(TicketState.WAITING)
         self.waiting[ticket.tenant] = self.waiting.get(ticket.tenant, 0) + 1
         self.num_waiting += 1
 
@@ -139,19 +139,19 @@ class Admission:
 
     def _abandon(self, ticket: Ticket) -> None:
         """The client went away (or timed out) before its request was dispatched."""
-        if ticket.state == "waiting":
-            ticket.state = "released"
+        if ticket.state is TicketState.WAITING:
+            ticket.move(TicketState.RELEASED)
             self._unwait(ticket)
             self._queues.remove(ticket)
             self._spawn(self.fairness(ticket.band).leave(ticket))
-        elif ticket.state == "picking":
-            ticket.state = "abandoned"  # the dispatcher refunds it when the pick returns
-        elif ticket.state == "dispatched":
+        elif ticket.state is TicketState.PICKING:
+            ticket.move(TicketState.ABANDONED)  # the dispatcher refunds it when the pick returns
+        elif ticket.state is TicketState.DISPATCHED:
             self.release(ticket)
-        elif ticket.state == "retrying":
+        elif ticket.state is TicketState.RETRYING:
             if ticket in self._retries:
                 self._retries.remove(ticket)
-            ticket.state = "released"
+            ticket.move(TicketState.RELEASED)
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -160,15 +160,15 @@ class Admission:
 
     def release(self, ticket: Ticket) -> None:
         """The request is over: its upstream slot and tokens are free again."""
-        if ticket.upstream is not None and not ticket.released:
-            ticket.released = True
+        if ticket.state is TicketState.DISPATCHED:
+            assert ticket.upstream is not None
             ticket.upstream.release(ticket.tokens, ticket.seats)
             left = self.running.get(ticket.tenant, 0) - 1
             if left > 0:
                 self.running[ticket.tenant] = left
             else:
                 self.running.pop(ticket.tenant, None)
-            ticket.state = "released"
+            ticket.move(TicketState.RELEASED)
             self.wake()
 
     async def retry(self, ticket: Ticket) -> Upstream | None:
@@ -179,8 +179,8 @@ class Admission:
         ticket.exclude = ticket.exclude | {failed.name}
         if not self.pool.any_eligible(ticket.model, ticket.exclude):
             return None
-        ticket.upstream, ticket.released = None, False
-        ticket.state = "retrying"
+        ticket.upstream = None
+        ticket.move(TicketState.RETRYING)
         ticket.future = asyncio.get_running_loop().create_future()
         self._retries.append(ticket)
         self.on_wait(ticket.model)
@@ -209,7 +209,7 @@ class Admission:
             )
         self.dispatches += 1
         ticket.upstream = upstream
-        ticket.state = "dispatched"
+        ticket.move(TicketState.DISPATCHED)
         self.running[ticket.tenant] = self.running.get(ticket.tenant, 0) + 1
         assert ticket.future is not None
         if not ticket.future.done():
@@ -246,17 +246,17 @@ class Admission:
         band, heads = found
         fairness = self.fairness(band)
         for ticket in heads:
-            ticket.state = "picking"
+            ticket.move(TicketState.PICKING)
         chosen = await fairness.pick(heads)
         for ticket in heads:
             if ticket is chosen:
                 continue
-            if ticket.state == "picking":
-                ticket.state = "waiting"
-            elif ticket.state == "abandoned":  # left during the pick, never picked
+            if ticket.state is TicketState.PICKING:
+                ticket.move(TicketState.WAITING)
+            elif ticket.state is TicketState.ABANDONED:  # left during the pick, never picked
                 self._drop_abandoned(ticket)
                 self._spawn(fairness.leave(ticket))
-        if chosen.state == "abandoned":
+        if chosen.state is TicketState.ABANDONED:
             # Left while being picked: the pick already counted it out of waiting.
             await fairness.refund(chosen)
             self._drop_abandoned(chosen)
@@ -265,7 +265,7 @@ class Admission:
         self._unwait(chosen)
         upstream = self.pool.choose(chosen.model, chosen.tokens, chosen.seats, prefix=chosen.prefix)
         if upstream is None:  # capacity vanished during the pick (health, a lease)
-            chosen.state = "retrying"
+            chosen.move(TicketState.RETRYING)
             self._retries.appendleft(chosen)
             self.on_wait(chosen.model)
             return True
@@ -273,6 +273,6 @@ class Admission:
         return True
 
     def _drop_abandoned(self, ticket: Ticket) -> None:
-        ticket.state = "released"
+        ticket.move(TicketState.RELEASED)
         self._queues.remove(ticket)
         self._unwait(ticket)

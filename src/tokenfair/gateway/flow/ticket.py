@@ -1,9 +1,12 @@
-"""One request's passage through the gateway's queue, from arrival to release."""
+"""One request's passage through the gateway's queue, from arrival to release: its
+states and the moves between them, written once (`TicketState`, `MOVES`); admission.py
+makes every move through `Ticket.move`, which refuses any other."""
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+import enum
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tokenfair.core.policies.ledger import Charge
@@ -12,6 +15,33 @@ from tokenfair.gateway.upstreams.prefix import PrefixKey
 
 if TYPE_CHECKING:
     from tokenfair.gateway.upstreams.pool import Upstream
+
+
+class TicketState(enum.Enum):
+    NEW = "new"  # built: not yet queued nor dispatched
+    WAITING = "waiting"  # in its tenant's queue
+    PICKING = "picking"  # a head the fairness seam is choosing among
+    ABANDONED = "abandoned"  # its client left during a pick: the dispatcher drops it
+    RETRYING = "retrying"  # waiting for an upstream again, ahead of the queues
+    DISPATCHED = "dispatched"  # holds a slot (and its tokens) of an upstream
+    RELEASED = "released"  # over, or gone before dispatch: it holds nothing
+
+
+S = TicketState
+MOVES: dict[TicketState, frozenset[TicketState]] = {
+    S.NEW: frozenset({S.WAITING, S.DISPATCHED}),  # queued, or straight to an upstream
+    S.WAITING: frozenset({S.PICKING, S.RELEASED}),  # a head of a pick, or its client left
+    # Picked (to an upstream, or to wait for one again), not picked, or left meanwhile.
+    S.PICKING: frozenset({S.DISPATCHED, S.RETRYING, S.WAITING, S.ABANDONED}),
+    S.ABANDONED: frozenset({S.RELEASED}),
+    S.RETRYING: frozenset({S.DISPATCHED, S.RELEASED}),
+    S.DISPATCHED: frozenset({S.RELEASED}),
+    S.RELEASED: frozenset({S.RETRYING}),  # its upstream failed before the first byte
+}
+
+
+class TicketMoveError(RuntimeError):
+    """A move `MOVES` does not have: a bug in the admission loop."""
 
 
 @dataclass(eq=False, slots=True)
@@ -33,6 +63,10 @@ class Ticket:
     future: asyncio.Future[Upstream] | None = None
     upstream: Upstream | None = None
     view: PolicyRequest | None = None  # what the core's ordering policies see of it
-    state: str = "new"  # new -> waiting -> picking -> dispatched -> released
-    released: bool = field(default=False)
+    state: TicketState = TicketState.NEW  # moved by `move` alone
     recorded: bool = False  # its queueing is in `Admission.recent` (a retry waits no turn)
+
+    def move(self, to: TicketState) -> None:
+        if to not in MOVES[self.state]:
+            raise TicketMoveError(f"a ticket cannot go from {self.state.value} to {to.value}")
+        self.state = to

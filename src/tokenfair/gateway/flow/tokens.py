@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from typing import Any, Protocol
 
+from tokenfair.gateway.messages import text_of
+
 CHARS_PER_TOKEN = 4
 TOKENS_PER_MESSAGE = 4
 TOKENS_PER_REPLY = 2
@@ -21,17 +23,6 @@ TOKENS_PER_REPLY = 2
 
 class Tokenizer(Protocol):
     def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
-
-
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts: only text parts count here
-        # The upstream validates the parts; a part whose text is not a string counts
-        # as nothing here, rather than failing the request.
-        texts = (p.get("text") for p in content if isinstance(p, dict))
-        return "".join(text for text in texts if isinstance(text, str))
-    return ""
 
 
 class TokenCounter:
@@ -64,7 +55,7 @@ class TokenCounter:
         total = TOKENS_PER_REPLY
         for message in messages:
             if isinstance(message, dict):
-                total += TOKENS_PER_MESSAGE + self.text(_text_of(message.get("content")))
+                total += TOKENS_PER_MESSAGE + self.text(text_of(message.get("content")))
         return total
 
     def prompt(self, prompt: Any) -> int:

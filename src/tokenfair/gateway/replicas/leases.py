@@ -36,10 +36,10 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from tokenfair.edge.tasks import cancel_and_wait
-from tokenfair.gateway.replicas.capacity import Lease, ModelDemand
 from tokenfair.gateway.replicas.lease_outage import fail_open
 from tokenfair.gateway.replicas.lease_script import SYNC, announced, claim_text
 from tokenfair.gateway.replicas.redis_client import connect, failure, subscriber
+from tokenfair.gateway.upstreams.capacity import Lease, ModelDemand
 from tokenfair.gateway.upstreams.pool import Upstream
 
 log = logging.getLogger("tokenfair.gateway")

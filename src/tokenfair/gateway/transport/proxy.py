@@ -27,12 +27,13 @@ from tokenfair.gateway.transport.relay import (
     UPSTREAM_ERRORS,
     UPSTREAM_FAILED,
     ClientResponse,
+    Relay,
     relay_body,
     relay_stream,
 )
 from tokenfair.gateway.transport.requests import CompletionCall, parse_call
-from tokenfair.gateway.transport.upstream_client import UpstreamResponse
 from tokenfair.gateway.transport.upstream_tenant import for_upstream
+from tokenfair.gateway.upstreams.client import UpstreamResponse
 
 if TYPE_CHECKING:
     from tokenfair.core.cost import LinearCost
@@ -382,18 +383,11 @@ class CompletionProxy:
             content_type = upstream_response.header(b"content-type") or b""
             relay = relay_stream if content_type.startswith(b"text/event-stream") else relay_body
             gw = self.gw
-            return await relay(
-                gw.pool.mark_failure,
-                gw.token_counter(call.model),
-                gw.metrics.of(tenant),
-                call,
-                upstream,
-                upstream_response,
-                headers,
-                meter,
-                response,
-                arrival,
-            )
+            counter, series = gw.token_counter(call.model), gw.metrics.of(tenant)
+            return await relay(Relay(
+                gw.pool.mark_failure, counter, series, call, upstream, upstream_response,
+                headers, meter, response, arrival,
+            ))  # fmt: skip
         finally:
             # A response read to its end goes back to the keep-alive pool; one abandoned
             # (client gone, timeout) closes its connection, which aborts it upstream.

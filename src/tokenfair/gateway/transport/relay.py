@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -24,7 +25,7 @@ from tokenfair.gateway.transport.sse import (
     text_of_answer,
     usage_of,
 )
-from tokenfair.gateway.transport.upstream_client import UpstreamError, UpstreamResponse
+from tokenfair.gateway.upstreams.client import UpstreamError, UpstreamResponse
 
 if TYPE_CHECKING:
     from tokenfair.edge.tenant_metrics import TenantSeries
@@ -89,18 +90,26 @@ class ClientResponse:
         await self.body(body, more=False)
 
 
-async def relay_body(
-    mark_failure: MarkFailure,
-    counter: TokenCounter,
-    series: TenantSeries,
-    call: CompletionCall,
-    upstream: Upstream,
-    up: UpstreamResponse,
-    headers: list[tuple[bytes, bytes]],
-    meter: Meter,
-    response: ClientResponse,
-    arrival: float,
-) -> Outcome:
+@dataclass(slots=True)
+class Relay:
+    """One upstream answer on its way to the client: what a relay reads."""
+
+    mark_failure: MarkFailure  # the pool's: the upstream broke off, and why
+    counter: TokenCounter  # the model's token count, where the upstream gives no usage
+    series: TenantSeries  # the tenant's latency histograms
+    call: CompletionCall
+    upstream: Upstream
+    up: UpstreamResponse
+    headers: list[tuple[bytes, bytes]]  # the answer's headers, as relayed
+    meter: Meter
+    response: ClientResponse
+    arrival: float  # when the request came (perf_counter), for the time to first token
+
+
+async def relay_body(r: Relay) -> Outcome:
+    """A body read whole, then relayed: its usage settles the charge."""
+    mark_failure, counter, series = r.mark_failure, r.counter, r.series
+    upstream, up, headers, meter, response = r.upstream, r.up, r.headers, r.meter, r.response
     try:
         body = await up.read(MAX_ANSWER_BYTES)
     except UPSTREAM_ERRORS as error:
@@ -129,7 +138,7 @@ async def relay_body(
     if up.status != 200 or not meter.usage_seen:
         meter.on_unfinished(failed=up.status != 200)
     else:
-        series.ttft.observe(time.perf_counter() - arrival)
+        series.ttft.observe(time.perf_counter() - r.arrival)
     await response.start(up.status, [*headers, (b"content-length", str(len(body)).encode())])
     await response.body(body, more=False)
     if up.status == 200:
@@ -137,18 +146,10 @@ async def relay_body(
     return Outcome.answered(up.status, error_code_of(answer))
 
 
-async def relay_stream(
-    mark_failure: MarkFailure,
-    counter: TokenCounter,
-    series: TenantSeries,
-    call: CompletionCall,
-    upstream: Upstream,
-    up: UpstreamResponse,
-    headers: list[tuple[bytes, bytes]],
-    meter: Meter,
-    response: ClientResponse,
-    arrival: float,
-) -> Outcome:
+async def relay_stream(r: Relay) -> Outcome:
+    """A stream passed on chunk by chunk, metered as it goes."""
+    mark_failure, counter, series, call = r.mark_failure, r.counter, r.series, r.call
+    upstream, up, headers, meter, response = r.upstream, r.up, r.headers, r.meter, r.response
     # Called for every chunk of every stream: what it needs is looked up once here.
     clock, observe_itl, on_chunk = time.perf_counter, series.itl.observe, meter.on_chunk
     last = 0.0  # when the last chunk with tokens came (0: none yet)
@@ -159,7 +160,7 @@ async def relay_stream(
         if last:
             observe_itl(now - last)
         else:
-            series.ttft.observe(now - arrival)
+            series.ttft.observe(now - r.arrival)
         last = now
         on_chunk(n)
 

@@ -34,9 +34,8 @@ from urllib.parse import quote
 from tokenfair.edge.directory import TenantDirectory
 from tokenfair.edge.tenants import ACTING_HEADER
 from tokenfair.gateway.transport.requests import CompletionCall, with_fields
+from tokenfair.gateway.upstreams.kinds import KINDS, UpstreamKind
 
-ENGINES = ("openai", "vllm", "sglang", "tokenfair")
-SALTED = frozenset({"vllm", "sglang"})  # engines that read cache_salt from the body
 DEFAULT_SALT_KEY = "tokenfair"  # the Redis namespace's default
 
 
@@ -78,7 +77,7 @@ def isolation_warning(upstreams: list[Any], directory: TenantDirectory) -> str |
         one_tenant = len(directory.file.tenants) == 1
     if directory.share_prefix_cache or one_tenant:
         return None
-    opaque = [u.name for u in upstreams if u.engine == "openai"]
+    opaque = [u.name for u in upstreams if not KINDS[u.engine].tells_tenant]
     if not opaque:
         return None
     return (
@@ -92,36 +91,37 @@ def isolation_warning(upstreams: list[Any], directory: TenantDirectory) -> str |
 def for_upstream(
     call: CompletionCall, tenant: str, engine: str, salts: CacheSalts, shared: bool
 ) -> tuple[bytes, dict[str, str] | None]:
-    """The body and the extra headers of `call` for an upstream of `engine`."""
-    if engine == "openai":  # the hot path of a plain proxy: nothing to build
+    """The body and the extra headers of `call` for an upstream of kind `engine`."""
+    kind = KINDS[engine]
+    if not kind.tells_tenant:  # the hot path of a plain proxy: nothing to build
         return call.body, None
     forwarded = call.forwarded
     if forwarded is None:
         forwarded = call.forwarded = {}
     found = forwarded.get(engine)
     if found is None:
-        found = forwarded[engine] = _build(call, tenant, engine, salts, shared)
+        found = forwarded[engine] = _build(call, tenant, kind, salts, shared)
     return found
 
 
 def _build(
-    call: CompletionCall, tenant: str, engine: str, salts: CacheSalts, shared: bool
+    call: CompletionCall, tenant: str, kind: UpstreamKind, salts: CacheSalts, shared: bool
 ) -> tuple[bytes, dict[str, str] | None]:
     fields: dict[str, Any] = {}
-    if engine in SALTED:
-        if not shared:
+    headers: dict[str, str] | None = None
+    if kind.tenant_header:
+        # The header names the tenant (its fairness, and by default its cache). Every
+        # salt it is sent is a hash, never a tenant's name: no client's salt can select
+        # the partition the server gives a tenant without one. (A name from a `user`
+        # field may hold a lone surrogate: sent as is, for the server to refuse, rather
+        # than failing here.)
+        headers = {ACTING_HEADER: quote(tenant.encode("utf-8", "surrogatepass"), safe="")}
+        if shared:  # one partition for all, divided only by the clients' own salts
+            fields["cache_salt"] = salts.salt(None, call.client_salt)
+        elif call.client_salt is not None:
             fields["cache_salt"] = salts.salt(tenant, call.client_salt)
-        if engine == "vllm":
-            fields["vllm_xargs"] = {**(call.client_xargs or {}), "tenant": tenant}
-        return (with_fields(call, fields) if fields else call.body), None
-    # tokenfair: the header names the tenant (its fairness, and by default its cache).
-    # Every salt it is sent is a hash, never a tenant's name: no client's salt can
-    # select the partition the server gives a tenant without one.
-    # (A name from a `user` field may hold a lone surrogate: sent as is, for the server
-    # to refuse, rather than failing here.)
-    headers = {ACTING_HEADER: quote(tenant.encode("utf-8", "surrogatepass"), safe="")}
-    if shared:  # one partition for all, divided only by the clients' own salts
-        fields["cache_salt"] = salts.salt(None, call.client_salt)
-    elif call.client_salt is not None:
+    elif kind.salt_in_body and not shared:
         fields["cache_salt"] = salts.salt(tenant, call.client_salt)
+    if kind.tenant_in_xargs:
+        fields["vllm_xargs"] = {**(call.client_xargs or {}), "tenant": tenant}
     return (with_fields(call, fields) if fields else call.body), headers

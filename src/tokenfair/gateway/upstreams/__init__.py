@@ -5,11 +5,13 @@ admitted request goes.
   the health checks, and `UpstreamPool.choose`;
 - `routing.py`: the router `choose` asks (least-loaded, or prefix affinity over the
   prompt-prefix index of `prefix.py`); `routing_metrics.py`: its /metrics series;
-- `probe.py`: what the gateway reaches (the upstreams, Redis), for `--check` and the
-  start.
+- `client.py`: the gateway's one HTTP client (the requests' hot path, and the health
+  checks', scrapes' and probes' GETs);
+- `kinds.py`: the kinds of upstream (`engine:`), one object each: how a tenant reaches
+  it, its cache salt, its metrics;
+- `capacity.py`: a replica's lease on an upstream and what its waiting requests need
+  (the pool holds the lease; replicas/leases.py settles it with the others).
 
-May import, of the rest of the gateway: config.py, transport/upstream_client.py (the
-one HTTP client, for the health checks, scrapes and probes), flow/tokens.py (a
-prompt's text, for its prefix key), replicas/capacity.py (a replica's lease on an
-upstream) and replicas/redis_client.py (the probe asks Redis).
+The lowest room: may import, of the rest of the gateway, config.py and messages.py (a
+prompt's text, for its prefix key) alone.
 """

@@ -9,7 +9,7 @@ counted too. A request goes to the least-loaded healthy upstream that serves its
 and has room for it. Health checks take an upstream out of rotation after `fail_after`
 failures in a row and put it back after one success; a request that cannot reach an
 upstream counts as a failure. The checks and the /metrics scrapes are GETs of the
-gateway's one HTTP client (transport/upstream_client.py), on keep-alive connections of
+gateway's one HTTP client (upstreams/client.py), on keep-alive connections of
 their own, each bounded by `health.timeout_s` in all.
 """
 
@@ -23,10 +23,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tokenfair.edge.tasks import cancel_and_wait
 from tokenfair.gateway.config import HealthConfig, RoutingConfig, UpstreamConfig
-from tokenfair.gateway.replicas.capacity import Lease
-from tokenfair.gateway.transport.upstream_client import UpstreamClient, failure_name
+from tokenfair.gateway.upstreams.capacity import Lease
+from tokenfair.gateway.upstreams.client import PROBE_HEADERS, UpstreamClient, failure_name
+from tokenfair.gateway.upstreams.kinds import KINDS
 from tokenfair.gateway.upstreams.prefix import PrefixKey
-from tokenfair.gateway.upstreams.probe import PROBE_HEADERS
 from tokenfair.gateway.upstreams.routing import Router, make_router
 
 log = logging.getLogger("tokenfair.gateway")
@@ -34,13 +34,13 @@ log = logging.getLogger("tokenfair.gateway")
 # Below uvicorn's 5 s keep-alive (vLLM's and SGLang's servers too): the gateway drops an
 # idle connection before the upstream does, so a request never lands on a closing one.
 KEEPALIVE_S = 4.0
-_METRIC_PREFIX = {"vllm": "vllm:", "tokenfair": "tokenfair:"}
 
 
 def parse_load(text: str, flavour: str) -> tuple[float, float]:
     """Running and waiting requests summed over every series of the upstream's metrics
     (prometheus_client's parser reads the text format)."""
-    prefix = _METRIC_PREFIX[flavour]
+    prefix = KINDS[flavour].metrics_prefix
+    assert prefix is not None, f"{flavour!r} has no metrics to follow"
     wanted = {prefix + "num_requests_running": 0, prefix + "num_requests_waiting": 1}
     totals = [0.0, 0.0]
     try:

@@ -24,7 +24,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from tokenfair.gateway.flow.tokens import _text_of
+from tokenfair.gateway.messages import text_of
 
 _MASK = (1 << 64) - 1
 
@@ -50,7 +50,7 @@ def _render(kind: str, payload: Any) -> bytes:
         parts = []
         for message in payload:
             if isinstance(message, dict):
-                parts.append(f"{message.get('role')}\x00{_text_of(message.get('content'))}\x1e")
+                parts.append(f"{message.get('role')}\x00{text_of(message.get('content'))}\x1e")
         return "".join(parts).encode("utf-8", "surrogatepass")
     if isinstance(payload, str):
         return payload.encode("utf-8", "surrogatepass")

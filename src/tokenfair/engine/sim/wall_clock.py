@@ -1,4 +1,5 @@
-"""`--model sim:PROFILE`: serve without a model, at a profile's step times, in real time.
+"""The `sim:PROFILE` backend's parts (engine/backends.py): serve without a model, at a
+profile's step times, in real time.
 
 The simulator's executor decides each step's duration from the step-time profile; here
 the step then actually lasts that long on the wall clock (the thread sleeps out the
@@ -27,7 +28,6 @@ from tokenfair.core.batch import ExecutorOutput, SchedulerOutput
 from tokenfair.engine.sim.executor import SIM_TOKEN, SimExecutor
 from tokenfair.engine.sim.profile import LinearStepProfile, StepTimeProfile, load_profile
 
-SIM_PREFIX = "sim:"
 PLACEHOLDER_TEXT = " tok"
 BYTES_PER_TOKEN = 4
 

@@ -1,9 +1,10 @@
-"""What the gateway can reach: each upstream's health endpoint and its Redis.
+"""What the gateway can reach: each upstream's health endpoint and its Redis (at the top
+level: it asks of two rooms, upstreams/ and replicas/).
 
 `tokenfair gateway --check` prints it after validating the config (exit status 1 when
 something does not answer), and the gateway logs it as it starts, one line each, so an
 operator sees at once which upstreams and which Redis it found. Each upstream is asked
-with the gateway's own HTTP client (transport/upstream_client.py), within
+with the gateway's own HTTP client (upstreams/client.py), within
 `PROBE_TIMEOUT_S` in all.
 """
 
@@ -14,12 +15,9 @@ import contextlib
 from dataclasses import dataclass
 
 from tokenfair.gateway.config import GatewayConfig, UpstreamConfig
-from tokenfair.gateway.transport.upstream_client import UpstreamClient, failure_name
+from tokenfair.gateway.upstreams.client import PROBE_HEADERS, UpstreamClient, failure_name
 
 PROBE_TIMEOUT_S = 2.0
-# What a probe sends beyond the host (here and in the pool's health checks and scrapes):
-# no API key and no body, as health and metrics endpoints are open.
-PROBE_HEADERS = {"accept-encoding": "identity"}
 
 
 @dataclass(frozen=True, slots=True)

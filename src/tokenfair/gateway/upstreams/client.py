@@ -40,6 +40,9 @@ import httptools
 # Bytes buffered for the consumer before reading from the upstream pauses; it resumes
 # when the consumer takes them (each read takes everything buffered).
 HIGH_WATER = 256 * 1024
+# What a probe sends beyond the host (reach.py's, and the pool's health checks and
+# scrapes): no API key and no body, as health and metrics endpoints are open.
+PROBE_HEADERS = {"accept-encoding": "identity"}
 
 
 class UpstreamError(OSError):
