@@ -15,8 +15,8 @@ import pytest
 import uvloop
 
 from tests.gateway.redis_server import free_port
+from tokenfair.gateway import reach as probe_module
 from tokenfair.gateway.config import GatewayConfig, HealthConfig, UpstreamConfig
-from tokenfair.gateway.upstreams import probe as probe_module
 from tokenfair.gateway.upstreams.client import UpstreamClient
 from tokenfair.gateway.upstreams.pool import UpstreamPool
 
