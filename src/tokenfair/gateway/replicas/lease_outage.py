@@ -17,11 +17,11 @@ def fail_open(
     leases), so that no tenant of this replica waits for Redis; past `grace`, every
     lease is exactly the share, and replicas cut off together are back within the
     capacity."""
-    for upstream in upstreams:
-        assert upstream.lease is not None
-        upstream.lease.giving_back = False
     if lasted < min(grace, raise_after):
-        return False  # a blip: the leases as they are
+        for upstream in upstreams:  # a blip: the leases as they are, given back no more
+            assert upstream.lease is not None
+            upstream.lease.hold(upstream.lease.slots, upstream.lease.tokens)
+        return False
     exact = lasted >= grace
     grew = False
     for upstream in upstreams:
@@ -31,6 +31,5 @@ def fail_open(
         tokens = max(1, cap.max_inflight_tokens // live) if cap.max_inflight_tokens else 0
         if not exact:
             slots, tokens = max(slots, lease.slots), max(tokens, lease.tokens)
-        grew = grew or slots > lease.slots or tokens > lease.tokens
-        lease.slots, lease.tokens = slots, tokens
+        grew = lease.hold(slots, tokens) or grew
     return grew

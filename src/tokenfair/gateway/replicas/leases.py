@@ -180,15 +180,7 @@ class LeaseLedger:
                 if self._nudged is not None:
                     self._nudged.set()
                 continue
-            # A grant is at most this replica's due (lease_script.py): its due is at
-            # least that now, or what was granted would go back as soon as it frees.
-            if slots is not None and slots > lease.slots:
-                lease.slots, grew = slots, True
-                lease.keep_slots = max(lease.keep_slots, slots)
-            if tokens is not None and tokens > lease.tokens:
-                lease.tokens, grew = tokens, True
-                lease.keep_tokens = max(lease.keep_tokens, tokens)
-            lease.giving_back = lease.slots > lease.keep_slots or lease.tokens > lease.keep_tokens
+            grew = lease.grant(slots, tokens) or grew
         if grew:
             self.on_grant()
 
@@ -359,20 +351,11 @@ class LeaseLedger:
                 slots = min(slots, lease.slots)
             if lease.tokens < want.floor_tokens:
                 tokens = min(tokens, lease.tokens)
-            grew = grew or slots > lease.slots or tokens > lease.tokens
-            lease.slots, lease.tokens = slots, tokens
-            lease.others_slots, lease.others_tokens = others_slots, others_tokens
-            # Holding more than its due: nothing new beyond it; what does not run goes
-            # back now, what runs as it ends (the pool calls _gave_back).
-            lease.keep_slots, lease.keep_tokens = keep_slots, keep_tokens
-            lease.giving_back = slots > keep_slots or tokens > keep_tokens
-            if lease.giving_back:
-                upstream = want.upstream
-                down_slots = min(slots, max(upstream.running, keep_slots))
-                down_tokens = min(tokens, max(upstream.inflight_tokens, keep_tokens))
-                if down_slots < slots or down_tokens < tokens:
-                    lease.slots, lease.tokens = down_slots, down_tokens
-                    self._gave_back()
+            upstream = want.upstream
+            grew = lease.settle(
+                (slots, tokens), (others_slots, others_tokens), (keep_slots, keep_tokens),
+                upstream.running, upstream.inflight_tokens,
+            ) or grew  # fmt: skip
         self._live = max(1, int(answer[6 * len(wants)]))
         self._redis_now_ms, self._heard_at = int(answer[6 * len(wants) + 1]), time.monotonic()
         if grew:

@@ -10,7 +10,8 @@ admitted request goes.
 - `kinds.py`: the kinds of upstream (`engine:`), one object each: how a tenant reaches
   it, its cache salt, its metrics;
 - `capacity.py`: a replica's lease on an upstream and what its waiting requests need
-  (the pool holds the lease; replicas/leases.py settles it with the others).
+  (the pool holds the lease; replicas/leases.py settles it with the others; every
+  change of it is one of its own methods: give back, settle, grant, hold).
 
 The lowest room: may import, of the rest of the gateway, config.py and messages.py (a
 prompt's text, for its prefix key) alone.

@@ -152,14 +152,8 @@ class Upstream:
     def release(self, tokens: int, seats: int = 1) -> None:
         self.running -= seats
         self.inflight_tokens -= tokens
-        lease = self.lease
-        if lease is not None and lease.giving_back:  # what frees goes back, down to its due
-            slots = min(lease.slots, max(self.running, lease.keep_slots))
-            tokens = min(lease.tokens, max(self.inflight_tokens, lease.keep_tokens))
-            if slots < lease.slots or tokens < lease.tokens:
-                lease.slots, lease.tokens = slots, tokens
-                if lease.on_give_back is not None:
-                    lease.on_give_back()
+        if self.lease is not None:  # what frees goes back, down to its due
+            self.lease.give_back(self.running, self.inflight_tokens)
 
 
 class UpstreamPool:
