@@ -65,18 +65,16 @@ class Snapshot:
         """Run on the engine thread (AsyncEngine.call)."""
         scheduler = engine.scheduler
         policy = scheduler.policy
-        counters = getattr(policy, "counters", None)
-        nodes = getattr(policy, "node_counters", None)
-        all_nodes: dict[str, float] = nodes() if callable(nodes) else {}
+        all_nodes = policy.node_counters()
         kv = scheduler.kv
         return cls(
             running=Counter(r.client for r in scheduler.running),
             waiting=Counter(r.client for r in policy.waiting_requests()),
             swapped=Counter(r.client for r in scheduler.swapped),
             preemptions=dict(scheduler.preemptions_by_client),
-            counters=counters() if callable(counters) else {},
+            counters=policy.counters(),
             group_counters={n[1:]: c for n, c in all_nodes.items() if is_group(n)},
-            weights=dict(getattr(policy, "weights", {}) or {}),
+            weights=policy.weights_in_use(),
             kv_used_blocks=kv.num_used_blocks,
             kv_blocks=kv.num_blocks,
             prefix_hit_tokens=kv.prefix_hit_tokens,

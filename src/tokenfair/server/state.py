@@ -16,6 +16,7 @@ from tokenfair.edge.directory import TenantDirectory
 from tokenfair.edge.errors import APIError, shutting_down
 from tokenfair.edge.limits import Limits
 from tokenfair.edge.tenants import TenantsFileError, load_tenants
+from tokenfair.engine.engine import Engine
 from tokenfair.engine.engine_client import EngineClient
 from tokenfair.server.backlog import MIN_STREAM_BUFFER_BYTES
 from tokenfair.server.metrics import ServerMetrics, Snapshot
@@ -145,7 +146,7 @@ def new_response_id(kind: str) -> str:
     return f"{kind}-{secrets.token_hex(12)}"
 
 
-def _set_weights(engine: object, weights: dict[str, float], tree: ShareTree | None = None) -> None:
+def _set_weights(engine: Engine, weights: dict[str, float], tree: ShareTree | None = None) -> None:
     """Where the engine steps: new weights (tenants, and groups as `@path`) and, after a
     reload, the tree with its new tenants and groups (the directory refused any move)."""
-    engine.scheduler.policy.reweigh(weights, tree)  # type: ignore[attr-defined]
+    engine.scheduler.policy.reweigh(weights, tree)

@@ -169,6 +169,17 @@ class Policy:
         """Per-client virtual counters, for policies that keep them."""
         return {}
 
+    def node_counters(self) -> dict[str, float]:
+        """Every node's counter, groups (`@path`) as well as clients; by default the
+        clients' (`counters`)."""
+        return self.counters()
+
+    def weights_in_use(self) -> dict[str, float]:
+        """The weights it orders by now (tenants, and groups as `@path`), for metrics and
+        status pages; by default a `weights` mapping it keeps (docs/policies.md asks a
+        policy of one's own to keep `settings.weights` so), or none."""
+        return dict(getattr(self, "weights", None) or {})
+
     def reweigh(self, weights: Mapping[str, float], tree: ShareTree | None = None) -> None:
         """New weights while running (tenants by name, groups as `@path`; the others keep
         theirs) and, after a tenants file is reloaded, its tree (new tenants and groups,
