@@ -19,7 +19,7 @@ from tests.gateway.load import Done, closed_loop
 from tests.gateway.processes import fake_upstream, gateway, state, stats
 from tests.gateway.redis_server import RedisServer, commands_run
 from tokenfair.gateway.config import HealthConfig, UpstreamConfig
-from tokenfair.gateway.replicas.leases import STARTUP_GRACE_S, LeaseLedger
+from tokenfair.gateway.replicas.leases import STARTUP_GRACE_S, CapacityLeases
 from tokenfair.gateway.upstreams.capacity import ModelDemand
 from tokenfair.gateway.upstreams.pool import Upstream, UpstreamPool
 
@@ -35,7 +35,7 @@ class Replica:
         self.name = name
         self.upstream: Upstream = UpstreamPool([CAP], HealthConfig()).upstreams[0]
         self.demand: dict[str, ModelDemand] = {}
-        self.ledger = LeaseLedger(
+        self.ledger = CapacityLeases(
             redis.url,
             [self.upstream],
             lambda: self.demand,
@@ -547,7 +547,7 @@ def test_a_limit_the_upstream_lacks_is_never_given_back(redis_server: RedisServe
     async def run() -> None:
         one = Replica(redis_server, "n1")
         one.upstream = UpstreamPool([slots_only], HealthConfig()).upstreams[0]
-        one.ledger = LeaseLedger(
+        one.ledger = CapacityLeases(
             redis_server.url, [one.upstream], lambda: one.demand, lambda: None,
             namespace="slots", gateway_id="n1",
         )  # fmt: skip

@@ -131,9 +131,9 @@ class Gateway:
         r = self.config.redis
         if r is None or not r.share_capacity:
             return None
-        from tokenfair.gateway.replicas.leases import LeaseLedger
+        from tokenfair.gateway.replicas.leases import CapacityLeases
 
-        ledger = LeaseLedger(
+        ledger = CapacityLeases(
             r.url,
             self.pool.upstreams,
             self.waiting_demand,

@@ -195,14 +195,14 @@ def test_greedy_outputs_identical_with_and_without_the_plugin(flood_runs, varian
 
 @pytest.mark.parametrize("variant", ["plugin", "async"])
 def test_counters_after_the_flood(flood_runs, schedulers, variant):
-    stats = schedulers[variant].ledger.tenants()
+    stats = schedulers[variant].driver.tenants()
     assert stats["heavy"].prompt_tokens == HEAVY * HEAVY_PROMPT
     assert stats["heavy"].output_tokens == sum(map(heavy_output, range(HEAVY)))
     assert stats["light"].output_tokens == LIGHT * LIGHT_OUTPUT
     assert all(s.waiting == s.running == 0 for s in stats.values())
     # The heavy tenant arrived first, to an idle engine (no lift): its counter is
     # exactly its prompts and twice its outputs.
-    assert schedulers[variant].ledger.counters()["heavy"] == HEAVY * HEAVY_PROMPT + 2 * sum(
+    assert schedulers[variant].driver.counters()["heavy"] == HEAVY * HEAVY_PROMPT + 2 * sum(
         map(heavy_output, range(HEAVY))
     )
 
@@ -221,4 +221,4 @@ def test_generate_api_greedy_identical(llm, schedulers):
         drain(llm)
         results[name] = [list(o.outputs[0].token_ids) for o in outputs]
     assert results["plugin"] == results["async"] == results["stock"]
-    assert set(schedulers["plugin"].ledger.counters()) >= {"t0", "t1", "t2"}
+    assert set(schedulers["plugin"].driver.counters()) >= {"t0", "t1", "t2"}

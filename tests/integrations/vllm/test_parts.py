@@ -17,8 +17,8 @@ from tokenfair.core.policies import make_policy
 from tokenfair.core.policies.catalog import BUILTINS
 from tokenfair.integrations.vllm import FairAsyncScheduler
 from tokenfair.integrations.vllm.config import PluginConfigError, load_plugin_config
+from tokenfair.integrations.vllm.driver import PolicyDriver
 from tokenfair.integrations.vllm.fields import output_hint_of, tenant_of
-from tokenfair.integrations.vllm.ledger import Ledger
 from tokenfair.integrations.vllm.metrics import format_status, serve_prometheus
 from tokenfair.integrations.vllm.policies import VllmFCFS, VllmPriority
 from tokenfair.integrations.vllm.surface import check_vllm, surface_problems
@@ -256,19 +256,19 @@ def make_core_request(request_id: str, *, priority: int = 0, arrival: float = 0.
     return CoreRequest(request_id, "t", 8, arrival, CoreSampling(max_tokens=4), priority=priority)
 
 
-def _ledger_with_two_tenants() -> Ledger[str]:
-    ledger: Ledger[str] = Ledger(make_policy("vtc"))
+def _driver_with_two_tenants() -> PolicyDriver[str]:
+    driver: PolicyDriver[str] = PolicyDriver(make_policy("vtc"))
     for rid, tenant, prompt in (("r1", "a", 10), ("r2", "b", 4), ("r3", "a", 6)):
-        ledger.arrive(rid, rid, tenant=tenant, prompt_tokens=prompt, max_tokens=8)
-    ledger.pop()
-    ledger.started("r1")
-    ledger.produced("r1", 3)
-    return ledger
+        driver.arrive(rid, rid, tenant=tenant, prompt_tokens=prompt, max_tokens=8)
+    driver.pop()
+    driver.started("r1")
+    driver.produced("r1", 3)
+    return driver
 
 
 def test_status_line():
-    ledger = _ledger_with_two_tenants()
-    line = format_status("vtc", ledger.counters(), ledger.tenants())
+    driver = _driver_with_two_tenants()
+    line = format_status("vtc", driver.counters(), driver.tenants())
     assert line.startswith(
         "tokenfair vtc: 2 tenants, 1 running, 2 waiting | a: counter 16 in 10 out 3"
     )
@@ -276,11 +276,11 @@ def test_status_line():
 
 
 def test_prometheus_endpoint():
-    ledger = _ledger_with_two_tenants()
+    driver = _driver_with_two_tenants()
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = serve_prometheus(ledger, "127.0.0.1", port, "0")
+    server = serve_prometheus(driver, "127.0.0.1", port, "0")
     try:
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
     finally:
@@ -289,9 +289,9 @@ def test_prometheus_endpoint():
     assert 'tokenfair_vllm_output_tokens_total{engine="0",tenant="a"} 3.0' in text
     assert 'tokenfair_vllm_waiting{engine="0",tenant="b"} 1.0' in text
     with pytest.raises(OSError, match=r"tokenfair\.metrics_port: cannot serve metrics"):
-        busy = serve_prometheus(ledger, "127.0.0.1", port, "0")
+        busy = serve_prometheus(driver, "127.0.0.1", port, "0")
         try:
-            serve_prometheus(ledger, "127.0.0.1", port, "0")
+            serve_prometheus(driver, "127.0.0.1", port, "0")
         finally:
             busy.shutdown()
 
@@ -314,7 +314,7 @@ def test_async_scheduler_variant_charges_exactly(tiny_model_dir):
             fair.update_from_output(*in_flight)
             in_flight = None
     assert all(r.num_output_tokens == 30 for r in requests)
-    counters = fair.ledger.counters()
+    counters = fair.driver.counters()
     for tenant in "ab":
         assert counters[tenant] == sum(p + 2 * o for _, t, p, o in workload if t == tenant)
 

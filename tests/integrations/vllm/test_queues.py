@@ -31,7 +31,7 @@ def test_async_load_requests_wait_in_the_fair_order_and_are_charged(tiny_model_d
     # b (lifted to a's counter on arrival) goes as soon as a's first has been charged.
     order = [rid for output in run(fair) for rid in new_ids(output)]
     assert order == ["a0", "b0", "a1", "a2"]
-    counters = fair.ledger.counters()
+    counters = fair.driver.counters()
     assert counters == {"a": 3 * (32 + 2 * 4), "b": 32 + 2 * 4}
 
 

@@ -41,7 +41,7 @@ def start_order_vllm(scheduler) -> list[str]:
         if steps == LATE_STEP:
             add(scheduler, [make_request(scheduler, r, t, p, o) for r, t, p, o in LATE])
             if isinstance(scheduler, FairScheduler):
-                scheduler.lift_of_d = scheduler.ledger.counters().get("d", 0.0)
+                scheduler.lift_of_d = scheduler.driver.counters().get("d", 0.0)
         order += new_ids(step(scheduler))
         steps += 1
     return order
@@ -85,7 +85,7 @@ def test_admission_order_is_tokenfairs_vtc_order(tiny_model_dir, max_num_seqs):
     assert order.index("b0") < order.index("a2") and order.index("c0") < order.index("a3")
     # Every tenant pays its prompts plus twice its output tokens; the late one on top
     # of the counter it was lifted to on arrival (the smallest waiting counter then).
-    counters = fair.ledger.counters()
+    counters = fair.driver.counters()
     for tenant in "abc":
         assert counters[tenant] == expected_counter(WORKLOAD, tenant)
     assert counters["d"] - fair.lift_of_d == expected_counter(LATE, "d")
@@ -101,25 +101,25 @@ def test_several_admissions_in_one_step_interleave_tenants(tiny_model_dir):
 
 def test_lift_rule_on_arrival(tiny_model_dir):
     fair = make_scheduler(tiny_model_dir, FairScheduler, max_num_seqs=1)
-    ledger = fair.ledger
+    driver = fair.driver
     add(fair, [make_request(fair, f"a{i}", "a", 32, 8) for i in range(3)])
     for _ in range(5):
         step(fair)
     # a still waits: a newcomer starts at the smallest waiting counter, a's.
     add(fair, [make_request(fair, "b0", "b", 8, 4)])
-    assert ledger.counters()["b"] == ledger.counters()["a"] > 0
+    assert driver.counters()["b"] == driver.counters()["a"] > 0
     run(fair)
     # Nobody waits: a newcomer is lifted to the counter of the tenant admitted last.
     add(fair, [make_request(fair, "c0", "c", 8, 40)])
     step(fair)
-    last = ledger.counters()["c"]
+    last = driver.counters()["c"]
     for _ in range(3):
         step(fair)
     add(fair, [make_request(fair, "d0", "d", 8, 4)])
-    assert ledger.counters()["d"] == ledger.counters()["c"] > last
+    assert driver.counters()["d"] == driver.counters()["c"] > last
     # A tenant coming back from idle keeps a larger counter of its own.
     add(fair, [make_request(fair, "a9", "a", 8, 4)])
-    assert ledger.counters()["a"] == max(ledger.counters()["a"], ledger.counters()["d"])
+    assert driver.counters()["a"] == max(driver.counters()["a"], driver.counters()["d"])
 
 
 class RecordingScheduler(FairScheduler):
@@ -128,14 +128,14 @@ class RecordingScheduler(FairScheduler):
     def _preempt_request(self, request, *args, **kwargs):
         # vLLM has already taken the victim off `running`: the rest were candidates.
         self.victims.append((request.request_id, [r.request_id for r in self.running]))
-        ledger = getattr(self, "ledger", None)
-        if ledger is not None:
+        driver = getattr(self, "driver", None)
+        if driver is not None:
             held = self.victim_holdings
 
             def key(request_id):
                 if self.tokenfair_config.share_memory:
-                    return ledger.holding_victim_key(request_id, held)
-                return ledger.victim_key(request_id)
+                    return driver.holding_victim_key(request_id, held)
+                return driver.victim_key(request_id)
 
             assert all(key(request.request_id) > key(r.request_id) for r in self.running)
         super()._preempt_request(request, *args, **kwargs)
@@ -160,12 +160,12 @@ def test_exact_counters_across_preemption(tiny_model_dir, weights):
     run(fair)
     assert fair.victims, "the pool was meant to run out"
     assert all(r.num_output_tokens == o for r, (_, _, _, o) in zip(requests, workload, strict=True))
-    counters = fair.ledger.counters()
+    counters = fair.driver.counters()
     for tenant in "abc":
         assert counters[tenant] == pytest.approx(
             expected_counter(workload, tenant, weights.get(tenant, 1.0))
         )
-    stats = fair.ledger.tenants()
+    stats = fair.driver.tenants()
     assert sum(s.preemptions for s in stats.values()) == len(fair.victims)
     assert all(s.running == s.waiting == 0 for s in stats.values())
 
@@ -213,7 +213,7 @@ def test_the_memory_victim_is_the_tenant_holding_the_most_not_the_largest_counte
         for _ in range(200):
             step(scheduler)
             if scheduler.victims:
-                counters = scheduler.ledger.counters()
+                counters = scheduler.driver.counters()
                 assert counters["b"] > counters["a"]
                 return scheduler.victims[0][0]
         raise AssertionError("the pool was meant to run short")
@@ -244,10 +244,10 @@ def test_a_tenant_filling_the_pool_lets_a_tenant_within_its_share_start(tiny_mod
         other_prompt = list(range(200, 440))  # nothing of it cached
         add(scheduler, [make_request(scheduler, "a1", "a", other_prompt, 10)])
         add(scheduler, [make_request(scheduler, "b1", "b", 16, 10)])
-        assert scheduler.ledger.peek().request_id == "a1"  # the head, and it does not fit
+        assert scheduler.driver.peek().request_id == "a1"  # the head, and it does not fit
         for steps in range(1, 200):
             if "b1" in new_ids(step(scheduler)):
-                assert "a1" in scheduler.ledger  # still waiting, not dropped
+                assert "a1" in scheduler.driver  # still waiting, not dropped
                 return steps
         raise AssertionError("b1 never started")
 
@@ -335,36 +335,36 @@ def test_reset_prefix_cache_with_running_requests_keeps_exact_charges(tiny_model
     assert not fair.running
     # They wait again in the order they ran, as in stock vLLM.
     assert [r.request_id for r in fair.waiting] == running
-    assert sum(s.preemptions for s in fair.ledger.tenants().values()) == 3
+    assert sum(s.preemptions for s in fair.driver.tenants().values()) == 3
     run(fair)
-    counters = fair.ledger.counters()
+    counters = fair.driver.counters()
     for tenant in "ab":
         assert counters[tenant] == expected_counter(workload, tenant)
 
 
 def test_pop_and_put_back_is_not_charged(tiny_model_dir):
     fair = make_scheduler(tiny_model_dir, FairScheduler, max_num_seqs=2)
-    ledger = fair.ledger
+    driver = fair.driver
     put_backs = []
-    put_back = ledger.put_back
-    ledger.put_back = lambda rid: put_backs.append(rid) or put_back(rid)
+    put_back = driver.put_back
+    driver.put_back = lambda rid: put_backs.append(rid) or put_back(rid)
     add(fair, [make_request(fair, "a0", "a", 32, 30)])
     step(fair)
     held = make_request(fair, "s0", "s", 40, 5)
     # Output of an earlier life still in flight: vLLM pops it and puts it back.
     held.num_stale_output_tokens = 1
     add(fair, [held, make_request(fair, "s1", "s", 8, 3)])
-    lifted = ledger.counters()["s"]
+    lifted = driver.counters()["s"]
     for _ in range(7):
         step(fair)
     assert put_backs.count("s0") >= 3
     # Only s1 (started, 8 prompt + 3 x 2 output) was charged meanwhile.
-    assert ledger.counters()["s"] == lifted + 8 + 2 * 3
-    assert ledger.tenants()["s"].prompt_tokens == 8
+    assert driver.counters()["s"] == lifted + 8 + 2 * 3
+    assert driver.tenants()["s"].prompt_tokens == 8
     held.num_stale_output_tokens = 0
     run(fair)
-    assert ledger.counters()["s"] == lifted + 8 + 6 + 40 + 2 * 5
-    assert ledger.tenants()["s"].prompt_tokens == 48
+    assert driver.counters()["s"] == lifted + 8 + 6 + 40 + 2 * 5
+    assert driver.tenants()["s"].prompt_tokens == 48
 
 
 @pytest.mark.parametrize(
@@ -385,9 +385,9 @@ def test_prefix_cache_hits_charged_at_the_chosen_share(tiny_model_dir, setting, 
     run(fair)
     add(fair, [second])
     run(fair)
-    stats = fair.ledger.tenants()["a"]
+    stats = fair.driver.tenants()["a"]
     assert stats.cached_prompt_tokens == 64 and stats.prompt_tokens == 160
-    assert fair.ledger.counters()["a"] == 160 - (1 - share) * 64 + 2 * 8
+    assert fair.driver.counters()["a"] == 160 - (1 - share) * 64 + 2 * 8
 
 
 def test_charge_settings_that_disagree_are_refused():
@@ -454,9 +454,9 @@ def test_tenant_from_extra_args_and_the_default(tiny_model_dir):
             make_request(fair, "r3", "team-a", 8, 2),
         ],
     )
-    assert [fair.ledger.tenant_of(f"r{i}") for i in range(4)] == ["anon", "7", "anon", "team-a"]
+    assert [fair.driver.tenant_of(f"r{i}") for i in range(4)] == ["anon", "7", "anon", "team-a"]
     run(fair)
-    assert set(fair.ledger.counters()) == {"anon", "7", "team-a"}
+    assert set(fair.driver.counters()) == {"anon", "7", "team-a"}
 
 
 def test_priority_and_sjf_policies_order_the_queue(tiny_model_dir):
@@ -488,10 +488,10 @@ def test_abort_while_waiting_and_running(tiny_model_dir):
         step(fair)
     fair.finish_requests(["a0", "a2"], RequestStatus.FINISHED_ABORTED)  # running, waiting
     run(fair)
-    stats = fair.ledger.tenants()["a"]
+    stats = fair.driver.tenants()["a"]
     assert stats.finished == 3 and stats.waiting == stats.running == 0
     # a0 paid its prompt and the tokens it made, a2 nothing, a1 everything.
-    assert fair.ledger.counters()["a"] == 16 + 2 * 4 + 16 + 2 * 50
+    assert fair.driver.counters()["a"] == 16 + 2 * 4 + 16 + 2 * 50
     assert len(fair.waiting) == 0 and not fair.running
 
 
@@ -527,9 +527,9 @@ def test_every_request_finishes_and_is_charged_exactly_once(
     )
     run(fair)
     assert [r.num_output_tokens for r in requests] == [o for _, _, o in workload]
-    ledger = fair.ledger
-    assert len(ledger) == 0 and not any(f"r{i}" in ledger for i in range(len(workload)))
-    stats = ledger.tenants()
+    driver = fair.driver
+    assert len(driver) == 0 and not any(f"r{i}" in driver for i in range(len(workload)))
+    stats = driver.tenants()
     for tenant, s in stats.items():
         mine = [(p, o) for t, p, o in workload if t == tenant]
         assert (s.prompt_tokens, s.output_tokens) == (
@@ -542,4 +542,4 @@ def test_every_request_finishes_and_is_charged_exactly_once(
         for tenant in stats:
             weight = weights.get(tenant, 1.0)
             expected = sum(p + 2 * o for t, p, o in workload if t == tenant) / weight
-            assert ledger.counters()[tenant] == pytest.approx(expected)
+            assert driver.counters()[tenant] == pytest.approx(expected)

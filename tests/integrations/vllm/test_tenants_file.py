@@ -90,7 +90,7 @@ def test_the_scheduler_reads_the_file_and_follows_it(tiny_model_dir, tmp_path):
         FairScheduler,
         tokenfair={"tenants_file": str(path), "tenants_reload_s": 0.01},
     )
-    policy = scheduler.ledger.policy
+    policy = scheduler.driver.policy
     assert policy.weights == {"a": 2.0, "b": 1.0}
     write_tenants(path, {"a": 5, "b": 1})
     scheduler._tenants_watch._checked = -1.0  # due now

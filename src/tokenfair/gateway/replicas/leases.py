@@ -77,7 +77,7 @@ def _capacity(limit: int | None) -> int:
     return limit or 0  # 0: no such limit
 
 
-class LeaseLedger:
+class CapacityLeases:
     def __init__(
         self,
         url: str,

@@ -28,7 +28,7 @@ from typing import Any
 
 from tokenfair.core.policies.memory_share import MemoryAsk
 from tokenfair.core.policies.view import RequestView
-from tokenfair.integrations.vllm.ledger import Ledger
+from tokenfair.integrations.vllm.driver import PolicyDriver
 
 
 def blocks_asked(request: RequestView, block_size: int) -> int:
@@ -37,7 +37,7 @@ def blocks_asked(request: RequestView, block_size: int) -> int:
 
 
 def tenants_aside(
-    ledger: Ledger,
+    driver: PolicyDriver,
     running: Sequence[Any],
     holdings: Mapping[str, int] | Callable[[], Mapping[str, int]],
     free_blocks: int,
@@ -49,7 +49,7 @@ def tenants_aside(
     its max-min share counting what that head asks. `running`: vLLM's running
     requests; `holdings`: the blocks each tenant holds, or how to read them (only
     when the head does not fit: the common step reads nothing)."""
-    policy = ledger.policy
+    policy = driver.policy
     head = policy.peek()
     if head is None:
         return frozenset()
@@ -58,7 +58,7 @@ def tenants_aside(
         return frozenset()
     if callable(holdings):
         holdings = holdings()
-    views = [ledger.view(request.request_id) for request in running]
+    views = [driver.view(request.request_id) for request in running]
     if not policy.over_memory_share(
         MemoryAsk(head, need, views, holdings, pool_blocks, block_size)
     ):

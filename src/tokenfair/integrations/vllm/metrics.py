@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from tokenfair.integrations.vllm.ledger import Ledger, TenantStats
+from tokenfair.integrations.vllm.driver import PolicyDriver, TenantStats
 
 MAX_TENANTS_LOGGED = 12
 
@@ -55,13 +55,13 @@ class StatusLog:
 
     def __init__(
         self,
-        ledger: Ledger[Any],
+        driver: PolicyDriver[Any],
         policy: str,
         interval_s: float,
         logger: logging.Logger,
         clock: Callable[[], float] = time.monotonic,
     ):
-        self.ledger = ledger
+        self.driver = driver
         self.policy = policy
         self.interval_s = interval_s
         self.logger = logger
@@ -75,7 +75,7 @@ class StatusLog:
         if now - self._last >= self.interval_s:
             self._last = now
             self.logger.info(
-                format_status(self.policy, self.ledger.counters(), self.ledger.tenants())
+                format_status(self.policy, self.driver.counters(), self.driver.tenants())
             )
 
 
@@ -107,18 +107,18 @@ _SERIES: tuple[tuple[str, str, str, Callable[[TenantStats], int]], ...] = (
 
 
 class _LedgerCollector:
-    """Reads the ledger at scrape time (from the HTTP thread: copies only)."""
+    """Reads the driver at scrape time (from the HTTP thread: copies only)."""
 
-    def __init__(self, ledger: Ledger[Any], engine: str):
-        self.ledger = ledger
+    def __init__(self, driver: PolicyDriver[Any], engine: str):
+        self.driver = driver
         self.engine = engine
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         labels = ["engine", "tenant"]
-        tenants = self.ledger.tenants()
-        counters = self.ledger.counters()
+        tenants = self.driver.tenants()
+        counters = self.driver.counters()
         counter = GaugeMetricFamily(
             "tokenfair_vllm_counter", "The policy's virtual token counter", labels=labels
         )
@@ -139,12 +139,12 @@ class _LedgerCollector:
             yield family
 
 
-def serve_prometheus(ledger: Ledger[Any], host: str, port: int, engine: str) -> Any:
+def serve_prometheus(driver: PolicyDriver[Any], host: str, port: int, engine: str) -> Any:
     """Start the endpoint in a daemon thread; return the server (shutdown() stops it)."""
     from prometheus_client import CollectorRegistry, start_http_server
 
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(_LedgerCollector(ledger, engine))
+    registry.register(_LedgerCollector(driver, engine))
     try:
         server, _thread = start_http_server(port, addr=host, registry=registry)
     except OSError as error:

@@ -27,7 +27,7 @@ vLLM's prefix cache (prefix_cache.py) at construction. A user's policy class
 (`mypkg.mod:MyPolicy`) runs as the core's own do: vLLM's FCFS mode, `running` in its
 victim order, and the prefix cache's view if it overrides `attach_prefix_cache`.
 
-No vLLM import here: plain Python over tokenfair's core, like the ledger.
+No vLLM import here: plain Python over tokenfair's core, like the driver.
 """
 
 from __future__ import annotations

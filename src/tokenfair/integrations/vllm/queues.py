@@ -1,5 +1,5 @@
 """vLLM's waiting queues, replaced: the fair queue (`PolicyQueue`, the policy's order over
-the ledger), the queue of requests holding KV blocks while they wait (`HoldingQueue`),
+the driver), the queue of requests holding KV blocks while they wait (`HoldingQueue`),
 and vLLM 0.34's asynchronous-load queue as a second door to the fair one
 (`AsyncLoadQueue`). scheduler.py installs them.
 """
@@ -15,22 +15,22 @@ from vllm.v1.core.sched.request_queue import (
 )
 from vllm.v1.request import Request
 
-from tokenfair.integrations.vllm.ledger import Ledger
+from tokenfair.integrations.vllm.driver import PolicyDriver
 
 Arrive = Callable[[Request, bool], None]
 
 
 class PolicyQueue(RequestQueue):
-    """vLLM's waiting-queue interface over the ledger: the policy's order."""
+    """vLLM's waiting-queue interface over the driver: the policy's order."""
 
     def __init__(
         self,
-        ledger: Ledger[Request],
+        driver: PolicyDriver[Request],
         arrive: Arrive,
         popped: list[Request],
         settle: Callable[[], None],
     ):
-        self._ledger = ledger
+        self._driver = driver
         self._arrive = arrive
         self._popped = popped  # taken by schedule() and not settled yet
         self._settle = settle
@@ -41,24 +41,24 @@ class PolicyQueue(RequestQueue):
     def pop_request(self) -> Request:
         if self._popped:
             self._settle()
-        request = self._ledger.pop()
+        request = self._driver.pop()
         self._popped.append(request)
         return request
 
     def peek_request(self) -> Request:
         if self._popped:
             self._settle()  # charge this step's admissions before the next decision
-        request = self._ledger.peek()
+        request = self._driver.peek()
         if request is None:
             raise IndexError("peek from an empty queue")
         return request
 
     def prepend_request(self, request: Request) -> None:
         # A preemption, or a request popped this step that was not admitted.
-        if request.request_id not in self._ledger:
+        if request.request_id not in self._driver:
             self._arrive(request, True)
         else:
-            self._ledger.put_back(request.request_id)
+            self._driver.put_back(request.request_id)
 
     def prepend_requests(self, requests: Iterable[Request]) -> None:
         # vLLM hands skipped requests newest-first: putting each at the front of its
@@ -67,26 +67,26 @@ class PolicyQueue(RequestQueue):
             self.prepend_request(request)
 
     def remove_request(self, request: Request) -> None:
-        self._ledger.remove(request.request_id)
+        self._driver.remove(request.request_id)
 
     def remove_requests(self, requests: Iterable[Request]) -> None:
         for request in requests:
-            self._ledger.remove(request.request_id)
+            self._driver.remove(request.request_id)
 
     def __bool__(self) -> bool:
-        return len(self._ledger) > 0
+        return len(self._driver) > 0
 
     def __len__(self) -> int:
-        return len(self._ledger)
+        return len(self._driver)
 
     def __iter__(self) -> Iterator[Request]:
         # In pop order, as vLLM's own queues iterate: code that walks the queue sees
         # what schedule() will take.
-        return iter(list(self._ledger.waiting()))
+        return iter(list(self._driver.waiting()))
 
     def __getitem__(self, index: int) -> Request:
         # vLLM's FCFS queue is a deque, and vLLM code (and tests) index it.
-        return list(self._ledger.waiting())[index]
+        return list(self._driver.waiting())[index]
 
 
 class ForwardingQueue(RequestQueue):
@@ -128,7 +128,7 @@ class ForwardingQueue(RequestQueue):
 
 class HoldingQueue(ForwardingQueue):
     """vLLM's own queue for block-holding waiters (FCFS or priority, as vLLM's loop
-    runs), telling the ledger what it holds and what schedule() takes from it."""
+    runs), telling the driver what it holds and what schedule() takes from it."""
 
     def __init__(self, policy: SchedulingPolicy, arrive: Arrive, popped: list[Request]):
         super().__init__(create_request_queue(policy))

@@ -56,8 +56,8 @@ from vllm.v1.request import Request, RequestStatus
 from tokenfair.core.policies.base import KeyedPolicy
 from tokenfair.core.request import FinishReason
 from tokenfair.integrations.vllm.config import PluginConfig, load_plugin_config
+from tokenfair.integrations.vllm.driver import PolicyDriver
 from tokenfair.integrations.vllm.fields import output_hint_of, tenant_of
-from tokenfair.integrations.vllm.ledger import Ledger
 from tokenfair.integrations.vllm.memory_share import tenants_aside
 from tokenfair.integrations.vllm.metrics import StatusLog, serve_prometheus
 from tokenfair.integrations.vllm.policies import PluginPolicy
@@ -86,7 +86,7 @@ class VllmCacheAccess:
     """The prefix-cache view's access to vLLM's KV cache manager (prefix_cache.py)."""
 
     def __init__(self, kv_cache_manager: Any, find: Callable[[str], Request]) -> None:
-        """`find(request_id)`: the vLLM request the ledger knows by that id."""
+        """`find(request_id)`: the vLLM request the driver knows by that id."""
         self.enabled = bool(kv_cache_manager.enable_caching)
         self._manager = kv_cache_manager
         self._find = find
@@ -167,17 +167,17 @@ class FairSchedulerMixin:
         config = load_plugin_config(self.vllm_config.additional_config)
         self.tokenfair_config: PluginConfig = config
         self.plugin_policy: PluginPolicy = config.make_plugin_policy()
-        self.ledger: Ledger[Request] = Ledger(self.plugin_policy.policy)
+        self.driver: PolicyDriver[Request] = PolicyDriver(self.plugin_policy.policy)
         self._tenants_watch = None  # the tenants file, re-read when it changes
         if config.tenants_file is not None:
             tree = config.shares()[1]
             self._tenants_watch = TenantsFileWatch(
-                config.tenants_file, self.ledger.policy, tree, config.tenants_reload_s, logger
+                config.tenants_file, self.driver.policy, tree, config.tenants_reload_s, logger
             )
         if self.plugin_policy.prefix_cache:
             # vtc-lpm, vtc-hit and dlpm (and a user's policy that asks for it) order by what
             # vLLM's own prefix cache holds.
-            access = VllmCacheAccess(self.kv_cache_manager, self.ledger.vllm_request)
+            access = VllmCacheAccess(self.kv_cache_manager, self.driver.vllm_request)
             if access.enabled:  # the rest of the surface was checked at import
                 pool = type(self.kv_cache_manager.block_pool)
                 check_vllm(vllm.__version__, method_problems("BlockPool", pool, BLOCK_POOL_METHODS))
@@ -215,17 +215,17 @@ class FairSchedulerMixin:
                 f"waiting queue the plugin does not know ({', '.join(unknown)}), whose "
                 "requests would run outside the fair order"
             )
-        self.waiting = PolicyQueue(self.ledger, self._arrive, self._popped, self._settle)
+        self.waiting = PolicyQueue(self.driver, self._arrive, self._popped, self._settle)
         self.kv_holding_waiting = HoldingQueue(self.policy, self._arrive, self._popped)
         if hasattr(self, "async_kv_waiting"):
             self.async_kv_waiting = AsyncLoadQueue(self.waiting)
         self._keep_cache_aware_window_if_it_keeps_the_order(config.policy)
         rank = getattr(self.vllm_config.parallel_config, "data_parallel_rank", 0) or 0
-        self._status = StatusLog(self.ledger, config.policy, config.log_interval_s, logger)
+        self._status = StatusLog(self.driver, config.policy, config.log_interval_s, logger)
         self._metrics_server = None
         if config.metrics_port is not None:
             self._metrics_server = serve_prometheus(
-                self.ledger, config.metrics_host, config.metrics_port + rank, str(rank)
+                self.driver, config.metrics_host, config.metrics_port + rank, str(rank)
             )
         self._tokenfair_ready = True
         logger.info(
@@ -268,7 +268,7 @@ class FairSchedulerMixin:
         if problem is not None and problem not in self._warned:
             self._warned.add(problem)
             logger.warning("tokenfair: %s; using tenant %r", problem, config.default_tenant)
-        self.ledger.arrive(
+        self.driver.arrive(
             request.request_id,
             request,
             tenant=tenant,
@@ -286,7 +286,7 @@ class FairSchedulerMixin:
         Inside schedule() an admitted request's num_computed_tokens is its prefix-cache
         hit; after it (`scheduled` given) this step's tokens are added in.
         """
-        popped, ledger = self._popped, self.ledger
+        popped, driver = self._popped, self.driver
         now = time.time()
         pending = []
         for request in popped:
@@ -296,13 +296,13 @@ class FairSchedulerMixin:
             cached = request.num_computed_tokens
             if scheduled is not None:
                 cached -= scheduled.get(request.request_id, 0)
-            ledger.started(request.request_id, cached, now)
+            driver.started(request.request_id, cached, now)
         popped[:] = pending
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         if not self._tokenfair_ready:
             return super().schedule(*args, **kwargs)  # type: ignore[misc]
-        ledger = self.ledger
+        driver = self.driver
         if self._tenants_watch is not None:
             self._tenants_watch.poll()
         share_memory = self.tokenfair_config.share_memory
@@ -310,13 +310,13 @@ class FairSchedulerMixin:
         if self.plugin_policy.sorts_running and len(self.running) > 1:
             if share_memory:
                 self.victim_holdings = held = now_held = self._holdings()
-                self.running.sort(key=lambda r: ledger.holding_victim_key(r.request_id, now_held))
+                self.running.sort(key=lambda r: driver.holding_victim_key(r.request_id, now_held))
             else:
-                self.running.sort(key=lambda r: ledger.victim_key(r.request_id))
-        if share_memory and len(ledger):
+                self.running.sort(key=lambda r: driver.victim_key(r.request_id))
+        if share_memory and len(driver):
             pool = self.kv_cache_manager.block_pool
-            ledger.aside = self.memory_aside = tenants_aside(
-                ledger,
+            driver.aside = self.memory_aside = tenants_aside(
+                driver,
                 self.running,
                 held if held is not None else self._holdings,
                 pool.get_num_free_blocks(),
@@ -327,7 +327,7 @@ class FairSchedulerMixin:
         try:
             output = super().schedule(*args, **kwargs)  # type: ignore[misc]
         finally:
-            ledger.aside = frozenset()  # outside schedule(), the policy's order
+            driver.aside = frozenset()  # outside schedule(), the policy's order
         if self._popped:
             self._settle(output.num_scheduled_tokens)
             self._popped.clear()  # the rest were put back: not charged
@@ -338,7 +338,7 @@ class FairSchedulerMixin:
         """KV blocks each tenant's running requests hold (of the first KV cache group;
         a prefix block two requests share counts for each)."""
         held: dict[str, int] = {}
-        block_ids, tenant_of = self.kv_cache_manager.get_block_ids, self.ledger.tenant_of
+        block_ids, tenant_of = self.kv_cache_manager.get_block_ids, self.driver.tenant_of
         for request in self.running:
             tenant = tenant_of(request.request_id)
             if tenant is not None:
@@ -350,18 +350,18 @@ class FairSchedulerMixin:
         outputs = super().update_from_output(scheduler_output, model_runner_output)  # type: ignore[misc]
         if not self._tokenfair_ready:
             return outputs
-        requests, ledger = self.requests, self.ledger
+        requests, driver = self.requests, self.driver
         for request_id in scheduler_output.num_scheduled_tokens:
             request = requests.get(request_id)
             if request is not None:
-                ledger.produced(request_id, request.num_output_tokens)
+                driver.produced(request_id, request.num_output_tokens)
         return outputs
 
     def _free_request(self, request: Request, *args: Any, **kwargs: Any) -> Any:
         if not self._tokenfair_ready:
             return super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
         reason = _FINISH_REASONS.get(request.status, FinishReason.ABORT)
-        self.ledger.finished(request.request_id, request.num_output_tokens, reason)
+        self.driver.finished(request.request_id, request.num_output_tokens, reason)
         return super()._free_request(request, *args, **kwargs)  # type: ignore[misc]
 
     def shutdown(self) -> None:

@@ -1,7 +1,7 @@
 """The bookkeeping between vLLM's scheduler and a tokenfair policy (no vLLM imports).
 
 A tokenfair policy orders, charges and picks victims among requests it sees through
-the narrow view (core/policies/view.py). For every vLLM request the ledger keeps a
+the narrow view (core/policies/view.py). For every vLLM request the driver keeps a
 shadow `PolicyRequest` (tenant, prompt length, priority, cached prompt tokens, output
 tokens so far) next to the vLLM object it stands for, the handle, and turns the
 scheduler's events into the policy's calls:
@@ -61,7 +61,7 @@ class _Entry(Generic[H]):
     ever_started: bool = False  # its prompt is paid
 
 
-class Ledger(Generic[H]):
+class PolicyDriver(Generic[H]):
     def __init__(self, policy: Policy):
         self.policy = policy
         self._entries: dict[str, _Entry[H]] = {}
@@ -87,7 +87,7 @@ class Ledger(Generic[H]):
     ) -> None:
         """A request joins the fair queue (`queue=False`: vLLM keeps it elsewhere).
 
-        A request the ledger already knows (a streaming-input session's next turn)
+        A request the driver already knows (a streaming-input session's next turn)
         goes back to the front of its tenant's queue: it was being served, not idle.
         """
         entry = self._entries.get(request_id)
@@ -249,7 +249,7 @@ class Ledger(Generic[H]):
             self.policy.on_finish(shadow)  # predictors learn, predictions are refunded
 
     def view(self, request_id: str) -> PolicyRequest:
-        """What the policy sees of a request the ledger knows."""
+        """What the policy sees of a request the driver knows."""
         return self._entries[request_id].shadow
 
     def vllm_request(self, request_id: str) -> H:
