@@ -16,7 +16,7 @@ device) before checking that it is installed.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tokenfair.core.policies.base import Policy
@@ -42,6 +42,17 @@ class BuiltModel:
 
 
 @dataclass(frozen=True, slots=True)
+class BuildOptions:
+    """What the server asks of the engine it builds."""
+
+    kv_tokens: int | None = None  # the KV pool (None: the backend's default)
+    device: str | None = None  # transformers only
+    dtype: str | None = None  # transformers only
+    seed: int = 0
+    scheduler: dict[str, Any] = field(default_factory=dict)  # SchedulerConfig fields
+
+
+@dataclass(frozen=True, slots=True)
 class Backend:
     """What serves a model spec, and what the commands must know before building it."""
 
@@ -52,8 +63,7 @@ class Backend:
     engine_mode: Literal["thread", "process"]
     extra: str | None  # the install extra it needs
     takes_device: bool  # --device and --dtype apply to it
-    # (spec, policy, kv_tokens, device, dtype, seed, scheduler options) -> BuiltModel
-    builder: Callable[..., BuiltModel]
+    builder: Callable[[str, Policy, BuildOptions], BuiltModel]
 
     def build(
         self,
@@ -67,18 +77,11 @@ class Backend:
         **scheduler_options: Any,
     ) -> BuiltModel:
         """Load `spec` and build its engine; ValueError (one line) for anything wrong."""
-        return self.builder(spec, policy, kv_tokens, device, dtype, seed, scheduler_options)
+        options = BuildOptions(kv_tokens, device, dtype, seed, scheduler_options)
+        return self.builder(spec, policy, options)
 
 
-def _build_sim(
-    spec: str,
-    policy: Policy,
-    kv_tokens: int | None,
-    device: str | None,
-    dtype: str | None,
-    seed: int,
-    scheduler_options: dict[str, Any],
-) -> BuiltModel:
+def _build_sim(spec: str, policy: Policy, options: BuildOptions) -> BuiltModel:
     from tokenfair.core.scheduler import Scheduler, SchedulerConfig
     from tokenfair.engine.sim.wall_clock import (
         SimDetokenizer,
@@ -88,8 +91,8 @@ def _build_sim(
     )
 
     profile = sim_profile(spec.removeprefix(SIM_PREFIX))
-    pool = kv_tokens if kv_tokens is not None else SIM_KV_TOKENS
-    config = SchedulerConfig.from_dict({**scheduler_options, "kv_tokens": pool})
+    pool = options.kv_tokens if options.kv_tokens is not None else SIM_KV_TOKENS
+    config = SchedulerConfig.from_dict({**options.scheduler, "kv_tokens": pool})
     engine = Engine(
         Scheduler(config, policy), WallClockSimExecutor(profile), detokenizer=SimDetokenizer()
     )
@@ -104,15 +107,7 @@ def _build_sim(
     )
 
 
-def _build_transformers(
-    spec: str,
-    policy: Policy,
-    kv_tokens: int | None,
-    device: str | None,
-    dtype: str | None,
-    seed: int,
-    scheduler_options: dict[str, Any],
-) -> BuiltModel:
+def _build_transformers(spec: str, policy: Policy, options: BuildOptions) -> BuiltModel:
     try:
         from tokenfair.engine.hf.builtin import BUILTIN_KV_TOKENS, BUILTIN_PREFIX
         from tokenfair.engine.hf.factory import make_hf_engine
@@ -121,13 +116,14 @@ def _build_transformers(
         raise ValueError(
             f"real models need the model extra: pip install 'tokenfair[model]' ({error})"
         ) from None
-    loaded = load_model(spec, device, dtype)
+    loaded = load_model(spec, options.device, options.dtype)
+    kv_tokens = options.kv_tokens
     if kv_tokens is None and spec.startswith(BUILTIN_PREFIX):
         kv_tokens = BUILTIN_KV_TOKENS
     if loaded.tokenizer is None:
         raise ValueError(f"model {spec!r} has no tokenizer: the server needs one for text")
     engine = make_hf_engine(
-        loaded, policy=policy, kv_tokens=kv_tokens, seed=seed, **scheduler_options
+        loaded, policy=policy, kv_tokens=kv_tokens, seed=options.seed, **options.scheduler
     )
     model_config: Any = getattr(loaded.model, "config", None)
     text_config = model_config.get_text_config()
