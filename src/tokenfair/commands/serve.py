@@ -7,7 +7,7 @@ import importlib.util
 import logging
 import signal
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -274,10 +274,11 @@ def serve(
     from tokenfair.core.scheduler import ConfigError
     from tokenfair.edge.directory import TenantDirectory
     from tokenfair.edge.tenants import TenantsFileError, load_tenants
+    from tokenfair.engine.backends import BuildOptions
     from tokenfair.engine.engine_client import EngineClient
     from tokenfair.engine.engine_process import EngineProcess
     from tokenfair.server.app import create_app
-    from tokenfair.server.model import build_engine_and_card, build_served_model
+    from tokenfair.server.model import ModelPlan, build_engine_and_card
     from tokenfair.server.routes import FastPath
     from tokenfair.server.state import ServerConfig
 
@@ -305,7 +306,7 @@ def serve(
             metrics_port=metrics_port,
             api_docs=api_docs,
         )
-        options = {
+        scheduler = {
             "max_num_seqs": max_num_seqs,
             "share_seats": share_seats,
             "share_memory": share_memory,
@@ -315,27 +316,25 @@ def serve(
             "admission": admission,
             "swap_tokens": swap_tokens,
         }
-        build: dict[str, Any] = {
-            "policy": policy,
-            "weights": directory.weights(),
-            "tree": directory.tree,
-            "served_name": served_model_name,
-            "kv_tokens": kv_tokens,
-            "device": device,
-            "dtype": dtype,
-            "seed": seed,
-            "enable_prefix_caching": enable_prefix_caching,
-            "charge_cached_tokens": charge_cached_tokens,
-            **{k: v for k, v in options.items() if v is not None},
-            "step_share_tokens": step_share_tokens or None,  # 0: no limit
-        }
+        scheduler = {k: v for k, v in scheduler.items() if v is not None}
+        scheduler["enable_prefix_caching"] = enable_prefix_caching
+        scheduler["step_share_tokens"] = step_share_tokens or None  # 0: no limit
+        plan = ModelPlan(
+            model,
+            policy,
+            directory.weights(),
+            directory.tree,
+            served_model_name,
+            charge_cached_tokens,
+            BuildOptions(kv_tokens, device, dtype, seed, scheduler),
+        )
         runner: EngineClient | None = None
         arrangement = engine_arrangement(engine, model)
         if arrangement == "thread":
-            served = build_served_model(model, **build)
+            served = plan.served_model()
         else:
             runner = EngineProcess.launch(
-                build_engine_and_card, {"spec": model, **build}, log_level=log_level
+                build_engine_and_card, {"plan": plan}, log_level=log_level
             )
             served = runner.card
     except (TenantsFileError, ConfigError, ValueError, OSError) as error:

@@ -12,13 +12,13 @@ ServedModel without it (the card: tokenizer, limits, KV geometry, policy name).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from tokenfair.core.policies.base import Policy
 from tokenfair.core.policies.registry import make_policy
 from tokenfair.core.share_tree import ShareTree
-from tokenfair.engine.backends import backend_for
+from tokenfair.engine.backends import BuildOptions, backend_for
 from tokenfair.engine.engine import Engine
 
 
@@ -82,6 +82,35 @@ def build_policy(
     )
 
 
+@dataclass(frozen=True, slots=True)
+class ModelPlan:
+    """What the server builds: the model spec, the policy with the tenants' shares, and
+    the engine's options. Typed and picklable: an engine process builds it too."""
+
+    spec: str  # builtin:NAME, a model directory, sim:PROFILE (engine/backends.py)
+    policy: str = "vtc"
+    weights: dict[str, float] = field(default_factory=dict)  # tenants, groups as @path
+    tree: ShareTree | None = None
+    served_name: str | None = None  # the model id clients send (default: the spec)
+    charge_cached_tokens: float = 1.0
+    build: BuildOptions = field(default_factory=BuildOptions)
+
+    def served_model(self) -> ServedModel:
+        """Load the model and build its engine; ValueError (one line) for anything wrong."""
+        chosen = build_policy(self.policy, self.weights, self.charge_cached_tokens, self.tree)
+        built = backend_for(self.spec).builder(self.spec, chosen, self.build)
+        return ServedModel(
+            name=self.served_name or self.spec,
+            tokenizer=built.tokenizer,
+            max_context=built.max_context,
+            vocab_size=built.vocab_size,
+            has_chat_template=built.has_chat_template,
+            keeps_token_ids=built.keeps_token_ids,
+            is_sim=built.is_sim,
+            **_engine_facts(built.engine),
+        )
+
+
 def build_served_model(
     spec: str,
     *,
@@ -96,22 +125,10 @@ def build_served_model(
     charge_cached_tokens: float = 1.0,
     **scheduler_options: Any,
 ) -> ServedModel:
-    """Load `spec` and build its engine; ValueError (one line) for anything wrong."""
-    chosen = build_policy(policy, weights or {}, charge_cached_tokens, tree)
-    built = backend_for(spec).build(
-        spec, chosen, kv_tokens=kv_tokens, device=device, dtype=dtype, seed=seed,
-        **scheduler_options,
-    )  # fmt: skip
-    return ServedModel(
-        name=served_name or spec,
-        tokenizer=built.tokenizer,
-        max_context=built.max_context,
-        vocab_size=built.vocab_size,
-        has_chat_template=built.has_chat_template,
-        keeps_token_ids=built.keeps_token_ids,
-        is_sim=built.is_sim,
-        **_engine_facts(built.engine),
-    )
+    """`ModelPlan(...).served_model()`, the options given as keywords."""
+    options = BuildOptions(kv_tokens, device, dtype, seed, scheduler_options)
+    plan = ModelPlan(spec, policy, weights or {}, tree, served_name, charge_cached_tokens, options)
+    return plan.served_model()
 
 
 def _engine_facts(engine: Engine) -> dict[str, Any]:
@@ -124,9 +141,11 @@ def _engine_facts(engine: Engine) -> dict[str, Any]:
     }
 
 
-def build_engine_and_card(spec: str, **options: Any) -> tuple[ServedModel, Engine]:
-    """`build_served_model` in an engine process: the card for the server, the engine
-    for the process."""
-    served = build_served_model(spec, **options)
+def build_engine_and_card(
+    plan: ModelPlan | None = None, **options: Any
+) -> tuple[ServedModel, Engine]:
+    """The plan (or `build_served_model`'s keywords) built in an engine process: the card
+    for the server, the engine for the process."""
+    served = plan.served_model() if plan is not None else build_served_model(**options)
     assert served.engine is not None
     return served.card(), served.engine
