@@ -68,7 +68,7 @@ def test_the_entry_point_runs_without_extras() -> None:
     assert "simulate" in result.stdout and "serve" in result.stdout
 
 
-def test_simulate_metrics_policies_profiles_run_without_extras(tmp_path: Path) -> None:
+def test_simulate_metrics_policies_profiles_data_run_without_extras(tmp_path: Path) -> None:
     trace = tmp_path / "overload.jsonl"
     results = tmp_path / "results.jsonl"
     steps = [
@@ -77,6 +77,7 @@ def test_simulate_metrics_policies_profiles_run_without_extras(tmp_path: Path) -
         ("metrics", str(results)),
         ("policies",),
         ("profiles",),
+        ("data",),
     ]
     for step in steps:
         result = tokenfair(*step, cwd=tmp_path)

@@ -252,3 +252,23 @@ def test_generate_names_a_missing_model_directory(tmp_path):
     result = runner.invoke(app, ["generate", "--prompt", "x", "--model", str(tmp_path / "nope")])
     assert result.exit_code == 2
     assert "nope" in result.output
+
+
+def test_data_lists_the_shipped_files_and_prints_a_path():
+    """The shipped trace and measured run, by name; a name alone prints its path (the
+    same bytes as shared/'s), for a script; an unknown name is one line naming them."""
+    from pathlib import Path
+
+    listed = runner.invoke(app, ["data"], env={"COLUMNS": "200"})
+    assert listed.exit_code == 0
+    assert "arena" in listed.output and "a10g-fcfs-arena" in listed.output
+    assert listed.output.count("1,500") == 2
+    one = runner.invoke(app, ["data", "arena"])
+    assert one.exit_code == 0
+    path = Path(one.output.strip())
+    assert path.name == "arena_vtc_600s.jsonl"
+    shared = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / path.name
+    assert path.read_bytes() == shared.read_bytes()
+    wrong = runner.invoke(app, ["data", "nope"])
+    assert wrong.exit_code == 2
+    assert "no shipped dataset 'nope'; the shipped ones: arena, a10g-fcfs-arena" in wrong.output

@@ -92,6 +92,37 @@ def profiles() -> None:
 
 
 @app.command()
+def data(
+    name: Annotated[
+        str | None, typer.Argument(help="A dataset's name: print only its path.")
+    ] = None,
+) -> None:
+    """List the data shipped with tokenfair (the paper's arena trace and its measured
+    A10G run): name, records, path. With a name, print only that file's path, for a
+    script: `tokenfair simulate --trace "$(tokenfair data arena)"`.
+
+    \b
+    Example: tokenfair data
+    """
+    from tokenfair.bundled import DATASETS, dataset
+    from tokenfair.commands.common import fail
+
+    if name is not None:
+        try:
+            print(dataset(name).path)
+        except ValueError as error:
+            fail(str(error))
+        return
+    table = Table("name", "records", "what it is")
+    table.add_column("path", overflow="fold")  # whole, however narrow the terminal
+    for found in DATASETS:
+        with found.path.open("rb") as lines:
+            records = sum(1 for line in lines if line.strip())
+        table.add_row(found.name, f"{records:,}", found.what, str(found.path))
+    Console().print(table)
+
+
+@app.command()
 def demo(
     shared: SharedOption = None,
     out: Annotated[Path, typer.Option(help="Where the report and figures go.")] = Path("out/demo"),
