@@ -71,7 +71,7 @@ def test_simulate_runs_a_policy_from_pythonpath(tmp_path: Path) -> None:
     assert "Traceback" not in bad.stderr
     assert bad.stderr.strip().splitlines() == [
         f"error: policy '{MODULE}:Nope': module '{MODULE}' has no class 'Nope' (its policies: "
-        "Cached, Newest, NotInVllm, OldStyle, OwnCharge, Plain)"
+        "Broken, Cached, Newest, NotInVllm, OldStyle, OwnCharge, Plain)"
     ]
 
 
@@ -172,3 +172,32 @@ def test_the_example_policy_runs_in_simulate_and_compare(tmp_path: Path) -> None
         examples,
     )  # fmt: skip
     assert compared.returncode == 0, compared.stderr
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_policy_failing_in_a_hook_is_one_line_and_the_others_are_written(
+    tmp_path: Path, workers: int
+) -> None:
+    """A policy raising inside a hook: one line naming it, the hook and the error, exit
+    status 1, and the other policies' results, metrics and report written all the same
+    (in this process and from a pool's worker)."""
+    folder = tmp_path / "mods"
+    folder.mkdir()
+    (folder / f"{MODULE}.py").write_text(SOURCE)
+    out = tmp_path / "cmp"
+    args = ["experiment", "compare", "--trace", str(burst(tmp_path)), "--out", str(out)]
+    policies = f"fcfs,{MODULE}:Broken,vtc"
+    options = ["--policies", policies, "--workers", str(workers), "--duration", "10", "--warmup", "0"]
+    result = tokenfair([*args, *options], folder)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert lines == [
+        f"error: policy '{MODULE}:Broken' failed in on_admit on burst: "
+        "ZeroDivisionError: the third admission"
+    ], result.stderr
+    summary = json.loads((out / "metrics.json").read_text())
+    assert {run["policy"] for run in summary["runs"]} == {"fcfs", "vtc"}
+    assert summary["failures"] == [lines[0].removeprefix("error: ")]
+    assert (out / "results" / "burst" / "vtc.jsonl").is_file()
+    assert (out / "report.md").is_file()

@@ -60,6 +60,15 @@ class NotInVllm(Newest):
     needs = Needs(weights=True, vllm=False)
 
 
+class Broken(Newest):
+    """Fails once it has admitted three requests (a bug in a hook)."""
+
+    def on_admit(self, request, first_time, now):
+        super().on_admit(request, first_time, now)
+        if len(self.admitted) == 3:
+            raise ZeroDivisionError("the third admission")
+
+
 class OwnCharge(Newest):
     """Sets its own cached-token charge."""
 

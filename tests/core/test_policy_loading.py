@@ -138,7 +138,7 @@ def test_a_comma_separated_list_keeps_commas_inside_arguments() -> None:
         ("{m}_syntax:X", "importing module 'tf_user_policies_syntax' failed: SyntaxError"),
         (
             "{m}:Nope",
-            "module 'tf_user_policies' has no class 'Nope' (its policies: Cached, Newest, NotInVllm, OldStyle, OwnCharge, Plain)",
+            "module 'tf_user_policies' has no class 'Nope' (its policies: Broken, Cached, Newest, NotInVllm, OldStyle, OwnCharge, Plain)",
         ),
         (
             "{m}:NotAPolicy",

@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -301,6 +302,10 @@ def compare(
     except (OSError, ValueError) as error:
         fail(str(error))
     print_summary(result, result.workloads[0].name)
+    if result.failures:  # the others' results are written: say what is missing, and fail
+        for line in result.failures:
+            console.print(f"[red]error:[/red] {escape(line)}")
+        raise typer.Exit(code=1)
 
 
 @experiment_app.command()

@@ -53,6 +53,7 @@ from tokenfair.experiments.runner import (
     DEFAULT_PROFILE,
     DEFAULT_WORKERS,
     Job,
+    PolicyFailed,
     ProgressFn,
     RunOutcome,
     run_jobs,
@@ -119,6 +120,8 @@ class ExperimentResult:
     # Beyond the paper: a tenant flooding long prompts (experiments/neighbor.py).
     neighbor: list[NeighborRow] = field(default_factory=list)
     neighbor_settings: dict[str, Any] = field(default_factory=dict)
+    # Policies that raised inside a hook: left out of everything above, one line each.
+    failures: list[str] = field(default_factory=list)
 
     def outcomes_for(self, workload: str) -> list[RunOutcome]:
         return [o for o in self.outcomes if o.workload.name == workload]
@@ -181,6 +184,8 @@ def write_run_files(result: ExperimentResult) -> None:
         ],
         "targets": [row_fields(t) for t in result.targets],
     }
+    if result.failures:
+        summary["failures"] = result.failures
     if result.locality is not None:
         summary["locality"] = {
             "settings": result.locality.settings,
@@ -220,13 +225,19 @@ def run_experiment(
     started = time.perf_counter()
     chosen = config or SchedulerConfig.paper()
     jobs = [Job(w, p, chosen, profile) for w in workloads for p in policies_for(w, policies)]
-    outcomes = run_jobs(jobs, workers, progress)
+    failures: list[PolicyFailed] = []
+    outcomes = run_jobs(jobs, workers, progress, failures)
+    failed = {f.policy for f in failures}
+    if failed and not outcomes:
+        raise ValueError("; ".join(str(f) for f in failures))
+    kept = [p for p in policies if p not in failed]
     result = ExperimentResult(
         title=title,
         out_dir=Path(out_dir),
         workloads=list(workloads),
         outcomes=outcomes,
-        settings={"profile": profile, "kv_tokens": chosen.kv_tokens, "policies": list(policies)},
+        settings={"profile": profile, "kv_tokens": chosen.kv_tokens, "policies": kept},
+        failures=[str(f) for f in failures],
     )
     return _finish(result, started)
 

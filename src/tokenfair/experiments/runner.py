@@ -7,16 +7,21 @@ single-threaded, pure Python, and independent of the others), and returns one
 `RunOutcome` per job, in the order given.
 
 The fairness metrics are computed in the worker, so only the per-request results and
-the report travel back.
+the report travel back. A policy that raises inside one of its hooks fails its job as
+`PolicyFailed`, one line naming the policy, the hook and the error; given a list to
+collect them in, `run_jobs` keeps running the other jobs and leaves out every job of a
+policy that failed anywhere (a policy reported on some workloads only would mislead).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from types import TracebackType
 
 from tokenfair.core.policies import make_policy
 from tokenfair.core.policies.registry import is_builtin, uses_weights
@@ -34,6 +39,28 @@ DEFAULT_WORKERS = max(1, min(2, os.cpu_count() or 1))
 
 # progress(done, total, label of the job just finished)
 ProgressFn = Callable[[int, int, str], None]
+
+
+class PolicyFailed(Exception):
+    """A policy raised inside one of its hooks (`hook`: the method the simulator called)."""
+
+    def __init__(self, policy: str, hook: str, error: str, workload: str) -> None:
+        self.policy, self.hook, self.error, self.workload = policy, hook, error, workload
+        super().__init__(f"policy {policy!r} failed in {hook} on {workload}: {error}")
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, str, str]]:  # across processes
+        return (PolicyFailed, (self.policy, self.hook, self.error, self.workload))
+
+
+def _hook_of(trace: TracebackType | None, policy: object) -> str | None:
+    """The policy's method that the driver called, in which `trace` ended (the outermost
+    frame whose `self` is the policy); None: it did not end in the policy's code."""
+    while trace is not None:
+        frame = trace.tb_frame
+        if frame.f_locals.get("self") is policy:
+            return frame.f_code.co_name
+        trace = trace.tb_next
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +112,14 @@ def run_job(job: Job) -> RunOutcome:
         not is_builtin(job.policy) and uses_weights(job.policy)
     )
     policy = make_policy(job.policy, weights=workload.weights if weighted else None)
-    sim = simulate(list(workload.records), policy, load_profile(job.profile), job.config)
+    try:
+        sim = simulate(list(workload.records), policy, load_profile(job.profile), job.config)
+    except Exception as error:
+        hook = _hook_of(error.__traceback__, policy)
+        if hook is None:  # not the policy's code: a bug of ours, with its traceback
+            raise
+        problem = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+        raise PolicyFailed(job.policy, hook, problem, workload.name) from None
     report = fairness_report(
         sim.results,
         duration_s=workload.duration_s,
@@ -108,13 +142,26 @@ def run_jobs(
     jobs: Sequence[Job],
     workers: int = DEFAULT_WORKERS,
     progress: ProgressFn | None = None,
+    failures: list[PolicyFailed] | None = None,
 ) -> list[RunOutcome]:
-    """Run every job; outcomes come back in the order of `jobs`."""
+    """Run every job; outcomes come back in the order of `jobs`. A policy that fails
+    raises `PolicyFailed`, or, with `failures` given, is appended to it (once per
+    policy) and every job of it left out, the others run to the end."""
     total = len(jobs)
     outcomes: list[RunOutcome | None] = [None] * total
+    failed: dict[str, PolicyFailed] = {}
+
+    def settle(index: int, run: Callable[[], RunOutcome]) -> None:
+        try:
+            outcomes[index] = run()
+        except PolicyFailed as failure:
+            if failures is None:
+                raise
+            failed.setdefault(failure.policy, failure)
+
     if workers <= 1 or total <= 1:
         for index, job in enumerate(jobs):
-            outcomes[index] = run_job(job)
+            settle(index, functools.partial(run_job, job))
             if progress:
                 progress(index + 1, total, job.label)
     else:
@@ -124,7 +171,9 @@ def run_jobs(
             futures = {pool.submit(run_job, jobs[i]): i for i in order}
             for done, future in enumerate(as_completed(futures), start=1):
                 index = futures[future]
-                outcomes[index] = future.result()
+                settle(index, future.result)
                 if progress:
                     progress(done, total, jobs[index].label)
-    return [o for o in outcomes if o is not None]
+    if failures is not None:
+        failures.extend(failed.values())
+    return [o for o in outcomes if o is not None and o.policy not in failed]
