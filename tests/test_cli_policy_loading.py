@@ -187,7 +187,8 @@ def test_a_policy_failing_in_a_hook_is_one_line_and_the_others_are_written(
     out = tmp_path / "cmp"
     args = ["experiment", "compare", "--trace", str(burst(tmp_path)), "--out", str(out)]
     policies = f"fcfs,{MODULE}:Broken,vtc"
-    options = ["--policies", policies, "--workers", str(workers), "--duration", "10", "--warmup", "0"]
+    options = ["--policies", policies, "--workers", str(workers), "--duration", "10"]
+    options += ["--warmup", "0"]
     result = tokenfair([*args, *options], folder)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
