@@ -116,9 +116,9 @@ def locality_blocks(result: LocalityResult, figure: str | None) -> list[Block]:
             "prefix first; `dlpm` lets a client run up to its quantum ahead of the least "
             "served while its prefix is cached. Both tell the cache which blocks waiting "
             "requests will reuse, and it evicts those last. The fluid ideal is a "
-            "perfectly fair server delivering what the run delivered each second: its "
-            "Max Diff is the floor at that capacity, and 'behind the ideal' is the most "
-            "service the run's clients lacked against it at any tick."
+            "perfectly fair server (GPS) delivering what the run delivered each second: "
+            "its Max Diff is a reference at that capacity, not a bound, and 'behind the "
+            "ideal' is the most service the run's clients lacked against it at any tick."
         ),
     ]
     for suite in dict.fromkeys(r.suite for r in result.rows):
