@@ -77,6 +77,15 @@ class ClientReport:
     service_share: float  # its fraction of all service delivered
     weight: float
     backlog_fraction: float  # of [warmup, T] with a request waiting
+    # Over [warmup, T] only (the drain after T left out): its service, and its share of
+    # all clients' service then.
+    window_service: float = 0.0
+    window_share: float = 0.0
+    # For a backlogged client: its share of the backlogged clients' service over
+    # [warmup, T], and its weight's share of theirs, what a weighted policy promises it
+    # (None for a client that was not backlogged).
+    backlogged_share: float | None = None
+    backlogged_weight_share: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,6 +257,9 @@ def fairness_report(
 
     totals = service_totals(spans)
     shares = service_shares(totals)
+    window_shares = service_shares(measured)
+    backlogged_shares = service_shares({c: measured.get(c, 0.0) for c in backlogged})
+    backlogged_weight = sum(weight_of(weights, c) for c in backlogged)
     ttft = {c: TTFTStats(**stats) for c, stats in ttft_percentiles(records).items()}
     clients = {
         c: ClientReport(
@@ -257,6 +269,14 @@ def fairness_report(
             service_share=shares.get(c, 0.0),
             weight=weight_of(weights, c),
             backlog_fraction=fractions.get(c, 0.0),
+            window_service=measured.get(c, 0.0),
+            window_share=window_shares.get(c, 0.0),
+            backlogged_share=backlogged_shares.get(c) if len(backlogged) >= 2 else None,
+            backlogged_weight_share=(
+                weight_of(weights, c) / backlogged_weight
+                if c in backlogged and len(backlogged) >= 2
+                else None
+            ),
         )
         for c, counts in request_counts(records).items()
     }
