@@ -251,6 +251,15 @@ def test_a_replica_that_stops_merging_stops_counting_as_waiting(
     asyncio.run(run())
 
 
+def _merged_when_told(url: str, namespace: str) -> RedisCounterStore:
+    """A store that merges only when the test says, with the usual 1 s heartbeat (an
+    unchanged waiting entry is then not rewritten) and a TTL no test outlasts."""
+    return RedisCounterStore(
+        url, namespace=namespace, gateway_id="g0", heartbeat_s=1.0, gateway_ttl_s=60.0,
+        flush_interval_s=3600.0, sync_every=10**9,
+    )  # fmt: skip
+
+
 def test_a_merge_reads_the_hash_once_and_writes_only_what_changed(
     redis_server: RedisServer,
 ) -> None:
@@ -260,10 +269,7 @@ def test_a_merge_reads_the_hash_once_and_writes_only_what_changed(
     import redis
 
     async def run() -> None:
-        store = RedisCounterStore(
-            redis_server.url, namespace="cost", gateway_id="g0", heartbeat_s=1.0,
-            gateway_ttl_s=60.0, flush_interval_s=3600.0, sync_every=10**9,
-        )  # fmt: skip
+        store = _merged_when_told(redis_server.url, "cost")
         await store.start()
         try:
             await store.arrive("a", ("a",))
@@ -298,10 +304,7 @@ def test_a_waiting_entry_dropped_by_another_replica_is_written_again(
     client = redis.Redis.from_url(redis_server.url)
 
     async def run() -> None:
-        store = RedisCounterStore(
-            redis_server.url, namespace="gone", gateway_id="g0", heartbeat_s=1.0,
-            gateway_ttl_s=60.0, flush_interval_s=3600.0, sync_every=10**9,
-        )  # fmt: skip
+        store = _merged_when_told(redis_server.url, "gone")
         await store.start()
         try:
             await store.arrive("a", ("a",))
