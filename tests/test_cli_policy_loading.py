@@ -71,7 +71,7 @@ def test_simulate_runs_a_policy_from_pythonpath(tmp_path: Path) -> None:
     assert "Traceback" not in bad.stderr
     assert bad.stderr.strip().splitlines() == [
         f"error: policy '{MODULE}:Nope': module '{MODULE}' has no class 'Nope' (its policies: "
-        "Broken, Cached, Newest, NotInVllm, OldStyle, OwnCharge, Plain)"
+        "Broken, Cached, DeclaresTheCache, Newest, NotInVllm, OldStyle, OwnCharge, Plain)"
     ]
 
 

@@ -82,6 +82,12 @@ class Cached(Newest):
         self.cache = cache
 
 
+class DeclaresTheCache(Newest):
+    """Orders by what the prefix cache holds (declares it)."""
+
+    needs = Needs(weights=True, prefix_cache=True)
+
+
 class Plain(Policy):
     """First in, first out, without a sort key."""
 

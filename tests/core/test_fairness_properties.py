@@ -21,7 +21,9 @@ from hypothesis import strategies as st
 
 from tokenfair.core.batch import ExecutorOutput
 from tokenfair.core.policies import make_policy
-from tokenfair.core.policies.miss_avoiding import MissAvoidingVTCPolicy
+from tokenfair.core.policies.miss_avoiding import MissAvoidingPick
+from tokenfair.core.policies.settings import PolicySettings
+from tokenfair.core.policies.vtc import VTCPolicy
 from tokenfair.core.request import Request, RequestStatus
 from tokenfair.core.scheduler import Scheduler, SchedulerConfig
 from tokenfair.core.step_share import newcomer_chunk
@@ -385,8 +387,8 @@ def test_locality_policies_without_shared_prefixes_keep_vtcs_bound(workload, cac
     assert max(excesses, default=0.0) <= 0
 
 
-class CheckedMissAvoidingVTC(MissAvoidingVTCPolicy):
-    """vtc-hit whose every answer on a miss is checked against a scan of every
+class CheckedMissAvoidingPick(MissAvoidingPick):
+    """vtc-hit's rule, its every answer on a miss checked against a scan of every
     backlogged client: the same longest cached prefix and counter (which of equal
     clients goes is the heap's tie order, not checked)."""
 
@@ -395,12 +397,17 @@ class CheckedMissAvoidingVTC(MissAvoidingVTCPolicy):
         counter = self.ledger.counter
         keys = [
             (-queue.head_blocks(), counter(client))
-            for client, queue in self._queues.items()
+            for client, queue in self.queues.items()
             if queue.head_blocks() and counter(client) < limit
         ]
-        got = None if found is None else (-self._queues[found].head_blocks(), counter(found))
+        got = None if found is None else (-self.queues[found].head_blocks(), counter(found))
         assert got == min(keys, default=None), (got, sorted(keys))
         return found
+
+
+class CheckedMissAvoidingVTC(VTCPolicy):
+    def __init__(self, settings: PolicySettings | None = None, *, window: float) -> None:
+        super().__init__(settings, name="vtc-hit", pick=CheckedMissAvoidingPick(window))
 
 
 def admission_order(workload: Workload, policy: str, **config) -> list[tuple]:

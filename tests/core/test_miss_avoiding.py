@@ -59,3 +59,34 @@ def test_without_any_cached_prefix_it_follows_the_counters():
 def test_a_bad_window_is_refused(spec):
     with pytest.raises(PolicyError, match="vtc-hit"):
         make_policy(spec)
+
+
+def test_a_pop_takes_what_its_peek_chose_though_the_cache_changed_between():
+    # a is VTC's choice and misses; b, a little ahead, hits: the peek returns b's
+    # request. The pool then evicts b's document before the pop (an admission's
+    # allocation may): the pop must still take the request the peek returned, the one
+    # the driver planned for, not choose again.
+    scheduler = scheduler_for("vtc-hit:1000")
+    policy = scheduler.policy
+    warm(scheduler.kv, "b/doc", 32)
+    policy.add(grouped("a", 40, "a/cold", 32, request_id="a1"), 0.0)
+    policy.add(grouped("b", 40, "b/doc", 32, request_id="b1"), 0.0)
+    policy.ledger.charge("b", 10.0)
+    peeked = policy.peek()
+    assert peeked is not None and peeked.request_id == "b1"
+    filler = grouped("z", scheduler.kv.num_free_blocks * scheduler.kv.block_size, None)
+    assert scheduler.kv.allocate(filler, filler.input_tokens)  # b's document evicted
+    assert policy.pop() is peeked
+
+
+@pytest.mark.parametrize("name", ["vtc", "vtc-hit:1000", "dlpm:1000", "vtc-lpm"])
+def test_a_pop_after_the_peeked_request_left_takes_the_next(name):
+    scheduler = scheduler_for(name, enable_prefix_caching=False)
+    policy = scheduler.policy
+    policy.add(grouped("a", 40, None, request_id="a1"), 0.0)
+    policy.add(grouped("b", 40, None, request_id="b1"), 0.0)
+    peeked = policy.peek()
+    assert peeked is not None
+    policy.remove(peeked)  # aborted while at the head
+    taken = policy.pop()
+    assert taken is not peeked and len(policy) == 0

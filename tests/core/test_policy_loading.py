@@ -81,6 +81,20 @@ def test_uses_weights_is_read_from_the_class(module: str) -> None:
     assert not uses_weights("tf_no_such_policy_module:X")  # building it says why
 
 
+def test_the_built_policy_carries_what_it_declared(module: str) -> None:
+    needs = {
+        spec: make_policy(spec).needs
+        for spec in ("vtc", "dlpm", "fcfs", *(f"{module}:{c}" for c in ("Newest", "Cached")))
+    }
+    assert needs["dlpm"].prefix_cache and needs["dlpm"].weights
+    assert not needs["vtc"].prefix_cache and needs["vtc"].weights
+    assert not needs["fcfs"].weights
+    assert needs[f"{module}:Newest"].weights and not needs[f"{module}:Newest"].prefix_cache
+    # A class overriding attach_prefix_cache, from before declarations, asks for it.
+    assert needs[f"{module}:Cached"].prefix_cache
+    assert make_policy(f"{module}:DeclaresTheCache").needs.prefix_cache
+
+
 def test_built_in_names_stay_built_in() -> None:
     assert isinstance(make_policy("fcfs"), FCFSPolicy)
     assert is_builtin("rpm:20") and is_builtin("VTC") and not is_builtin("a.b:C")
@@ -138,7 +152,7 @@ def test_a_comma_separated_list_keeps_commas_inside_arguments() -> None:
         ("{m}_syntax:X", "importing module 'tf_user_policies_syntax' failed: SyntaxError"),
         (
             "{m}:Nope",
-            "module 'tf_user_policies' has no class 'Nope' (its policies: Broken, Cached, Newest, NotInVllm, OldStyle, OwnCharge, Plain)",
+            "module 'tf_user_policies' has no class 'Nope' (its policies: Broken, Cached, DeclaresTheCache, Newest, NotInVllm, OldStyle, OwnCharge, Plain)",
         ),
         (
             "{m}:NotAPolicy",

@@ -103,9 +103,13 @@ def test_a_users_policy_class_runs_as_a_core_policy(tmp_path, monkeypatch):
     )
     assert plugin.policy.settings.weights == {"a": 2.0}
     assert plugin.policy.settings.cost == make_cost("linear", 1.0, 2.0)
-    # One that overrides attach_prefix_cache gets the view of vLLM's prefix cache.
+    # One that overrides attach_prefix_cache (as before declarations) gets the view of
+    # vLLM's prefix cache.
     cached = load_plugin_config({"tokenfair": {"policy": f"{module}:Cached"}})
     assert cached.make_plugin_policy().prefix_cache
+    # So does one declaring `Needs(prefix_cache=True)`.
+    declared = load_plugin_config({"tokenfair": {"policy": f"{module}:DeclaresTheCache"}})
+    assert declared.make_plugin_policy().prefix_cache
     assert load_plugin_config({"tokenfair": {"policy": "dlpm"}}).make_plugin_policy().prefix_cache
     assert not load_plugin_config({}).make_plugin_policy().prefix_cache
     with pytest.raises(PluginConfigError) as error:

@@ -234,6 +234,8 @@ def construct(parsed: PolicySpec, cls: type[Policy], settings: PolicySettings) -
         raise PolicyError(f"{where}: {error}") from None
     _default(policy, "name", Policy.name, parsed.attr if parsed.module is None else cls.__name__)
     _default(policy, "charge_cached_tokens", None, settings.charge_cached_tokens)
+    with contextlib.suppress(AttributeError):  # __slots__ without it: the class's stays
+        policy.needs = class_needs(cls)
     return policy
 
 
@@ -259,9 +261,18 @@ def needs_of(spec: str) -> Needs:
         klass = policy_class(spec)
     except PolicyError:
         return Needs()
+    return class_needs(klass)
+
+
+def class_needs(klass: type[Policy]) -> Needs:
+    """A policy class's `needs`, with what a class written before declarations says
+    otherwise: `uses_weights = True` (weights), an `attach_prefix_cache` of its own
+    (the prefix cache)."""
     needs = getattr(klass, "needs", Needs())
     if getattr(klass, "uses_weights", False) and not needs.weights:
         needs = replace(needs, weights=True)
+    if klass.attach_prefix_cache is not Policy.attach_prefix_cache and not needs.prefix_cache:
+        needs = replace(needs, prefix_cache=True)
     return needs
 
 

@@ -31,13 +31,13 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from tokenfair.core.policies.cached_heads import CachedHeadHeap
 from tokenfair.core.policies.declaration import Argument, Declared, Needs
-from tokenfair.core.policies.settings import PolicySettings
+from tokenfair.core.policies.ledger import CounterLedger
 from tokenfair.core.policies.view import RequestView
-from tokenfair.core.policies.vtc import VTCPolicy
+from tokenfair.core.policies.vtc import ClientPick, VTCPolicy, WaitingQueue
 from tokenfair.core.prefix_cache import CachedPrefixIndex, PrefixCache
 
 # A quantum of a few prompts' worth lets a client run several requests over its warm
@@ -147,80 +147,54 @@ class LongestPrefixQueue:
         return (e[5] for e in sorted(e for e in self._heap if self._is_live(e)))
 
 
-class LocalityVTCPolicy(VTCPolicy):
-    """`vtc-lpm`: VTC between clients, longest cached prefix first within a client."""
+class LongestPrefixPick(ClientPick):
+    """`vtc-lpm`: VTC's client; within it, the longest cached prefix first."""
 
-    # Every queue is made by `_new_queue` below.
-    _queues: dict[str, LongestPrefixQueue]  # type: ignore[assignment]
+    queues: Mapping[str, LongestPrefixQueue]  # made by new_queue
 
-    def __init__(self, settings: PolicySettings | None = None, **vtc_options) -> None:
-        super().__init__(settings, **vtc_options)
-        self._index = CachedPrefixIndex(self._prefix_grew)
+    def __init__(self) -> None:
+        self.index = CachedPrefixIndex(self._prefix_grew)
         self._queue_seq = itertools.count()
-        # Arrivals, departures and prefix growth so far: a subclass's choice, made at a
-        # peek and kept for the pop that follows, stands while this has not moved.
-        self._changes = 0
 
-    def add(self, request: RequestView, now: float) -> None:
-        self._changes += 1
-        super().add(request, now)
-
-    def requeue(self, request: RequestView) -> None:
-        self._changes += 1
-        super().requeue(request)
-
-    def pop(self) -> RequestView:
-        request = super().pop()
-        self._changes += 1
-        return request
-
-    def remove(self, request: RequestView) -> None:
-        super().remove(request)
-        self._changes += 1
+    def new_queue(self) -> LongestPrefixQueue:
+        return LongestPrefixQueue(self.index, self._queue_seq)
 
     def attach_prefix_cache(self, cache: PrefixCache) -> None:
-        self._index.attach(cache)
-
-    def _new_queue(self) -> LongestPrefixQueue:  # type: ignore[override]
-        return LongestPrefixQueue(self._index, self._queue_seq)
+        self.index.attach(cache)
 
     def _prefix_grew(self, request: RequestView) -> None:
-        self._changes += 1
-        queue = self._queues.get(request.client)
-        if isinstance(queue, LongestPrefixQueue):
+        queue = self.queues.get(request.client)
+        if queue is not None:
             queue.refresh(request)
+            self.prefix_grew(request)
+
+    def prefix_grew(self, request: RequestView) -> None:
+        """A waiting request's cached prefix grew (its queue has filed it again)."""
 
 
-class DeficitLPMPolicy(LocalityVTCPolicy):
+class DeficitPick(LongestPrefixPick):
     """`dlpm`: among clients with a positive deficit, the longest cached prefix first."""
 
-    def __init__(
-        self,
-        settings: PolicySettings | None = None,
-        *,
-        quantum: float = DEFAULT_QUANTUM,
-        **vtc_options,
-    ) -> None:
+    def __init__(self, quantum: float = DEFAULT_QUANTUM) -> None:
         if not quantum > 0:
             raise ValueError(f"quantum must be > 0, got {quantum}")
-        super().__init__(settings, **vtc_options)
+        super().__init__()
         self.quantum = quantum
         self._round_end = 0.0  # a backlogged client's deficit is round_end - counter
-        # Clients with a positive deficit, longest cached head first.
-        self._eligible = CachedHeadHeap(self._queues, self.ledger)
         # Clients back from idle, in arrival order: their first request goes first.
         self._returning: deque[str] = deque()
-        # The last choice, kept while nothing it depends on changed (a peek is followed
-        # by a pop): (client, its counter, wanted evictions, queue changes) when made.
-        self._choice: tuple[str, float, int, int] | None = None
 
-    def _file_eligible(self, client: str, blocks: int | None = None) -> None:
-        """File the client's entry (`blocks`: its head's cached blocks, if known)."""
-        queue = self._queues.get(client)
+    def bind(self, queues: Mapping[str, WaitingQueue], ledger: CounterLedger) -> None:
+        super().bind(queues, ledger)
+        # Clients with a positive deficit, longest cached head first.
+        self._eligible = CachedHeadHeap(self.queues, ledger)
+
+    def _file_eligible(self, client: str) -> None:
+        queue = self.queues.get(client)
         if queue is None or self.ledger.counter(client) >= self._round_end:
             self._eligible.retire(client)
             return
-        self._eligible.file(client, queue.head_blocks() if blocks is None else blocks)
+        self._eligible.file(client, queue.head_blocks())
 
     def _head_may_have_grown(self, client: str, blocks: int) -> None:
         """One of the client's requests now has `blocks` cached: re-file the client if
@@ -229,26 +203,7 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
         if filed is not None and blocks > filed:
             self._file_eligible(client)
 
-    def _chosen_client(self) -> str | None:
-        choice, evictions = self._choice, self._index.wanted_evictions
-        # Other clients' counters only grow, so the choice stands while its own
-        # counter, the cache's wanted blocks and the queues are as they were.
-        if (
-            choice is not None
-            and choice[1] == self.ledger.counter(choice[0])
-            and choice[2] == evictions
-            and choice[3] == self._changes
-        ):
-            return choice[0]
-        client = self._choose()
-        self._choice = (
-            None
-            if client is None
-            else (client, self.ledger.counter(client), evictions, self._changes)
-        )
-        return client
-
-    def _choose(self) -> str | None:
+    def choose(self) -> str | None:
         while True:
             returning = self._first_returning()
             if returning is not None and self._is_least_served(returning):
@@ -261,7 +216,7 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
                 continue
             if best is not None:
                 return best
-            if not self._queues:
+            if not self.queues:
                 return None
             self._refill()
 
@@ -277,7 +232,7 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
 
     def _first_returning(self) -> str | None:
         returning = self._returning
-        while returning and returning[0] not in self._queues:
+        while returning and returning[0] not in self.queues:
             returning.popleft()  # gone (aborted) before its turn
         return returning[0] if returning else None
 
@@ -298,50 +253,31 @@ class DeficitLPMPolicy(LocalityVTCPolicy):
         smallest = self.ledger.smallest()
         assert smallest is not None
         self._round_end = self.ledger.counter(smallest) + self.quantum
-        for client in self._queues:
+        for client in self.queues:
             self._file_eligible(client)
 
-    def add(self, request: RequestView, now: float) -> None:
+    def entered(self, request: RequestView, joined: bool, arrival: bool) -> None:
         client = request.client
-        idle = client not in self._queues
-        super().add(request, now)
-        if idle:
-            self._returning.append(client)
+        if joined:
+            if arrival:
+                self._returning.append(client)
             self._file_eligible(client)
         else:
-            self._head_may_have_grown(client, self._index.blocks(request))
+            self._head_may_have_grown(client, self.index.blocks(request))
 
-    def requeue(self, request: RequestView) -> None:
+    def left(self, request: RequestView, popped: bool) -> None:
         client = request.client
-        idle = client not in self._queues
-        super().requeue(request)
-        if idle:
-            self._file_eligible(client)
-        else:
-            self._head_may_have_grown(client, self._index.blocks(request))
-
-    def pop(self) -> RequestView:
-        request = super().pop()
-        if self._returning and self._returning[0] == request.client:
+        if popped and self._returning and self._returning[0] == client:
             self._returning.popleft()  # its first request is in: it waits its turn now
-        self._head_changed(request.client)
-        return request
-
-    def remove(self, request: RequestView) -> None:
-        super().remove(request)
-        self._head_changed(request.client)
-
-    def _head_changed(self, client: str) -> None:
-        queue = self._queues.get(client)
+        queue = self.queues.get(client)
         if queue is None:
             self._eligible.retire(client)  # nothing waits
         else:
             # The next head may come first by priority, with a longer prefix.
             self._head_may_have_grown(client, queue.head_blocks())
 
-    def _prefix_grew(self, request: RequestView) -> None:
-        super()._prefix_grew(request)
-        self._head_may_have_grown(request.client, self._index.blocks(request))
+    def prefix_grew(self, request: RequestView) -> None:
+        self._head_may_have_grown(request.client, self.index.blocks(request))
 
 
 DECLARED = [
@@ -349,16 +285,16 @@ DECLARED = [
         "vtc-lpm",
         "VTC between clients; within the chosen client, the request with the longest "
         "cached prefix first",
-        lambda settings, arg: LocalityVTCPolicy(settings, name="vtc-lpm"),
-        needs=Needs(weights=True),
+        lambda settings, arg: VTCPolicy(settings, name="vtc-lpm", pick=LongestPrefixPick()),
+        needs=Needs(weights=True, prefix_cache=True),
     ),
     Declared(
         "dlpm",
         "deficit longest prefix match: among clients within `quantum` (default "
         f"{DEFAULT_QUANTUM:g}) weighted tokens of the least served, the longest cached "
         "prefix first",
-        lambda settings, quantum: DeficitLPMPolicy(settings, name="dlpm", quantum=quantum),
+        lambda settings, quantum: VTCPolicy(settings, name="dlpm", pick=DeficitPick(quantum)),
         argument=Argument("quantum", DEFAULT_QUANTUM),
-        needs=Needs(weights=True),
+        needs=Needs(weights=True, prefix_cache=True),
     ),
 ]

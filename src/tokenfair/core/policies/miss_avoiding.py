@@ -23,16 +23,19 @@ no rounds to refill.
 A peek costs one look at VTC's choice. On a miss, the clients whose next request hits
 are kept in a heap by cached prefix and counter, as `dlpm` keeps its eligible clients:
 the answer is near its top, past only the clients more than the window ahead, which
-the bound keeps few (the choice is kept until a counter, the cache or a queue changes).
+the bound keeps few. A pop takes what the peek before it chose (the VTC queue keeps it).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from tokenfair.core.policies.cached_heads import CachedHeadHeap
 from tokenfair.core.policies.declaration import Argument, Declared, Needs
-from tokenfair.core.policies.locality import LocalityVTCPolicy, LongestPrefixQueue
-from tokenfair.core.policies.settings import PolicySettings
+from tokenfair.core.policies.ledger import CounterLedger
+from tokenfair.core.policies.locality import LongestPrefixPick
 from tokenfair.core.policies.view import RequestView
+from tokenfair.core.policies.vtc import VTCPolicy, WaitingQueue
 
 # A window below one document's worth of weighted tokens (prompt + output, the workload
 # of docs/experiments.md): a cached client may take a request or two ahead of its turn,
@@ -40,52 +43,28 @@ from tokenfair.core.policies.view import RequestView
 DEFAULT_HIT_WINDOW = 2048.0
 
 
-class MissAvoidingVTCPolicy(LocalityVTCPolicy):
+class MissAvoidingPick(LongestPrefixPick):
     """`vtc-hit`: VTC's choice when it hits the prefix cache; else the longest cached
     prefix among the clients within `window` weighted tokens of the least served."""
 
-    _queues: dict[str, LongestPrefixQueue]
-
-    def __init__(
-        self,
-        settings: PolicySettings | None = None,
-        *,
-        window: float = DEFAULT_HIT_WINDOW,
-        **vtc_options,
-    ) -> None:
+    def __init__(self, window: float = DEFAULT_HIT_WINDOW) -> None:
         if not window > 0:
             raise ValueError(f"window must be > 0, got {window}")
-        super().__init__(settings, **vtc_options)
+        super().__init__()
         self.window = window
-        # Clients whose next request finds some of its prompt cached.
-        self._hits = CachedHeadHeap(self._queues, self.ledger)
-        # The last choice on a miss, kept while nothing it depends on changed (a peek
-        # is followed by a pop): (least served, its counter, chosen, wanted evictions,
-        # queue changes) when made.
-        self._choice: tuple[str, float, str, int, int] | None = None
 
-    def _chosen_client(self) -> str | None:
-        ledger = self.ledger
-        least = ledger.smallest()
+    def bind(self, queues: Mapping[str, WaitingQueue], ledger: CounterLedger) -> None:
+        super().bind(queues, ledger)
+        # Clients whose next request finds some of its prompt cached.
+        self._hits = CachedHeadHeap(self.queues, ledger)
+
+    def choose(self) -> str | None:
+        least = self.ledger.smallest()
         if least is None:
             return None
-        if self._queues[least].head_blocks() > 0:
+        if self.queues[least].head_blocks() > 0:
             return least  # VTC's choice hits
-        floor = ledger.counter(least)
-        evictions = self._index.wanted_evictions
-        choice = self._choice
-        # Counters only grow, so no other client can have come into the window while
-        # the least served's counter stood still; the chosen one may have left it.
-        if (
-            choice is not None
-            and choice[:2] == (least, floor)
-            and choice[3:] == (evictions, self._changes)
-            and ledger.counter(choice[2]) < floor + self.window
-        ):
-            return choice[2]
-        chosen = self._nearest_hit(floor + self.window) or least
-        self._choice = (least, floor, chosen, evictions, self._changes)
-        return chosen
+        return self._nearest_hit(self.ledger.counter(least) + self.window) or least
 
     def _nearest_hit(self, limit: float) -> str | None:
         """The client below `limit` whose next request has the longest cached prefix
@@ -114,37 +93,20 @@ class MissAvoidingVTCPolicy(LocalityVTCPolicy):
         """One of the client's requests now has `blocks` cached: file the client again
         if that beats its entry (an understated entry would surface too late)."""
         if blocks > (self._hits.filed_blocks(client) or 0):
-            self._file(client, self._queues[client].head_blocks())
+            self._file(client, self.queues[client].head_blocks())
 
-    def _head_changed(self, client: str) -> None:
-        queue = self._queues.get(client)
+    def entered(self, request: RequestView, joined: bool, arrival: bool) -> None:
+        self._may_have_grown(request.client, self.index.blocks(request))
+
+    def left(self, request: RequestView, popped: bool) -> None:
+        queue = self.queues.get(request.client)
         if queue is None:
-            self._hits.retire(client)  # nothing waits
+            self._hits.retire(request.client)  # nothing waits
         else:
-            self._file(client, queue.head_blocks())
+            self._file(request.client, queue.head_blocks())
 
-    # Everything that may change a client's entry (the base counts the changes).
-    def add(self, request: RequestView, now: float) -> None:
-        super().add(request, now)
-        self._may_have_grown(request.client, self._index.blocks(request))
-
-    def requeue(self, request: RequestView) -> None:
-        super().requeue(request)
-        self._may_have_grown(request.client, self._index.blocks(request))
-
-    def pop(self) -> RequestView:
-        request = super().pop()
-        self._head_changed(request.client)
-        return request
-
-    def remove(self, request: RequestView) -> None:
-        super().remove(request)
-        self._head_changed(request.client)
-
-    def _prefix_grew(self, request: RequestView) -> None:
-        super()._prefix_grew(request)
-        if request.client in self._queues:
-            self._may_have_grown(request.client, self._index.blocks(request))
+    def prefix_grew(self, request: RequestView) -> None:
+        self._may_have_grown(request.client, self.index.blocks(request))
 
 
 DECLARED = [
@@ -153,8 +115,8 @@ DECLARED = [
         "vtc-lpm while VTC's choice finds its prompt cached; on a miss, the longest cached "
         f"prefix among clients within `window` (default {DEFAULT_HIT_WINDOW:g}) weighted "
         "tokens of the least served",
-        lambda settings, window: MissAvoidingVTCPolicy(settings, name="vtc-hit", window=window),
+        lambda settings, window: VTCPolicy(settings, name="vtc-hit", pick=MissAvoidingPick(window)),
         argument=Argument("window", DEFAULT_HIT_WINDOW),
-        needs=Needs(weights=True),
+        needs=Needs(weights=True, prefix_cache=True),
     )
 ]

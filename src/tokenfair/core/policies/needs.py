@@ -18,6 +18,9 @@ class Needs:
     weights: bool = False
     # It refuses to run without weights (`wvtc`: weighted by definition).
     weights_required: bool = False
+    # It orders by what the prefix cache holds: its driver hands it a view of the cache
+    # (`attach_prefix_cache`; inside vLLM, a view of vLLM's).
+    prefix_cache: bool = False
     # It shares by groups of tenants (hierarchical VTC), lifting a newcomer by this rule;
     # None: it runs only with flat tenants.
     groups_lift: LiftRule | None = None

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping, Sequence
+from typing import Protocol
 
 from tokenfair.core.cost import CostFunction
 from tokenfair.core.policies.base import Policy
@@ -41,9 +42,22 @@ from tokenfair.core.policies.memory_share import (
 from tokenfair.core.policies.predictor import OutputLengthPredictor
 from tokenfair.core.policies.settings import PolicySettings
 from tokenfair.core.policies.view import RequestView
+from tokenfair.core.prefix_cache import PrefixCache
 from tokenfair.core.share_tree import ShareTree
 
-__all__ = ["ClientQueue", "LiftRule", "VTCPolicy"]
+__all__ = ["ClientPick", "ClientQueue", "LiftRule", "VTCPolicy", "WaitingQueue"]
+
+
+class WaitingQueue(Protocol):
+    """One client's waiting requests, in the order that client's requests go."""
+
+    def add(self, request: RequestView) -> None: ...
+    def requeue(self, request: RequestView) -> None: ...
+    def head(self) -> RequestView: ...
+    def pop(self) -> RequestView: ...
+    def remove(self, request: RequestView) -> bool: ...
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[RequestView]: ...
 
 
 class ClientQueue:
@@ -90,8 +104,47 @@ class ClientQueue:
         return iter(self._requests)
 
 
+class ClientPick:
+    """The rule choosing the client whose request goes next, and how each client's
+    requests wait: VTC's own here (the ledger's pick, a `ClientQueue` per client).
+
+    The locality-aware rules (locality.py, miss_avoiding.py) order a client's requests
+    by cached prefix and pick among clients otherwise. `VTCPolicy` owns the queues and
+    tells its rule of every change to them (`entered`, `left`): a rule keeps whatever
+    index it needs from those calls, and `choose` reads it as it is now, so nothing a
+    rule decided can outlive the state it was decided on.
+    """
+
+    queues: Mapping[str, WaitingQueue]  # the clients with waiting requests, read live
+    ledger: CounterLedger
+
+    def bind(self, queues: Mapping[str, WaitingQueue], ledger: CounterLedger) -> None:
+        self.queues = queues
+        self.ledger = ledger
+
+    def new_queue(self) -> WaitingQueue:
+        """A queue for a client starting to wait."""
+        return ClientQueue()
+
+    def attach_prefix_cache(self, cache: PrefixCache) -> None:
+        """The scheduler's prefix cache, for rules ordering by what it holds."""
+
+    def choose(self) -> str | None:
+        """The client whose head request goes next (None: nobody waits)."""
+        return self.ledger.smallest()
+
+    def entered(self, request: RequestView, joined: bool, arrival: bool) -> None:
+        """`request` joined its client's queue (`joined`: the client was not waiting;
+        `arrival`: a new request, else a preempted one back)."""
+
+    def left(self, request: RequestView, popped: bool) -> None:
+        """`request` left its client's queue (`popped`: admitted as the queue's choice,
+        else removed: aborted, or admitted from behind a tenant set aside)."""
+
+
 class VTCPolicy(Policy):
-    """VTC over the ledger: per-client queues, the ledger's pick, its charges."""
+    """VTC over the ledger: per-client queues, the ledger's pick, its charges; a
+    `ClientPick` passed in picks otherwise (the locality-aware variants)."""
 
     charges_output = True
 
@@ -105,6 +158,7 @@ class VTCPolicy(Policy):
         preempt_threshold: float | None = None,
         ties_to_first_seen: bool = False,
         charge_batch_on_finish: bool = False,
+        pick: ClientPick | None = None,
     ):
         if preempt_threshold is not None and preempt_threshold < 0:
             raise ValueError(f"preemption threshold must be >= 0, got {preempt_threshold}")
@@ -113,8 +167,12 @@ class VTCPolicy(Policy):
         self.predictor = predictor
         self.preempt_threshold = preempt_threshold
         self.charges_batch_on_finish = charge_batch_on_finish
-        self._queues: dict[str, ClientQueue] = {}  # only clients with waiting requests
+        self._queues: dict[str, WaitingQueue] = {}  # only clients with waiting requests
         self._num_waiting = 0
+        self.pick = pick or ClientPick()
+        self.pick.bind(self._queues, self.ledger)
+        # The request the last peek returned, until the queues change: what pop takes.
+        self._peeked: RequestView | None = None
         # Under length prediction: request id -> chargeable output tokens charged so
         # far, ahead of generation.
         self._charged: dict[str, int] = {}
@@ -161,52 +219,61 @@ class VTCPolicy(Policy):
         self.ledger.charge_cached_tokens = value
 
     # --- the waiting queue ---
-    def _new_queue(self) -> ClientQueue:
-        return ClientQueue()
+    def attach_prefix_cache(self, cache: PrefixCache) -> None:
+        self.pick.attach_prefix_cache(cache)
 
     def add(self, request: RequestView, now: float) -> None:
-        queue = self._queues.get(request.client)
-        if queue is None:
-            self.ledger.activate(request.client, lift=True)
-            queue = self._queues[request.client] = self._new_queue()
-        queue.add(request)
-        self._num_waiting += 1
+        self._enter(request, arrival=True)
 
     def requeue(self, request: RequestView) -> None:
-        # A preempted request was being served, not idle: no lift.
-        queue = self._queues.get(request.client)
-        if queue is None:
-            self.ledger.activate(request.client, lift=False)
-            queue = self._queues[request.client] = self._new_queue()
-        queue.requeue(request)
-        self._num_waiting += 1
+        self._enter(request, arrival=False)
 
-    def _chosen_client(self) -> str | None:
-        """The client whose request goes next: the ledger's pick."""
-        return self.ledger.smallest()
+    def _enter(self, request: RequestView, arrival: bool) -> None:
+        self._peeked = None
+        client = request.client
+        queue = self._queues.get(client)
+        joined = queue is None
+        if queue is None:
+            # A preempted request was being served, not idle: no lift.
+            self.ledger.activate(client, lift=arrival)
+            queue = self._queues[client] = self.pick.new_queue()
+        if arrival:
+            queue.add(request)
+        else:
+            queue.requeue(request)
+        self._num_waiting += 1
+        self.pick.entered(request, joined, arrival)
 
     def peek(self) -> RequestView | None:
-        client = self._chosen_client()
-        return None if client is None else self._queues[client].head()
+        client = self.pick.choose()
+        self._peeked = None if client is None else self._queues[client].head()
+        return self._peeked
 
     def pop(self) -> RequestView:
-        client = self._chosen_client()
-        if client is None:
+        request = self._peeked if self._peeked is not None else self.peek()
+        if request is None:
             raise IndexError("pop from an empty waiting queue")
-        queue = self._queues[client]
-        request = queue.pop()
-        if not queue:
-            self._leave(client)
-        self._num_waiting -= 1
+        self._take(request, popped=True)
         return request
 
     def remove(self, request: RequestView) -> None:
-        queue = self._queues.get(request.client)
-        if queue is None or not queue.remove(request):
+        self._take(request, popped=False)
+
+    def _take(self, request: RequestView, popped: bool) -> None:
+        """`request` leaves its client's queue (if it waits there)."""
+        self._peeked = None
+        client = request.client
+        queue = self._queues.get(client)
+        if queue is None:
+            return
+        if popped and queue.head() is request:
+            queue.pop()
+        elif not queue.remove(request):
             return
         self._num_waiting -= 1
         if not queue:
-            self._leave(request.client)
+            self._leave(client)
+        self.pick.left(request, popped)
 
     def _leave(self, client: str) -> None:
         del self._queues[client]

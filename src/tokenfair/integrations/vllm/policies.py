@@ -9,8 +9,8 @@ tenants, ranks victims) plus the two things the scheduler needs to know about it
   of `running` as its victim;
 - `sorts_running`: the scheduler keeps `running` sorted by the policy's
   `victim_key` before each step, so that FCFS tail is the policy's victim;
-- `prefix_cache`: the policy orders by what the engine's prefix cache holds (it
-  overrides `attach_prefix_cache`), so it is given the scheduler's view of vLLM's.
+- `prefix_cache`: the policy orders by what the engine's prefix cache holds (its
+  `Needs.prefix_cache`), so it is given the scheduler's view of vLLM's.
 
 `fcfs` and `priority` are vLLM's own orders, exactly: one tenant's requests are
 scheduled as stock vLLM schedules them, so vLLM's own scheduler tests pass with the
@@ -22,10 +22,11 @@ only.) The other policies are tokenfair's core ones, with `running` in victim or
 A policy runs here when its declaration says so (`Needs.vllm`, core/policies/
 declaration.py): a new one needs no line here unless vLLM has its own form of it, as
 for `fcfs` and `priority` in `plugin_policy`. The ones that
-order by what the engine already holds (`vtc-lpm`, `dlpm`) get the scheduler's view of
-vLLM's prefix cache (prefix_cache.py) at construction. A user's policy class
-(`mypkg.mod:MyPolicy`) runs as the core's own do: vLLM's FCFS mode, `running` in its
-victim order, and the prefix cache's view if it overrides `attach_prefix_cache`.
+order by what the engine already holds (`vtc-lpm`, `dlpm`, `vtc-hit`: they declare
+`prefix_cache`) get the scheduler's view of vLLM's prefix cache (prefix_cache.py) at
+construction. A user's policy class (`mypkg.mod:MyPolicy`) runs as the core's own do:
+vLLM's FCFS mode, `running` in its victim order, and the prefix cache's view if it
+declares `needs = Needs(prefix_cache=True)` (or overrides `attach_prefix_cache`).
 
 No vLLM import here: plain Python over tokenfair's core, like the driver.
 """
@@ -102,5 +103,4 @@ def plugin_policy(name: str, policy: Policy) -> PluginPolicy:
         return PluginPolicy(VllmFCFS(), sorts_running=False)
     if name == "priority":
         return PluginPolicy(VllmPriority(), vllm_priority=True, sorts_running=False)
-    wants_cache = type(policy).attach_prefix_cache is not Policy.attach_prefix_cache
-    return PluginPolicy(policy, prefix_cache=wants_cache)
+    return PluginPolicy(policy, prefix_cache=policy.needs.prefix_cache)
