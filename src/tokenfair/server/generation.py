@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from starlette.types import Receive, Scope
 
 from tokenfair.core.request import FinishReason, Request
+from tokenfair.edge.cache_partition import CachePartition
 from tokenfair.edge.errors import APIError, ErrorCode, shutting_down
 from tokenfair.edge.limits import WaitingSlot
 from tokenfair.edge.tenants import Tenant
@@ -120,19 +121,19 @@ def _max_tokens(state: ServerState, body: Body, tenant: Tenant, prompt_tokens: i
 def cache_salt(tenant: Tenant, proxy: Tenant | None, salt: str | None, shared: bool) -> str | None:
     """What the request's prefix cache is keyed by (None: shared by every tenant).
 
-    A tenant's own request: its name (none with `share_prefix_cache`), and within it the
-    request's `cache_salt`, as vLLM keys by it: a salt partitions a tenant's cache, never
-    reaches another's. A request a trusted proxy sends for a tenant: the proxy's name,
-    then the `cache_salt` the proxy sent or else the tenant's name. So the proxy decides
-    how its tenants share (the gateway sends one salt per tenant, or one for all under
-    its own `share_prefix_cache`), and its requests never meet the server's own tenants'
-    cache. Tenant names hold no NUL (a proxy's are printable), so the first ends the name.
+    A tenant's own request: its partition (edge/cache_partition.py: its name, none with
+    `share_prefix_cache`, divided by the request's `cache_salt`). A request a trusted
+    proxy sends for a tenant: the proxy's own part of the cache, divided by the
+    `cache_salt` the proxy sent or else by the tenant's name. So the proxy decides how
+    its tenants share (the gateway sends one salt per tenant, or one for all under its
+    own `share_prefix_cache`, by the same rule), and its requests never meet the server's
+    own tenants' cache.
     """
     if proxy is not None:
-        return f"{proxy.name}\0{salt if salt is not None else tenant.name}"
-    if shared:
-        return salt
-    return tenant.name if salt is None else f"{tenant.name}\0{salt}"
+        partition = CachePartition(proxy.name, salt if salt is not None else tenant.name)
+    else:
+        partition = CachePartition.of(tenant.name, salt, shared)
+    return partition.key()
 
 
 def prepare(

@@ -34,10 +34,11 @@ from collections import deque
 from collections.abc import Iterator, Mapping
 
 from tokenfair.core.policies.cached_heads import CachedHeadHeap
+from tokenfair.core.policies.client_queues import ClientPick, WaitingQueue
 from tokenfair.core.policies.declaration import Argument, Declared, Needs
 from tokenfair.core.policies.ledger import CounterLedger
 from tokenfair.core.policies.view import RequestView
-from tokenfair.core.policies.vtc import ClientPick, VTCPolicy, WaitingQueue
+from tokenfair.core.policies.vtc import VTCPolicy
 from tokenfair.core.prefix_cache import CachedPrefixIndex, PrefixCache
 
 # A quantum of a few prompts' worth lets a client run several requests over its warm

@@ -31,11 +31,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from tokenfair.core.policies.cached_heads import CachedHeadHeap
+from tokenfair.core.policies.client_queues import WaitingQueue
 from tokenfair.core.policies.declaration import Argument, Declared, Needs
 from tokenfair.core.policies.ledger import CounterLedger
 from tokenfair.core.policies.locality import LongestPrefixPick
 from tokenfair.core.policies.view import RequestView
-from tokenfair.core.policies.vtc import VTCPolicy, WaitingQueue
+from tokenfair.core.policies.vtc import VTCPolicy
 
 # A window below one document's worth of weighted tokens (prompt + output, the workload
 # of docs/experiments.md): a cached client may take a request or two ahead of its turn,

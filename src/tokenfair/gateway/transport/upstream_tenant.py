@@ -15,7 +15,8 @@ server, one tenant to be fair to. Per upstream `engine` (config.py):
   request's `cache_salt` says otherwise);
 - `openai` (the default): nothing; the body and headers go as they came.
 
-The salt is a keyed hash of the tenant's name (HMAC-SHA256, 64 hex digits): the same in
+A request meets the part of the cache the server's rule gives it (edge/cache_partition.py), sent as a
+salt: a keyed hash of the tenant's name (HMAC-SHA256, 64 hex digits), the same in
 every replica given the same key (`cache_salt_secret`, or else the Redis namespace),
 never the name itself. A client's own `cache_salt` is hashed in with its tenant's name,
 so that it partitions the tenant's own cache and can never name another tenant's. With
@@ -31,6 +32,7 @@ import json
 from typing import Any
 from urllib.parse import quote
 
+from tokenfair.edge.cache_partition import CachePartition
 from tokenfair.edge.directory import TenantDirectory
 from tokenfair.edge.tenants import ACTING_HEADER
 from tokenfair.gateway.transport.requests import CompletionCall, with_fields
@@ -109,6 +111,7 @@ def _build(
 ) -> tuple[bytes, dict[str, str] | None]:
     fields: dict[str, Any] = {}
     headers: dict[str, str] | None = None
+    partition = CachePartition.of(tenant, call.client_salt, shared)
     if kind.tenant_header:
         # The header names the tenant (its fairness, and by default its cache). Every
         # salt it is sent is a hash, never a tenant's name: no client's salt can select
@@ -116,12 +119,11 @@ def _build(
         # field may hold a lone surrogate: sent as is, for the server to refuse, rather
         # than failing here.)
         headers = {ACTING_HEADER: quote(tenant.encode("utf-8", "surrogatepass"), safe="")}
-        if shared:  # one partition for all, divided only by the clients' own salts
-            fields["cache_salt"] = salts.salt(None, call.client_salt)
-        elif call.client_salt is not None:
-            fields["cache_salt"] = salts.salt(tenant, call.client_salt)
-    elif kind.salt_in_body and not shared:
-        fields["cache_salt"] = salts.salt(tenant, call.client_salt)
+        if partition != CachePartition(tenant, None):  # more than the header says
+            fields["cache_salt"] = salts.salt(partition.tenant, partition.salt)
+    elif kind.salt_in_body and partition.tenant is not None:
+        # (Shared: the client's own salt, if any, goes as it came, as vLLM keys by it.)
+        fields["cache_salt"] = salts.salt(partition.tenant, partition.salt)
     if kind.tenant_in_xargs:
         fields["vllm_xargs"] = {**(call.client_xargs or {}), "tenant": tenant}
     return (with_fields(call, fields) if fields else call.body), headers
