@@ -155,3 +155,34 @@ def test_two_gateways_send_a_vllm_upstream_the_same_salt_per_tenant(tmp_path: Pa
         for front in fronts:
             front.stop()
         upstream.stop()
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang", "tokenfair"])
+@pytest.mark.parametrize("shared", [False, True])
+def test_the_gateway_divides_upstream_caches_as_the_server_divides_its_own(
+    engine: str, shared: bool
+) -> None:
+    # Two requests meet the same part of an upstream's cache exactly when a tokenfair
+    # server given the same tenants and salts would key them alike.
+    from tokenfair.edge.tenants import Tenant
+    from tokenfair.server.generation import cache_salt
+
+    salts = CacheSalts("k")
+    requests = [(t, s) for t in ("a", "b") for s in (None, "x", "y")]
+
+    def upstream_part(tenant: str, salt: str | None) -> tuple:
+        call = _call({} if salt is None else {"cache_salt": salt})
+        body, headers = for_upstream(call, tenant, engine, salts, shared)
+        sent = json.loads(body).get("cache_salt")
+        # A tokenfair upstream keys a request by its header's tenant unless it is
+        # sent a salt; vLLM and SGLang key by the salt alone.
+        return (headers or {}, sent) if sent is None else (None, sent)
+
+    server = {r: cache_salt(Tenant(name=r[0]), None, r[1], shared) for r in requests}
+    gateway = {r: upstream_part(*r) for r in requests}
+    for one in requests:
+        for other in requests:
+            assert (server[one] == server[other]) == (gateway[one] == gateway[other]), (
+                one,
+                other,
+            )
