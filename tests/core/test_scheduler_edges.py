@@ -199,3 +199,18 @@ def test_the_output_count_follows_the_output_through_preemption_and_swap():
     a.extend_output([1, 2])
     a.append_output(3)
     assert a.num_output_tokens == len(a.output_token_ids) == 23
+
+
+def test_an_engines_scheduler_settings_are_checked_when_given_not_when_built():
+    from tokenfair.core.scheduler_config import SchedulerOverrides
+
+    with pytest.raises(ConfigError, match="max_num_seq"):
+        SchedulerOverrides.of(max_num_seq=8)  # a typo: the known keys are listed
+    with pytest.raises(ConfigError, match="block_size must be >= 1"):
+        SchedulerOverrides.of(block_size=0)
+    with pytest.raises(ConfigError, match="kv_tokens"):
+        SchedulerOverrides.of(kv_tokens=4096)  # the backend sizes the pool
+    given = SchedulerOverrides.of(block_size=32)
+    assert given.value("block_size") == 32 and given.value("max_num_seqs") == 256
+    config = given.config(1024)
+    assert (config.block_size, config.kv_tokens, config.num_blocks) == (32, 1024, 32)

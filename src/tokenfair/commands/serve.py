@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
-import importlib.util
 import logging
-import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -22,6 +19,7 @@ from tokenfair.commands.common import (
     require_extra,
 )
 from tokenfair.commands.conflicts import conflicting_options
+from tokenfair.commands.serving import Listen, run_server, summary
 from tokenfair.edge.defaults import (
     DEFAULT_BODY_TIMEOUT_S,
     DEFAULT_MAX_BODY_BYTES,
@@ -30,27 +28,11 @@ from tokenfair.edge.defaults import (
 )
 
 if TYPE_CHECKING:
-    from tokenfair.edge.directory import TenantDirectory
-    from tokenfair.server.intake import Intake
+    pass
 
 # One line however long (a policy spec, a path), never read as markup.
 console = Console(stderr=True, soft_wrap=True)
 log = logging.getLogger("tokenfair.serve")
-
-
-def http_protocol(
-    intake: Intake, read_timeout_s: float, body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
-) -> str | type:
-    """httptools with the chunk writer (see server/chunk_write.py) and read timeouts
-    (edge/read_timeout.py), counting arrivals in `intake`, when installed."""
-    if importlib.util.find_spec("httptools") is None:
-        return "h11"
-    from tokenfair.edge.read_timeout import read_timeout_protocol
-    from tokenfair.server.chunk_write import chunk_write_protocol
-
-    return read_timeout_protocol(
-        read_timeout_s, chunk_write_protocol(intake, read_timeout_s), body_timeout_s
-    )
 
 
 ENGINE_ARRANGEMENTS = ("auto", "process", "thread")
@@ -70,42 +52,6 @@ def engine_arrangement(choice: str, model: str) -> str:
     from tokenfair.engine.backends import backend_for
 
     return backend_for(model).engine_mode
-
-
-def summary(
-    name: str,
-    model: str,
-    policy: str,
-    arrangement: str,
-    kv_tokens: int,
-    directory: TenantDirectory,
-    tenants: Path | None,
-    host: str,
-    port: int,
-    metrics_port: int | None,
-    api_docs: bool,
-) -> str:
-    """The start-up line: what is served, how, to whom and where."""
-    served = model if name == model else f"{model} as {name!r}"
-    if tenants is not None:
-        count = len(directory.tenants)
-        admin = "an admin key" if directory.admin_enabled else "no admin key"
-        who = f"{count} tenant{'s' if count != 1 else ''} from {tenants} ({admin})"
-    elif directory.tenant_from_user:
-        who = "a tenant per request's user field"
-    else:
-        who = "one open tenant"
-    if metrics_port is not None:
-        metrics = f"; metrics on port {metrics_port}"
-    elif tenants is None or directory.admin_enabled:
-        metrics = "; metrics on the API port" + (" (admin key)" if tenants is not None else "")
-    else:
-        metrics = ""
-    return (
-        f"tokenfair serve: model {served}, policy {policy}, engine {arrangement}, KV pool "
-        f"{kv_tokens:,} tokens, {who}; on http://{host}:{port}{metrics}"
-        + ("; API docs on /docs" if api_docs else "")
-    )
 
 
 def _fail(message: str) -> typer.Exit:
@@ -268,10 +214,8 @@ def serve(
             extra,
             hint="; or serve a simulated model: --model sim:a10g-llama-7b",
         )
-    import uvicorn
-
-    from tokenfair.commands.listeners import GracefulServer, bind, serve
     from tokenfair.core.scheduler import ConfigError
+    from tokenfair.core.scheduler_config import SchedulerOverrides
     from tokenfair.edge.directory import TenantDirectory
     from tokenfair.edge.tenants import TenantsFileError, load_tenants
     from tokenfair.engine.backends import BuildOptions
@@ -279,7 +223,6 @@ def serve(
     from tokenfair.engine.engine_process import EngineProcess
     from tokenfair.server.app import create_app
     from tokenfair.server.model import ModelPlan, build_engine_and_card
-    from tokenfair.server.routes import FastPath
     from tokenfair.server.state import ServerConfig
 
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
@@ -306,19 +249,21 @@ def serve(
             metrics_port=metrics_port,
             api_docs=api_docs,
         )
-        scheduler = {
+        given = {
             "max_num_seqs": max_num_seqs,
-            "share_seats": share_seats,
-            "share_memory": share_memory,
             "max_batched_tokens": max_batched_tokens,
             "block_size": block_size,
             "preemption": preemption,
             "admission": admission,
             "swap_tokens": swap_tokens,
         }
-        scheduler = {k: v for k, v in scheduler.items() if v is not None}
-        scheduler["enable_prefix_caching"] = enable_prefix_caching
-        scheduler["step_share_tokens"] = step_share_tokens or None  # 0: no limit
+        scheduler = SchedulerOverrides.of(
+            **{key: value for key, value in given.items() if value is not None},
+            share_seats=share_seats,
+            share_memory=share_memory,
+            enable_prefix_caching=enable_prefix_caching,
+            step_share_tokens=step_share_tokens or None,  # 0: no limit
+        )
         plan = ModelPlan(
             model,
             policy,
@@ -344,7 +289,6 @@ def serve(
     app = create_app(served, directory, config, runner)
     intake = Intake()
     app.state.server.engine.urgent_work = intake.pending
-    has = importlib.util.find_spec
     log.info(
         "%s",
         summary(served.name, model, policy, arrangement, served.kv_tokens, directory, tenants,
@@ -355,43 +299,8 @@ def serve(
             "/metrics is not served: it shows every tenant's usage, so it needs "
             "--metrics-port, or an admin key (admin_key_sha256) in the tenants file"
         )
-    uv_config = uvicorn.Config(
-        FastPath(app),
-        host=host,
-        port=port,
-        loop="uvloop" if has("uvloop") else "asyncio",
-        http=http_protocol(intake, read_timeout, body_timeout),
-        log_level=log_level.lower(),
-        # uvicorn's lines in the root logger's format (timestamps), not its own.
-        log_config=None,
-        access_log=False,
-        # No client addresses are read (tenants come from API keys, or from the trusted
-        # tenant header behind a proxy): rewriting them from X-Forwarded-For per request
-        # would cost time and change nothing.
-        proxy_headers=False,
-        timeout_graceful_shutdown=shutdown_timeout,
-    )
-    server = GracefulServer(uv_config, cut=app.state.server.cut_at_shutdown)
-    sockets = bind(uv_config.app, host, port, metrics_host, metrics_port)
-
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        state = app.state.server
-
-        reloads: set[asyncio.Task[str | None]] = set()
-
-        def on_hangup() -> None:
-            task = loop.create_task(state.reload_tenants())
-            reloads.add(task)
-            task.add_done_callback(reloads.discard)
-
-        if tenants is not None:
-            loop.add_signal_handler(signal.SIGHUP, on_hangup)
-        await serve(server, sockets)
-
-    if has("uvloop"):
-        import uvloop
-
-        uvloop.run(main())
-    else:
-        asyncio.run(main())
+    listen = Listen(
+        host, port, metrics_host, metrics_port, read_timeout, body_timeout,
+        shutdown_timeout, log_level,
+    )  # fmt: skip
+    run_server(app, intake, listen, reload_on_hangup=tenants is not None)

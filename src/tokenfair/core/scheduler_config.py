@@ -3,12 +3,17 @@ the paper router's rules (`SchedulerConfig.paper()`, documented in docs/simulato
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Literal
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
 
 # The paper's runs serve every client through its own rank-8 LoRA adapter (dummy
 # weights, also in the runs "without" LoRA); S-LoRA's pool holds 4 x rank per adapter.
 PAPER_ADAPTER_TOKENS = 4 * 8
+
+
+# A pool larger than any block, for checking the other settings before the engine sizes it.
+_ANY_POOL = 1 << 40
 
 
 class ConfigError(ValueError):
@@ -141,3 +146,34 @@ class SchedulerConfig:
             if key not in known:
                 raise ConfigError(f"unknown scheduler setting {key!r}; known: {sorted(known)}")
         return cls(**values)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerOverrides:
+    """The scheduler settings an operator gave, over `SchedulerConfig`'s defaults, for an
+    engine whose backend sizes the KV pool (`kv_tokens` is its to choose, so it is not
+    one of them). Checked when made: an unknown key or a value the scheduler refuses is
+    a `ConfigError` naming it, before any model is loaded."""
+
+    given: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if "kv_tokens" in self.given:
+            raise ConfigError("kv_tokens is the engine's to size: pass it apart")
+        # A copy of its own (a plain dict: the plan travels to the engine's process).
+        object.__setattr__(self, "given", dict(self.given))
+        self.config(_ANY_POOL)  # the engine's checks, now
+
+    @classmethod
+    def of(cls, **given: Any) -> SchedulerOverrides:
+        return cls(given)
+
+    def value(self, name: str) -> Any:
+        """The setting `name` as the scheduler will have it (given, else its default)."""
+        if name in self.given:
+            return self.given[name]
+        return next(f.default for f in fields(SchedulerConfig) if f.name == name)
+
+    def config(self, kv_tokens: int) -> SchedulerConfig:
+        """The scheduler's settings with a KV pool of `kv_tokens`."""
+        return SchedulerConfig.from_dict({**self.given, "kv_tokens": kv_tokens})

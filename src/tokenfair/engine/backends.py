@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tokenfair.core.policies.base import Policy
+from tokenfair.core.scheduler_config import SchedulerOverrides
 from tokenfair.engine.engine import Engine
 
 SIM_PREFIX = "sim:"
@@ -49,7 +50,7 @@ class BuildOptions:
     device: str | None = None  # transformers only
     dtype: str | None = None  # transformers only
     seed: int = 0
-    scheduler: dict[str, Any] = field(default_factory=dict)  # SchedulerConfig fields
+    scheduler: SchedulerOverrides = field(default_factory=SchedulerOverrides)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,12 +78,13 @@ class Backend:
         **scheduler_options: Any,
     ) -> BuiltModel:
         """Load `spec` and build its engine; ValueError (one line) for anything wrong."""
-        options = BuildOptions(kv_tokens, device, dtype, seed, scheduler_options)
+        scheduler = SchedulerOverrides(scheduler_options)
+        options = BuildOptions(kv_tokens, device, dtype, seed, scheduler)
         return self.builder(spec, policy, options)
 
 
 def _build_sim(spec: str, policy: Policy, options: BuildOptions) -> BuiltModel:
-    from tokenfair.core.scheduler import Scheduler, SchedulerConfig
+    from tokenfair.core.scheduler import Scheduler
     from tokenfair.engine.sim.wall_clock import (
         SimDetokenizer,
         SimTokenizer,
@@ -92,9 +94,10 @@ def _build_sim(spec: str, policy: Policy, options: BuildOptions) -> BuiltModel:
 
     profile = sim_profile(spec.removeprefix(SIM_PREFIX))
     pool = options.kv_tokens if options.kv_tokens is not None else SIM_KV_TOKENS
-    config = SchedulerConfig.from_dict({**options.scheduler, "kv_tokens": pool})
     engine = Engine(
-        Scheduler(config, policy), WallClockSimExecutor(profile), detokenizer=SimDetokenizer()
+        Scheduler(options.scheduler.config(pool), policy),
+        WallClockSimExecutor(profile),
+        detokenizer=SimDetokenizer(),
     )
     return BuiltModel(
         engine=engine,
@@ -123,7 +126,7 @@ def _build_transformers(spec: str, policy: Policy, options: BuildOptions) -> Bui
     if loaded.tokenizer is None:
         raise ValueError(f"model {spec!r} has no tokenizer: the server needs one for text")
     engine = make_hf_engine(
-        loaded, policy=policy, kv_tokens=kv_tokens, seed=options.seed, **options.scheduler
+        loaded, policy=policy, kv_tokens=kv_tokens, seed=options.seed, **options.scheduler.given
     )
     model_config: Any = getattr(loaded.model, "config", None)
     text_config = model_config.get_text_config()

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from tokenfair.core.policies.base import Policy
 from tokenfair.core.policies.registry import make_policy
+from tokenfair.core.scheduler_config import SchedulerOverrides
 from tokenfair.core.share_tree import ShareTree
 from tokenfair.engine.backends import BuildOptions, backend_for
 from tokenfair.engine.engine import Engine
@@ -126,7 +127,7 @@ def build_served_model(
     **scheduler_options: Any,
 ) -> ServedModel:
     """`ModelPlan(...).served_model()`, the options given as keywords."""
-    options = BuildOptions(kv_tokens, device, dtype, seed, scheduler_options)
+    options = BuildOptions(kv_tokens, device, dtype, seed, SchedulerOverrides(scheduler_options))
     plan = ModelPlan(spec, policy, weights or {}, tree, served_name, charge_cached_tokens, options)
     return plan.served_model()
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import fields
 
 import torch
 
 from tokenfair.core.policies.base import Policy
 from tokenfair.core.policies.registry import make_policy
-from tokenfair.core.scheduler import Scheduler, SchedulerConfig
+from tokenfair.core.scheduler import Scheduler
+from tokenfair.core.scheduler_config import SchedulerOverrides
 from tokenfair.engine.engine import Engine
 from tokenfair.engine.hf.executor import AttentionMode, HFExecutor
 from tokenfair.engine.hf.kv_pool import KVShape, blocks_for_memory
@@ -58,16 +58,12 @@ def _context(model: torch.nn.Module) -> int:
     return int(getattr(text, "max_position_embeddings", 0) or 0)
 
 
-def _most_kv_tokens_usable(
-    model: torch.nn.Module, scheduler_options: dict[str, object], block_size: int
-) -> int | None:
-    """max_num_seqs sequences at the model's full context, in whole blocks; None when
-    the model states no context length."""
+def _most_kv_tokens_usable(model: torch.nn.Module, seqs: int, block_size: int) -> int | None:
+    """`seqs` sequences at the model's full context, in whole blocks; None when the model
+    states no context length."""
     context = _context(model)
     if context <= 0:
         return None
-    default_seqs = next(f.default for f in fields(SchedulerConfig) if f.name == "max_num_seqs")
-    seqs = int(scheduler_options.get("max_num_seqs", default_seqs))  # type: ignore[call-overload]
     blocks_per_sequence = -(-context // block_size)
     return seqs * blocks_per_sequence * block_size
 
@@ -96,11 +92,13 @@ def make_hf_engine(
     (see `cpu_kernels`); None uses it wherever it applies and builds. `pack_linear`
     runs float32 CPU linear layers on prepacked oneDNN weights (see `cpu_linear`);
     None packs wherever that applies."""
-    default_block_size = next(f.default for f in fields(SchedulerConfig) if f.name == "block_size")
-    block_size = int(scheduler_options.get("block_size", default_block_size))  # type: ignore[call-overload]
+    settings = SchedulerOverrides(scheduler_options)
+    block_size = int(settings.value("block_size"))
     if kv_tokens is None:
         kv_tokens = kv_tokens_for_memory(loaded.model, block_size, kv_memory_fraction)
-        ceiling = _most_kv_tokens_usable(loaded.model, scheduler_options, block_size)
+        ceiling = _most_kv_tokens_usable(
+            loaded.model, int(settings.value("max_num_seqs")), block_size
+        )
         if ceiling is not None and ceiling < kv_tokens:
             log.info(
                 "KV pool: %d tokens (%d sequences at the full context of %d), not the %d "
@@ -111,7 +109,7 @@ def make_hf_engine(
                 kv_tokens,
             )
             kv_tokens = ceiling
-    config = SchedulerConfig.from_dict({**scheduler_options, "kv_tokens": kv_tokens})
+    config = settings.config(kv_tokens)
     scheduler = Scheduler(config, make_policy(policy) if isinstance(policy, str) else policy)
     executor = HFExecutor(
         loaded.model,
