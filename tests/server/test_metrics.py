@@ -8,7 +8,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tokenfair.core.request import FinishReason, Request
 from tokenfair.engine.engine import RequestOutput
-from tokenfair.server.metrics import ServerMetrics, Snapshot
+from tokenfair.engine.stats import EngineStats
+from tokenfair.server.metrics import ServerMetrics
 
 REQUIRED = {
     "tokenfair:num_requests_running",
@@ -48,7 +49,7 @@ def test_metrics_names_labels_and_values(sim_server):
 
 
 def _samples(metrics: ServerMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = metrics.render(Snapshot()).decode()
+    text = metrics.render(EngineStats()).decode()
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
         for family in text_string_to_metric_families(text)

@@ -12,6 +12,7 @@ from tokenfair.core.request import FinishReason, Request
 from tokenfair.core.scheduler import Scheduler
 from tokenfair.engine.clock import Clock, WallClock
 from tokenfair.engine.executor import Detokenizer, Executor
+from tokenfair.engine.stats import EngineStats
 
 
 @dataclass(slots=True)
@@ -50,6 +51,10 @@ class Engine:
         self.num_steps = 0
         self.busy_s = 0.0  # time spent in steps (the rest is idle)
         self._aborted: list[Request] = []
+
+    def stats(self) -> EngineStats:
+        """What it holds and has done, now (on its own thread, between two steps)."""
+        return EngineStats.of(self.scheduler, self.num_steps, self.busy_s)
 
     def add_request(self, request: Request) -> bool:
         """Queue a request; False if the policy or the pool refused it (finished REJECTED)."""

@@ -50,13 +50,9 @@ def replay(
     """Drive the requests through the engine (`drive_trace`) and collect what this run
     did; the engine's cumulative counts are taken as differences, so an engine that
     served earlier requests reports only this replay."""
-    scheduler = engine.scheduler
-    steps, busy = engine.num_steps, engine.busy_s
-    preemptions, swaps = scheduler.num_preemptions, scheduler.num_swaps
-    by_client = dict(scheduler.preemptions_by_client)
-    memory, chosen = scheduler.num_memory_preemptions, scheduler.num_policy_preemptions
-    memory_by_client = dict(scheduler.memory_preemptions_by_client)
+    before = engine.stats()
     drive_trace(engine, requests, patience, wait_until, emit)
+    after = engine.stats()
     finishes = [r.finish_s for r in requests if r.finish_s is not None]
     makespan = (max(finishes) - requests[0].arrival_s) if finishes else 0.0
     return ReplayResult(
@@ -65,23 +61,15 @@ def replay(
             for r, n in zip(requests, requested_output_tokens, strict=True)
         ],
         makespan_s=makespan,
-        steps=engine.num_steps - steps,
-        busy_s=engine.busy_s - busy,
-        preemptions=scheduler.num_preemptions - preemptions,
-        swaps=scheduler.num_swaps - swaps,
-        counters=scheduler.policy.counters(),
-        preemptions_by_client={
-            client: count - by_client.get(client, 0)
-            for client, count in scheduler.preemptions_by_client.items()
-            if count > by_client.get(client, 0)
-        },
-        memory_preemptions=scheduler.num_memory_preemptions - memory,
-        policy_preemptions=scheduler.num_policy_preemptions - chosen,
-        memory_preemptions_by_client={
-            client: count - memory_by_client.get(client, 0)
-            for client, count in scheduler.memory_preemptions_by_client.items()
-            if count > memory_by_client.get(client, 0)
-        },
+        steps=after.num_steps - before.num_steps,
+        busy_s=after.busy_s - before.busy_s,
+        preemptions=after.num_preemptions - before.num_preemptions,
+        swaps=after.num_swaps - before.num_swaps,
+        counters=after.counters,
+        preemptions_by_client=after.preemptions_since(before),
+        memory_preemptions=after.num_memory_preemptions - before.num_memory_preemptions,
+        policy_preemptions=after.num_policy_preemptions - before.num_policy_preemptions,
+        memory_preemptions_by_client=after.memory_preemptions_since(before),
     )
 
 

@@ -3,8 +3,8 @@
 Two sources. Events (tokens, latencies, finishes) are recorded on the event loop from
 each engine step's outputs, aggregated per step so the cost does not grow with every
 token. State (running, waiting, KV usage, preemptions, VTC counters) is read from the
-scheduler at scrape time, on the engine thread between two steps (a `Snapshot`), so
-it is exact and costs nothing between scrapes. The per-tenant families are the
+engine at scrape time, on its thread between two steps (`EngineStats`, the engine's own
+account of itself), so it is exact and costs nothing between scrapes. The per-tenant families are the
 gateway's too (`edge/tenant_metrics.py`); KV, preemptions and steps are the engine's.
 
 Latencies are in engine time: arrival, first token and finish are stamped by the
@@ -19,7 +19,7 @@ tenant's counter was charged, the prompt once per choice.
 
 from __future__ import annotations
 
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from tokenfair.core.cost import LinearCost
 from tokenfair.core.request import FinishReason, Request
-from tokenfair.core.share_tree import ShareTree, group_id, is_group
+from tokenfair.core.share_tree import ShareTree, group_id
 from tokenfair.edge.loop_counter import LoopCounter, LoopCounterSeries
 from tokenfair.edge.tenant_metrics import (
     TenantMetrics,
@@ -38,49 +38,10 @@ from tokenfair.edge.tenant_metrics import (
     group_series,
     tenant_gauges,
 )
-from tokenfair.engine.engine import Engine, RequestOutput
+from tokenfair.engine.engine import RequestOutput
+from tokenfair.engine.stats import EngineStats
 
 RECENT_REQUESTS = 2048  # finished requests kept for GET /admin/requests/recent
-
-
-@dataclass(slots=True)
-class Snapshot:
-    """The scheduler's state between two steps."""
-
-    running: Counter[str] = field(default_factory=Counter)
-    waiting: Counter[str] = field(default_factory=Counter)
-    swapped: Counter[str] = field(default_factory=Counter)
-    preemptions: dict[str, int] = field(default_factory=dict)
-    counters: dict[str, float] = field(default_factory=dict)
-    group_counters: dict[str, float] = field(default_factory=dict)  # group path -> counter
-    weights: dict[str, float] = field(default_factory=dict)  # tenants, and groups as @path
-    kv_used_blocks: int = 0
-    kv_blocks: int = 1
-    prefix_hit_tokens: int = 0
-    prefix_query_tokens: int = 0
-    num_steps: int = 0
-
-    @classmethod
-    def take(cls, engine: Engine) -> Snapshot:
-        """Run on the engine thread (AsyncEngine.call)."""
-        scheduler = engine.scheduler
-        policy = scheduler.policy
-        all_nodes = policy.node_counters()
-        kv = scheduler.kv
-        return cls(
-            running=Counter(r.client for r in scheduler.running),
-            waiting=Counter(r.client for r in policy.waiting_requests()),
-            swapped=Counter(r.client for r in scheduler.swapped),
-            preemptions=dict(scheduler.preemptions_by_client),
-            counters=policy.counters(),
-            group_counters={n[1:]: c for n, c in all_nodes.items() if is_group(n)},
-            weights=policy.weights_in_use(),
-            kv_used_blocks=kv.num_used_blocks,
-            kv_blocks=kv.num_blocks,
-            prefix_hit_tokens=kv.prefix_hit_tokens,
-            prefix_query_tokens=kv.prefix_query_tokens,
-            num_steps=engine.num_steps,
-        )
 
 
 @dataclass(slots=True)
@@ -132,13 +93,13 @@ class ServerMetrics:
         self._answers: dict[str, tuple[_Answer, int]] = {}
         self._quiet: set[str] = set()
         self.tree = ShareTree()  # the tenants' groups, for the per-group series
-        self.snapshot = Snapshot()
+        self.snapshot = EngineStats()
         self._last_token_s: dict[str, float] = {}  # request id -> engine time of its last token
         self._arrival_step: dict[str, int] = {}
         self._first_step: dict[str, tuple[int, float]] = {}  # step and hand-over time
         self._timed_out: set[str] = set()  # aborted for their timeout: errors, not ends
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_REQUESTS)
-        self.registry.register(_SnapshotCollector(self))
+        self.registry.register(_EngineStatsCollector(self))
 
     def tenants(self, names: Iterable[str]) -> None:
         """The tenants of the file in force: reported even before they send anything
@@ -312,7 +273,7 @@ class ServerMetrics:
             }
         )
 
-    def render(self, snapshot: Snapshot) -> bytes:
+    def render(self, snapshot: EngineStats) -> bytes:
         self.snapshot = snapshot
         per_tenant = self.per_tenant
         retired = set(per_tenant.retired)
@@ -324,7 +285,7 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
 
-class _SnapshotCollector:
+class _EngineStatsCollector:
     """Scheduler state as gauges (and the preemption counter) at scrape time."""
 
     def __init__(self, metrics: ServerMetrics) -> None:
@@ -384,7 +345,7 @@ class _SnapshotCollector:
         yield steps
 
 
-def _group_series(metrics: ServerMetrics, snap: Snapshot) -> Iterable[Metric]:
+def _group_series(metrics: ServerMetrics, snap: EngineStats) -> Iterable[Metric]:
     """Per group of tenants (by its path): counter, weight, and its tenants' service."""
     tree = metrics.tree
     if tree.flat:

@@ -18,8 +18,9 @@ from tokenfair.edge.limits import Limits
 from tokenfair.edge.tenants import TenantsFileError, load_tenants
 from tokenfair.engine.engine import Engine
 from tokenfair.engine.engine_client import EngineClient
+from tokenfair.engine.stats import EngineStats
 from tokenfair.server.backlog import MIN_STREAM_BUFFER_BYTES
-from tokenfair.server.metrics import ServerMetrics, Snapshot
+from tokenfair.server.metrics import ServerMetrics
 from tokenfair.server.model import ServedModel
 
 log = logging.getLogger(__name__)
@@ -101,8 +102,8 @@ class ServerState:
                 len(answers) - streams,
             )
 
-    async def snapshot(self) -> Snapshot:
-        return await self.engine.call(Snapshot.take)
+    async def snapshot(self) -> EngineStats:
+        return await self.engine.call(Engine.stats)
 
     async def reload_tenants(self) -> str | None:
         """Re-read the tenants file; None on success, else the error (the old file stays)."""
