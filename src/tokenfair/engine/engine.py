@@ -6,10 +6,12 @@ clock; only the executor and the clock differ.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tokenfair.core.request import FinishReason, Request
 from tokenfair.core.scheduler import Scheduler
+from tokenfair.core.share_tree import ShareTree
 from tokenfair.engine.clock import Clock, WallClock
 from tokenfair.engine.executor import Detokenizer, Executor
 from tokenfair.engine.stats import EngineStats
@@ -55,6 +57,11 @@ class Engine:
     def stats(self) -> EngineStats:
         """What it holds and has done, now (on its own thread, between two steps)."""
         return EngineStats.of(self.scheduler, self.num_steps, self.busy_s)
+
+    def reweigh(self, weights: Mapping[str, float], tree: ShareTree | None = None) -> None:
+        """New weights for its policy (tenants, and groups as `@path`) and, after a
+        tenants file is reloaded, the tree; the next step's decisions use them."""
+        self.scheduler.policy.reweigh(weights, tree)
 
     def add_request(self, request: Request) -> bool:
         """Queue a request; False if the policy or the pool refused it (finished REJECTED)."""

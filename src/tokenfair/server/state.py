@@ -150,4 +150,4 @@ def new_response_id(kind: str) -> str:
 def _set_weights(engine: Engine, weights: dict[str, float], tree: ShareTree | None = None) -> None:
     """Where the engine steps: new weights (tenants, and groups as `@path`) and, after a
     reload, the tree with its new tenants and groups (the directory refused any move)."""
-    engine.scheduler.policy.reweigh(weights, tree)
+    engine.reweigh(weights, tree)
