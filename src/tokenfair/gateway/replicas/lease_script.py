@@ -33,6 +33,7 @@ How an upstream is divided among the replicas waiting for it: lease_division.py.
 from __future__ import annotations
 
 from tokenfair.gateway.replicas.lease_division import DIVISION
+from tokenfair.gateway.replicas.lua_hash import write_back
 
 # ARGV: ns, gw, ttl_ms, announce (1: publish on ns:leases; 2: and this replica leaves,
 #   everything it holds goes back; 3: and no lease grows, the first sync after an
@@ -327,8 +328,7 @@ local lines = {}
 for _, entry in pairs(told) do
   lines[#lines + 1] = entry.g .. '\t' .. entry.url .. '\t' .. (entry.s or '') .. '\t' .. (entry.t or '')
 end
--- Every change in one HSET and one HDEL, in chunks (Lua's unpack takes a few thousand
--- values at most).
+-- Every change in one HSET and one HDEL.
 local writes, gone = {}, {}
 for field, value in pairs(changes) do
   if value then
@@ -338,12 +338,9 @@ for field, value in pairs(changes) do
     gone[#gone + 1] = field
   end
 end
-for first = 1, #writes, 1000 do
-  redis.call('HSET', key, unpack(writes, first, math.min(#writes, first + 999)))
-end
-for first = 1, #gone, 1000 do
-  redis.call('HDEL', key, unpack(gone, first, math.min(#gone, first + 999)))
-end
+"""
+    + write_back("writes", "gone")
+    + r"""
 if #lines > 0 then
   table.sort(lines)
   redis.call('PUBLISH', ns .. ':leases', tostring(now) .. '\n' .. table.concat(lines, '\n'))

@@ -33,6 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tokenfair.gateway.replicas.lua_hash import write_back
+
 # The hash's own fields (module doc); tenant and group names never begin with `~`.
 EPOCH, WAITING, LAST = "~epoch", "~w:", "~l:"
 
@@ -44,7 +46,8 @@ EPOCH, WAITING, LAST = "~epoch", "~w:", "~l:"
 # Returns {the hash as read (flat), what this sync wrote (flat), what it dropped, Redis's
 #   time (ms)}: the replica reads the counters, the others' entries and the last admitted
 #   from them (redis_store.py), so that Redis spends nothing sorting them.
-SYNC = r"""
+SYNC = (
+    r"""
 local ns, gw, ttl = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local key = ns .. ':vtc'
 local t = redis.call('TIME')
@@ -104,15 +107,12 @@ for j = 1, #flat, 2 do
     if seen == nil or seen < now - ttl then drops[#drops + 1] = field end
   end
 end
--- In chunks: Lua's unpack takes a few thousand values at most.
-for first = 1, #writes, 1000 do
-  redis.call('HSET', key, unpack(writes, first, math.min(#writes, first + 999)))
-end
-for first = 1, #drops, 1000 do
-  redis.call('HDEL', key, unpack(drops, first, math.min(#drops, first + 999)))
-end
+"""
+    + write_back("writes", "drops")
+    + r"""
 return {flat, writes, drops, now}
 """
+)
 
 
 @dataclass(frozen=True, slots=True)
