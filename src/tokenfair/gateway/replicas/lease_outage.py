@@ -20,7 +20,7 @@ def fail_open(
     if lasted < min(grace, raise_after):
         for upstream in upstreams:  # a blip: the leases as they are, given back no more
             assert upstream.lease is not None
-            upstream.lease.hold(upstream.lease.slots, upstream.lease.tokens)
+            upstream.lease.stop_giving_back()
         return False
     exact = lasted >= grace
     grew = False

@@ -70,6 +70,10 @@ class Lease:
         self.giving_back = self.slots > self.keep_slots or self.tokens > self.keep_tokens
         return grew
 
+    def stop_giving_back(self) -> None:
+        """Without Redis, for a blip (lease_outage.py): the lease as it is, kept."""
+        self.giving_back = False
+
     def hold(self, slots: int, tokens: int) -> bool:
         """Without Redis (lease_outage.py): exactly this, giving nothing back. True if
         it grew."""
