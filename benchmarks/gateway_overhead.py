@@ -280,6 +280,7 @@ def main() -> None:
         return
 
     import yaml
+    from tests.gateway.processes import Process, fake_upstream
     from tests.gateway.redis_server import REDIS_SERVER, RedisServer, free_port
 
     from tokenfair.edge.tenants import hash_key
@@ -287,32 +288,17 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="gateway-bench-"))
     env = {**os.environ, "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}"}
     procs: list[subprocess.Popen[bytes]] = []
+    upstream_procs: list[Process] = []
     redis_server = None
     results: dict[tuple[str, str], dict[str, Any]] = {}
     try:
-        ports = {"short": free_port(), "stream": free_port()}
-        # A second server of each model: routing has a choice to make (one engine may
-        # not be listed twice, its capacity would count twice).
-        twins = {"short": free_port(), "stream": free_port()}
-        for name, interval in (("short", "0"), ("stream", str(STREAM_TOKEN_S))):
-            for copy, port in enumerate((ports[name], twins[name])):
-                procs.append(
-                    _start(
-                        [
-                            sys.executable,
-                            "-m",
-                            "tests.gateway.fake_upstream",
-                            "--port",
-                            str(port),
-                            "--token-interval",
-                            interval,
-                        ],
-                        tmp / f"{name}-{copy}.log",
-                        env,
-                    )
-                )
-        for port in (*ports.values(), *twins.values()):
-            _wait_http(f"http://127.0.0.1:{port}", "/health", 30)
+        # Two servers of each model: routing has a choice to make (one engine may not
+        # be listed twice, its capacity would count twice).
+        ports, twins = {}, {}
+        for name, interval in (("short", 0.0), ("stream", STREAM_TOKEN_S)):
+            for copy, ports_of in enumerate((ports, twins)):
+                upstream_procs.append(fake_upstream(tmp, f"{name}-{copy}", interval))
+                ports_of[name] = upstream_procs[-1].port
         targets = {
             "direct": {
                 "short": f"http://127.0.0.1:{ports['short']}",
@@ -545,6 +531,8 @@ def main() -> None:
             summary["litellm_note"] = litellm_note
         print(json.dumps(summary), flush=True)
     finally:
+        for fake in upstream_procs:
+            fake.stop()
         for proc in procs:
             proc.terminate()
         for proc in procs:
