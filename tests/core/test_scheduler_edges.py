@@ -214,3 +214,22 @@ def test_an_engines_scheduler_settings_are_checked_when_given_not_when_built():
     assert given.value("block_size") == 32 and given.value("max_num_seqs") == 256
     config = given.config(1024)
     assert (config.block_size, config.kv_tokens, config.num_blocks) == (32, 1024, 32)
+
+
+def test_a_request_pays_its_prompt_once_though_it_is_pushed_out_and_started_again():
+    from tokenfair.core.policies import make_policy
+
+    from .helpers import fake_step, make_request
+
+    policy = make_policy("vtc")
+    scheduler = Scheduler(SchedulerConfig(kv_tokens=1024, block_size=16), policy)
+    request = make_request("a", input_tokens=100, output_tokens=50)
+    scheduler.add_request(request, 0.0)
+    fake_step(scheduler)  # its prompt, and its first output token
+    paid = policy.counters()["a"]
+    first_seq = request.admit_seq
+    scheduler.force_preempt(request.request_id, "recompute")
+    fake_step(scheduler, 1.0)  # back: its prompt is computed again, and its next token
+    # Only the one token more (w_out 2): the recompute is the system's doing.
+    assert policy.counters()["a"] == paid + 2.0
+    assert request.admit_seq > first_seq  # the newest start: the first victim again

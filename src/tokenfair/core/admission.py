@@ -17,6 +17,7 @@ from tokenfair.core.batch import ScheduledRequest, SchedulerOutput
 from tokenfair.core.holding_share import HoldingShare
 from tokenfair.core.kv_cache import KVCacheManager, PrefixHit
 from tokenfair.core.policies.base import Policy
+from tokenfair.core.policies.starts import Starts
 from tokenfair.core.policies.view import RequestView
 from tokenfair.core.request import Request, RequestStatus
 from tokenfair.core.reserve import reserve_peak_fits
@@ -54,7 +55,7 @@ class Admission:
         self.host = host
         self.step_share = step_share  # None: the step's budget is not shared
         self.holding = holding  # what a blocked head may take of what others hold
-        self.next_admit_seq = 0
+        self.starts = Starts(host.policy)  # tells the policy each start, numbered
         self.stepped_aside: frozenset[str] = frozenset()  # in the last admission
 
     def admit(self, out: SchedulerOutput, budget: int, now: float) -> int:
@@ -178,17 +179,11 @@ class Admission:
         else:
             policy.remove(head)  # a request behind the head of the queue
         host.kv.count_prefix_query(computed, head.num_tokens)
-        first_time = not head.ever_admitted
-        if first_time:
-            head.cached_tokens = computed
-        head.ever_admitted = True
         head.status = RequestStatus.RUNNING
-        head.admit_seq = self.next_admit_seq
-        self.next_admit_seq += 1
         if head.scheduled_s is None:
             head.scheduled_s = now
         host.running.append(head)
-        policy.on_admit(head, first_time, now)
+        self.starts.start(head, computed, now)
         out.scheduled.append(ScheduledRequest(head, n, computed, table))
         if self.step_share is not None:
             self.step_share.admitted(head.client, n, computed + n == head.num_tokens)

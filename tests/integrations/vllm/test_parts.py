@@ -270,6 +270,17 @@ def _driver_with_two_tenants() -> PolicyDriver[str]:
     return driver
 
 
+def test_the_driver_charges_a_prompt_once_though_the_request_is_put_back_and_started_again():
+    driver = _driver_with_two_tenants()  # r1 (a, 10 prompt tokens) started, 3 out
+    paid = driver.counters()["a"]
+    first_seq = driver.view("r1").admit_seq
+    assert driver.put_back("r1")  # preempted: it had started
+    driver.started("r1")  # vLLM runs it again (its prompt computed again)
+    assert driver.counters()["a"] == paid  # the recompute is the system's doing
+    assert driver.view("r1").admit_seq > first_seq  # the newest start: first victim
+    assert driver.tenants()["a"].prompt_tokens == 10  # counted once, too
+
+
 def test_status_line():
     driver = _driver_with_two_tenants()
     line = format_status("vtc", driver.counters(), driver.tenants())

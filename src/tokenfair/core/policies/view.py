@@ -84,7 +84,8 @@ class RequestView(Protocol):
 @dataclass(slots=True, eq=False)
 class PolicyRequest:
     """A `RequestView` for drivers that keep no core `Request`; the driver updates
-    `cached_tokens`, `num_output_tokens`, `admit_seq` and `finish_reason`."""
+    `num_output_tokens` and `finish_reason`, and its starts (`Starts`) `cached_tokens`,
+    `admit_seq` and `ever_admitted`."""
 
     request_id: str
     client: str
@@ -97,4 +98,5 @@ class PolicyRequest:
     cached_tokens: int = 0
     num_output_tokens: int = 0
     admit_seq: int = -1
+    ever_admitted: bool = False  # its prompt is paid (core/policies/starts.py)
     finish_reason: FinishReason | None = None

@@ -26,12 +26,12 @@ Output is reported as a count, which is all a policy reads.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 from tokenfair.core.policies import Policy
+from tokenfair.core.policies.starts import Starts
 from tokenfair.core.policies.view import PolicyRequest, RequestView
 from tokenfair.core.request import FinishReason
 
@@ -58,7 +58,6 @@ class _Entry(Generic[H]):
     handle: H
     queued: bool = False  # in the policy's waiting queue
     running: bool = False  # started and not preempted or finished since
-    ever_started: bool = False  # its prompt is paid
 
 
 class PolicyDriver(Generic[H]):
@@ -66,7 +65,7 @@ class PolicyDriver(Generic[H]):
         self.policy = policy
         self._entries: dict[str, _Entry[H]] = {}
         self._tenants: dict[str, TenantStats] = {}
-        self._admit_seq = itertools.count()
+        self._starts = Starts(policy)  # tells the policy each start, numbered
         # Tenants whose waiting requests go after the other tenants' in this step (the
         # memory share: integrations/vllm/memory_share.py); else the policy's order.
         self.aside: frozenset[str] = frozenset()
@@ -207,17 +206,12 @@ class PolicyDriver(Generic[H]):
             self.remove(request_id)
         shadow = entry.shadow
         stats = self._stats(shadow.client)
-        first_time = not entry.ever_started
-        if first_time:
-            cached = max(0, min(cached_tokens, shadow.input_tokens - 1))
-            shadow.cached_tokens = cached
-            stats.prompt_tokens += shadow.input_tokens
-            stats.cached_prompt_tokens += cached
-        entry.ever_started = True
-        shadow.admit_seq = next(self._admit_seq)
         entry.running = True
         stats.running += 1
-        self.policy.on_admit(shadow, first_time, now)
+        cached = max(0, min(cached_tokens, shadow.input_tokens - 1))
+        if self._starts.start(shadow, cached, now):  # its first: the prompt is paid
+            stats.prompt_tokens += shadow.input_tokens
+            stats.cached_prompt_tokens += cached
 
     def produced(self, request_id: str, num_output_tokens: int) -> None:
         """The request has `num_output_tokens` output tokens now; charge the new ones."""
@@ -245,7 +239,7 @@ class PolicyDriver(Generic[H]):
         shadow = entry.shadow
         shadow.finish_reason = reason
         self._stats(shadow.client).finished += 1
-        if entry.ever_started:
+        if shadow.ever_admitted:
             self.policy.on_finish(shadow)  # predictors learn, predictions are refunded
 
     def view(self, request_id: str) -> PolicyRequest:
