@@ -10,8 +10,10 @@ One room per idea:
   admitted request goes (the pool, routing, the prefix index, the probes);
 - `replicas/`: what the gateway replicas share through Redis (VTC's counters, each
   upstream's capacity as leases, the Redis connections);
-- here: `app.py` (the process: its parts, their wiring and lifecycle), `side_app.py`
-  (every endpoint but the completions), `config.py`, `metrics.py`.
+- here, above every room: `app.py` (the process: its parts, their wiring and
+  lifecycle), `side_app.py` (every endpoint but the completions), `openapi.py`,
+  `reach.py`; and between them: `config.py` (read by every room, reading only the
+  upstream kinds), `metrics.py` (read by `transport/`), `messages.py` (below all).
 
 Each room's docstring says what it may import from the others (tests/test_layering.py
 checks it); no module imports one that imports it back.

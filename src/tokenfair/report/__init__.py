@@ -1,1 +1,2 @@
-"""Reports of experiments: tables, figures (the only matplotlib user) and the HTML page."""
+"""Reports of experiments: tables, figures and the HTML page (the only package that
+draws: matplotlib)."""
