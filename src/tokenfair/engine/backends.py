@@ -57,7 +57,7 @@ class BuildOptions:
 class Backend:
     """What serves a model spec, and what the commands must know before building it."""
 
-    name: Literal["sim", "transformers"]
+    name: str  # as `--engine auto` and the errors say it
     # Where `tokenfair serve --engine auto` steps it: a real model in a process of its
     # own (its Python never waits for the event loop's GIL), sim: in a thread (it only
     # sleeps through its steps; a hop to another process would cost it latency).
@@ -149,7 +149,14 @@ TRANSFORMERS = Backend(
     "transformers", "process", extra="model", takes_device=True, builder=_build_transformers
 )
 
+# Model spec prefix -> its backend; a spec with none of them (a directory, `builtin:`)
+# is a transformers model. A new backend is a `Backend` above and a line here.
+BACKENDS_BY_PREFIX: dict[str, Backend] = {SIM_PREFIX: SIM}
+
 
 def backend_for(spec: str) -> Backend:
     """The backend a model spec names."""
-    return SIM if spec.startswith(SIM_PREFIX) else TRANSFORMERS
+    for prefix, backend in BACKENDS_BY_PREFIX.items():
+        if spec.startswith(prefix):
+            return backend
+    return TRANSFORMERS
