@@ -18,6 +18,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from tokenfair.edge.errors import APIError, shutting_down
+from tokenfair.engine.engine import RequestOutput
 from tokenfair.server.backlog import Unsent, client_too_slow
 from tokenfair.server.chunk_write import ChunkWriter, writer_of
 from tokenfair.server.generation import (
@@ -92,18 +93,35 @@ async def start_all(state: ServerState, prepared: list[Prepared], per_prompt: in
     return Choices(jobs, per_prompt)
 
 
-async def _text_of(job: Job) -> tuple[Job, str, LogprobsBuilder | None]:
+async def text_of(job: Job) -> tuple[Job, str, LogprobsBuilder | None]:
+    """A choice's whole text (and logprobs, if asked), as its job produces it. Tokens
+    before the last are taken on the step callback, with no task wake-up per step."""
     logprobs = (
         LogprobsBuilder(job.state.model.tokenizer, job.prepared.logprobs or 0, job.prepared.chat)
         if job.prepared.logprobs is not None
         else None
     )
     parts: list[str] = []
-    while batch := await job.next_batch():
-        for output in batch:
-            parts.append(output.new_text)
-            if logprobs is not None:
-                logprobs.add(output)
+
+    def take(output: RequestOutput) -> None:
+        parts.append(output.new_text)
+        if logprobs is not None:
+            logprobs.add(output)
+
+    def take_early(output: RequestOutput) -> bool:
+        if output.finished:
+            return False
+        job.on_output()
+        take(output)
+        return True
+
+    job.stream.sink = take_early
+    try:
+        while batch := await job.next_batch():
+            for output in batch:
+                take(output)
+    finally:
+        job.stream.sink = None
     return job, "".join(parts), logprobs
 
 
@@ -111,7 +129,7 @@ async def collect(scope: Scope, receive: Receive, choices: Choices) -> dict[str,
     """The whole answer's body; None when the client left; APIError 408 on a timeout."""
     unwatch = watch_disconnect(scope, receive, choices)
     try:
-        texts = await asyncio.gather(*(_text_of(job) for job in choices.jobs))
+        texts = await asyncio.gather(*(text_of(job) for job in choices.jobs))
     finally:
         unwatch()
         choices.close()

@@ -22,20 +22,18 @@ from tokenfair.edge.body import read_body
 from tokenfair.edge.endpoints import COMPLETION_PATHS
 from tokenfair.edge.errors import APIError, ClientGone, ErrorCode, shutting_down, validation_message
 from tokenfair.edge.operator_port import on_port, only_operator_pages
-from tokenfair.engine.engine import RequestOutput
-from tokenfair.server.choices import ChoicesStream, collect, start_all
+from tokenfair.server.choices import ChoicesStream, collect, start_all, text_of
 from tokenfair.server.chunk_write import writer_of
 from tokenfair.server.event_stream import EventStreamResponse
 from tokenfair.server.generation import (
     Job,
-    Prepared,
     prepare,
     start,
     timeout_error,
     watch_disconnect,
 )
 from tokenfair.server.protocol import ChatCompletionRequest, CompletionRequest
-from tokenfair.server.responses import LogprobsBuilder, completion_body
+from tokenfair.server.responses import completion_body
 from tokenfair.server.state import ServerState
 
 M = TypeVar("M", bound=BaseModel)
@@ -127,38 +125,15 @@ async def generate(
     state.answering.add(job)  # until its close
     if prepared[0].stream:
         return EventStreamResponse(job)
-    return await _collect(scope, receive, job, prepared[0])
+    return await _collect(scope, receive, job)
 
 
-async def _collect(scope: Scope, receive: Receive, job: Job, prepared: Prepared) -> Response:
+async def _collect(scope: Scope, receive: Receive, job: Job) -> Response:
+    """One choice's whole answer (several: choices.collect)."""
     unwatch = watch_disconnect(scope, receive, job)
-    logprobs = (
-        LogprobsBuilder(job.state.model.tokenizer, prepared.logprobs or 0, prepared.chat)
-        if prepared.logprobs is not None
-        else None
-    )
-    parts: list[str] = []
-
-    def take(output: RequestOutput) -> None:
-        parts.append(output.new_text)
-        if logprobs is not None:
-            logprobs.add(output)
-
-    def take_early(output: RequestOutput) -> bool:
-        """Tokens before the last are taken on the step callback: no task wake-up."""
-        if output.finished:
-            return False
-        job.on_output()
-        take(output)
-        return True
-
-    job.stream.sink = take_early
     try:
-        while batch := await job.next_batch():
-            for output in batch:
-                take(output)
+        _, text, logprobs = await text_of(job)
     finally:
-        job.stream.sink = None
         unwatch()
         job.close()
     if job.timed_out:
@@ -168,7 +143,7 @@ async def _collect(scope: Scope, receive: Receive, job: Job, prepared: Prepared)
     if job.cut_by is not None:
         raise job.cut_by
     headers = {"x-request-id": job.request.request_id}
-    return json_response(completion_body(job, "".join(parts), logprobs), headers=headers)
+    return json_response(completion_body(job, text, logprobs), headers=headers)
 
 
 _BODIES: dict[str, tuple[type[Body], str]] = {
