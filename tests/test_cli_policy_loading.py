@@ -112,7 +112,7 @@ def test_compare_runs_a_policy_whose_arguments_hold_commas(
     summary = json.loads((out / "metrics.json").read_text())
     assert spec in json.dumps(summary)
     # A spec's slash cannot make a folder of its results file.
-    assert (out / "results" / "burst" / f"{module}-Newest-scale=2--tag=-a-b--.jsonl").is_file()
+    assert (out / "results" / "burst" / "Newest-scale=2--tag=-a-b--.jsonl").is_file()  # its label
     line = error_line([*args, "--policies", "fcfs,tf_nope.mod:P(a=1, b=2)"])
     assert "policy 'tf_nope.mod:P(a=1, b=2)': cannot import module 'tf_nope.mod'" in line
 
@@ -202,3 +202,14 @@ def test_a_policy_failing_in_a_hook_is_one_line_and_the_others_are_written(
     assert summary["failures"] == [lines[0].removeprefix("error: ")]
     assert (out / "results" / "burst" / "vtc.jsonl").is_file()
     assert (out / "report.md").is_file()
+
+
+def test_two_policies_called_alike_in_reports_are_refused_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = install_module(tmp_path, monkeypatch)
+    both = f"{module}:Newest(label='x'),{module}:Newest(scale=2, label='x')"
+    line = error_line(
+        ["experiment", "compare", "--trace", str(burst(tmp_path)), "--policies", both]
+    )
+    assert "are both called 'x' in reports: give one a label" in line

@@ -211,3 +211,18 @@ def test_an_installed_policy_by_name(tmp_path: Path, monkeypatch: pytest.MonkeyP
         make_policy("broken")
     with pytest.raises(PolicyError, match="; installed: newest, plain, broken;"):
         make_policy("newer")
+
+
+def test_what_reports_call_a_policy(module: str) -> None:
+    from tokenfair.core.policies.loading import policy_label
+
+    assert policy_label("vtc") == "vtc" and policy_label(" rpm:20 ") == "rpm:20"
+    assert policy_label(f"{module}:Newest") == "Newest"  # the class's own name
+    assert policy_label(f"{module}:Newest(scale=2)") == "Newest(scale=2)"  # one of a sweep
+    spec = f"{module}:Newest(scale=2, label='mine')"
+    assert policy_label(spec) == "mine"
+    policy = make_policy(spec)  # the label names it; the class never sees it
+    assert (policy.name, policy.scale) == ("mine", 2)
+    with pytest.raises(PolicyError, match="label= takes a non-empty string"):
+        make_policy(f"{module}:Newest(label='')")
+    assert policy_label("tf_no_such_module:X") == "tf_no_such_module:X"  # as written

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from tests.user_policies import MODULE, install_module
 from tokenfair.commands.experiment import experiment_app
 from tokenfair.core.policies import make_policy
 from tokenfair.core.scheduler import SchedulerConfig
@@ -26,7 +27,7 @@ from tokenfair.experiments.workloads import ARENA, Workload
 from tokenfair.fairness.bounds import service_bound
 from tokenfair.fairness.curves import service_in_interval
 from tokenfair.fairness.report import fairness_report
-from tokenfair.report.experiment_report import arena_table_rows, publish
+from tokenfair.report.experiment_report import SIMULATED_LABEL, arena_table_rows, publish
 from tokenfair.results import read_results
 from tokenfair.workloads.arrivals import Uniform
 from tokenfair.workloads.lengths import fixed
@@ -60,14 +61,28 @@ def tiny_experiment(tmp_path_factory):
     return result
 
 
+# Beside the paper's: a policy of one's own under a label, and one whose hook raises.
+MINE = f"{MODULE}:Newest(scale=2, label='newest')"
+BROKEN = f"{MODULE}:Broken"
+
+
 @pytest.fixture(scope="module")
 def quick_paper(tmp_path_factory, shared_dir):
-    """The quick paper experiment on the arena trace and one suite (no ablation)."""
+    """The quick paper experiment on the arena trace and one suite (no ablation), with
+    a policy of one's own and a failing one beside the paper's."""
     out = tmp_path_factory.mktemp("paper")
-    result = run_paper_experiment(
-        out, True, shared_dir, suites=["overload"], ablation=False, locality=False
-    )
-    publish(result)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        install_module(tmp_path_factory.mktemp("policies"), monkeypatch)
+        result = run_paper_experiment(
+            out,
+            True,
+            shared_dir,
+            suites=["overload"],
+            ablation=False,
+            locality=False,
+            extra_policies=[MINE, BROKEN],
+        )
+        publish(result)
     return result
 
 
@@ -115,8 +130,8 @@ def test_saved_results_rescore_to_the_reported_row(tiny_experiment):
 @pytest.mark.slow
 def test_quick_arena_table_has_every_scheduler(quick_paper):
     arena = [row.policy for row in quick_paper.rows_for(ARENA)]
-    assert arena == list(PAPER_POLICIES)
-    assert [row.policy for row in quick_paper.rows_for("overload")] == ["fcfs", "vtc"]
+    assert arena == [*PAPER_POLICIES, MINE]
+    assert [row.policy for row in quick_paper.rows_for("overload")] == ["fcfs", "vtc", MINE]
     rows = arena_table_rows(quick_paper.outcomes_for(ARENA))
     # Ours for every scheduler, the paper's beside each one it measured.
     assert sum(r[1] == PAPER_LABEL for r in rows) == len(PAPER_ARENA_TABLE)
@@ -229,3 +244,21 @@ def test_compare_command_rejects_an_unknown_policy(tmp_path):
     )
     assert result.exit_code == 2
     assert "nope" in result.output
+
+
+@pytest.mark.slow
+def test_ones_own_policy_joins_the_paper_report_under_its_label(quick_paper):
+    out = quick_paper.out_dir
+    report = (out / "report.md").read_text()
+    # In the arena table and the suite's, under its label; its results file too.
+    assert f"| newest | {SIMULATED_LABEL} |" in report  # the arena table
+    assert "| newest | " in report.split("## Synthetic suites", 1)[-1]  # the suite's
+    assert (out / "results" / "overload" / "newest.jsonl").is_file()
+    # Beside FCFS and VTC in the suite's per-client panels (a few policies: every one).
+    caption = next(line for line in report.splitlines() if "window, under" in line)
+    assert "newest" in caption
+    # The failing one: one line naming it and its hook, left out, the rest written.
+    assert [f for f in quick_paper.failures if "Broken" in f and "on_admit" in f]
+    assert "Left out:" in report and BROKEN not in quick_paper.settings["policies"]
+    summary = json.loads((out / "metrics.json").read_text())
+    assert {r["label"] for r in summary["runs"]} >= {"newest", "vtc"}

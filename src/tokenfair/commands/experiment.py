@@ -29,7 +29,7 @@ from tokenfair.commands.common import (
     read_weights_file,
 )
 from tokenfair.core.policies import PolicyError, make_policy
-from tokenfair.core.policies.loading import split_policies
+from tokenfair.core.policies.loading import policy_label, split_policies
 from tokenfair.experiments.experiment import ExperimentResult, run_compare, run_paper_experiment
 from tokenfair.experiments.locality import (
     DEFAULT_SEEDS,
@@ -110,7 +110,7 @@ def results_table(result: ExperimentResult, workload: str) -> Table:
     table = Table(*columns, title=title, box=box.SIMPLE_HEAD)
     for row in rows:
         cells = [
-            row.policy,
+            row.label,
             f"{row.max_diff:.1f}",
             f"{row.avg_diff:.1f}",
             f"{row.diff_var:.0f}",
@@ -197,7 +197,7 @@ def locality_table(result: LocalityResult) -> Table:
         vtc = result.row(row.suite, "vtc") if "vtc" in result.settings["policies"] else None
         table.add_row(
             row.suite,
-            row.policy,
+            policy_label(row.policy),
             f"{row.throughput_tok_s:,.0f}",
             _ratio_text(row.throughput_tok_s / vtc.throughput_tok_s if vtc else None),
             f"{row.prefix_hit_rate:.0%}",
@@ -209,11 +209,30 @@ def locality_table(result: LocalityResult) -> Table:
 
 
 def _check_policies(policies: list[str]) -> None:
+    """Each builds (else its one-line error), and no two are called alike in reports."""
     for name in policies:
         try:
             make_policy(name, weights={"_": 1.0})
         except (PolicyError, ValueError) as error:
             fail(str(error))
+    named: dict[str, str] = {}
+    for name in policies:
+        label = policy_label(name)
+        if label in named and named[label] != name:
+            fail(
+                f"policies {named[label]!r} and {name!r} are both called {label!r} in "
+                "reports: give one a label, e.g. mypkg.mod:MyPolicy(..., label='mine')"
+            )
+        named[label] = name
+
+
+def _say_failures(result: ExperimentResult) -> None:
+    """A policy that failed: one line each, after the others' results were written;
+    the command then exits 1."""
+    if result.failures:
+        for line in result.failures:
+            console.print(f"[red]error:[/red] {escape(line)}")
+        raise typer.Exit(code=1)
 
 
 @experiment_app.command()
@@ -229,18 +248,31 @@ def paper(
     ] = False,
     shared: SharedOption = None,
     workers: Annotated[int, typer.Option(help="Simulations run in parallel.")] = DEFAULT_WORKERS,
+    policies: Annotated[
+        str,
+        typer.Option(
+            help="More policies, comma-separated, run beside the paper's on the arena trace "
+            "and every suite: your own (mypkg.mod:MyPolicy(key=value, label='mine')) or "
+            "built-in names."
+        ),
+    ] = "",
 ) -> None:
     """Run the paper's experiments: every synthetic suite and the arena trace under FCFS, LCF, VTC (+predict, +oracle), RPM(5/20/30), vtc-preempt and weighted VTC, plus the KV pool / request length ablation; write OUT/report.md and OUT/report.html with figures.
 
     \b
     Example: tokenfair experiment paper --quick --out experiments/paper
     """
+    extra = split_policies(policies)
+    _check_policies(extra)
     check_output_folder(out)
     folder = paper_data(shared)
     with progress_bar("paper experiment") as advance:
-        result = run_paper_experiment(out, quick, folder, advance, workers=workers)
+        result = run_paper_experiment(
+            out, quick, folder, advance, workers=workers, extra_policies=extra
+        )
     publish(result)
     print_summary(result, ARENA)
+    _say_failures(result)
 
 
 @experiment_app.command()
@@ -302,10 +334,7 @@ def compare(
     except (OSError, ValueError) as error:
         fail(str(error))
     print_summary(result, result.workloads[0].name)
-    if result.failures:  # the others' results are written: say what is missing, and fail
-        for line in result.failures:
-            console.print(f"[red]error:[/red] {escape(line)}")
-        raise typer.Exit(code=1)
+    _say_failures(result)
 
 
 @experiment_app.command()

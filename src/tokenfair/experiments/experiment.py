@@ -147,9 +147,10 @@ def policies_for(workload: Workload, policies: Sequence[str]) -> list[str]:
 
 
 def _result_path(out_dir: Path, outcome: RunOutcome) -> Path:
-    # Policy specs such as rpm:5 hold a colon, which some file systems refuse, and a
-    # user's (mod:P(path='a/b')) may hold anything: each other character becomes a dash.
-    stem = re.sub(r"[^\w.=-]", "-", outcome.policy)
+    # Named as reports call it (a policy of one's own by its label or class name). Specs
+    # such as rpm:5 hold a colon, which some file systems refuse, and a label may hold
+    # anything: each other character becomes a dash.
+    stem = re.sub(r"[^\w.=-]", "-", outcome.label)
     if outcome.job.variant:
         stem += "_" + outcome.job.variant.replace("=", "-")
     return out_dir / "results" / outcome.workload.name / f"{stem}.jsonl"
@@ -253,21 +254,26 @@ def run_paper_experiment(
     ablation: bool = True,
     locality: bool = True,
     neighbor: bool = True,
+    extra_policies: Sequence[str] = (),
 ) -> ExperimentResult:
     """The paper's experiments: the arena table, every synthetic suite, the ablation,
     and beyond the paper the locality experiment (clients sharing prompt prefixes).
 
     `quick` runs the suites and the ablation under fewer policies and the locality
     experiment on one seed; the arena trace always runs under every policy of the
-    paper's table. `suites` picks a subset (tests).
+    paper's table. `suites` picks a subset (tests). `extra_policies` (one's own, or
+    other built-in names) run beside the paper's on the arena trace and every suite; one
+    that fails is left out and said in `failures`, the others' results kept.
     """
     started = time.perf_counter()
     config = SchedulerConfig.paper()
     workloads = paper_workloads(shared_dir, PAPER_SUITES if suites is None else suites)
-    suite_policies = QUICK_SUITE_POLICIES if quick else PAPER_POLICIES
+    extras = [p for p in dict.fromkeys(extra_policies) if p not in PAPER_POLICIES]
+    arena_policies = [*PAPER_POLICIES, *extras]
+    suite_policies = [*(QUICK_SUITE_POLICIES if quick else PAPER_POLICIES), *extras]
     jobs = []
     for workload in workloads:
-        policies = PAPER_POLICIES if workload.name == ARENA else suite_policies
+        policies = arena_policies if workload.name == ARENA else suite_policies
         jobs += [Job(workload, p, config) for p in policies_for(workload, policies)]
     if ablation:
         jobs += ablation_jobs(QUICK_ABLATION_POLICIES if quick else ABLATION_POLICIES)
@@ -277,7 +283,9 @@ def run_paper_experiment(
     neighbor_seeds = NEIGHBOR_SEEDS[:1] if quick else NEIGHBOR_SEEDS
     if neighbor:
         jobs += neighbor_jobs(neighbor_seeds)
-    outcomes = run_jobs(jobs, workers, progress)
+    failures: list[PolicyFailed] = []
+    outcomes = run_jobs(jobs, workers, progress, failures)
+    failed = {f.policy for f in failures}
     neighbor_outcomes = [o for o in outcomes if is_neighbor_outcome(o)]
     outcomes = [o for o in outcomes if not is_neighbor_outcome(o)]
     locality_outcomes = [o for o in outcomes if o.workload.name in LOCALITY_POOLS]
@@ -297,8 +305,9 @@ def run_paper_experiment(
             "profile": DEFAULT_PROFILE,
             "kv_tokens": config.kv_tokens,
             "system": "SchedulerConfig.paper(): the paper's S-LoRA/LightLLM router",
-            "policies": list(PAPER_POLICIES),
-            "suite_policies": list(suite_policies),
+            "policies": [p for p in arena_policies if p not in failed],
+            "suite_policies": [p for p in suite_policies if p not in failed],
+            "extra_policies": [p for p in extras if p not in failed],
             "workers": workers,
         },
         measured_fcfs_arena=(
@@ -315,6 +324,7 @@ def run_paper_experiment(
         ),
         neighbor=neighbor_rows(neighbor_outcomes),
         neighbor_settings=neighbor_settings(neighbor_seeds) if neighbor_outcomes else {},
+        failures=[str(f) for f in failures],
     )
     return _finish(result, started)
 

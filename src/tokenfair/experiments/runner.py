@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 
 from tokenfair.core.policies import make_policy
+from tokenfair.core.policies.loading import policy_label
 from tokenfair.core.policies.registry import is_builtin, uses_weights
 from tokenfair.core.scheduler import SchedulerConfig
 from tokenfair.engine.sim.profile import load_profile
@@ -99,6 +100,11 @@ class RunOutcome:
     @property
     def policy(self) -> str:
         return self.job.policy
+
+    @property
+    def label(self) -> str:
+        """What reports call its policy (core/policies/loading.py: `policy_label`)."""
+        return policy_label(self.job.policy)
 
 
 def run_job(job: Job) -> RunOutcome:

@@ -14,7 +14,8 @@ class RunSummary:
     """The paper's table columns plus what explains them (rejections, preemptions, TTFT)."""
 
     workload: str
-    policy: str
+    policy: str  # the spec as given
+    label: str  # what reports call it (`policy_label`)
     variant: str
     max_diff: float
     avg_diff: float
@@ -45,6 +46,7 @@ def summary_row(outcome: RunOutcome) -> RunSummary:
     return RunSummary(
         workload=outcome.workload.name,
         policy=outcome.policy,
+        label=outcome.label,
         variant=outcome.job.variant,
         max_diff=report.max_diff,
         avg_diff=report.avg_diff,

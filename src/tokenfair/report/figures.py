@@ -26,6 +26,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from tokenfair.core.cost import DEFAULT_COST
+from tokenfair.core.policies.registry import is_builtin
 from tokenfair.experiments.ablation import BASE_KV_TOKENS, BASE_LENGTH
 from tokenfair.experiments.experiment import ExperimentResult
 from tokenfair.experiments.paper_table import PAPER_ARENA_TABLE, PAPER_LABEL
@@ -46,6 +47,8 @@ DPI = 110
 # of 27 entries is unreadable.
 MAX_CLIENT_LINES = 8
 FEATURED_POLICIES = ("fcfs", "vtc", "wvtc")
+# Per-client panels side by side: up to this many policies, every one is shown.
+MAX_PANELS = 4
 SERVICE_UNIT = DEFAULT_COST.unit
 
 
@@ -60,9 +63,14 @@ class Figure:
 
 
 def featured_policies(outcomes: Sequence[RunOutcome]) -> list[RunOutcome]:
-    """The runs the per-client panels show: FCFS vs (weighted) VTC, as in the paper."""
+    """The runs the per-client panels show: every one, when a few policies ran (a
+    comparison of one's own choosing); else FCFS vs (weighted) VTC, as in the paper, and
+    every policy that is not built in (one's own, beside them)."""
+    if len(outcomes) <= MAX_PANELS:
+        return list(outcomes)
     chosen = [o for name in FEATURED_POLICIES for o in outcomes if o.policy == name]
-    return chosen or list(outcomes[:3])
+    chosen += [o for o in outcomes if not is_builtin(o.policy)]
+    return chosen or list(outcomes[:MAX_PANELS])
 
 
 def _client_colors(clients: Sequence[str]) -> dict[str, tuple]:
@@ -115,7 +123,7 @@ def plot_service_rate(workload: Workload, outcomes: Sequence[RunOutcome], out_di
                     color=colors[client],
                     label=_client_label(workload, client),
                 )
-        ax.set_title(outcome.policy)
+        ax.set_title(outcome.label)
         ax.set_xlabel("time (s)")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(f"service rate ({SERVICE_UNIT} / s)")
@@ -123,7 +131,7 @@ def plot_service_rate(workload: Workload, outcomes: Sequence[RunOutcome], out_di
     path = _save(fig, out_dir, f"{workload.name}_service_rate.png")
     caption = (
         f"Service each client receives per second, over a sliding {workload.window_s:g} s "
-        f"window, under {', '.join(o.policy for o in featured)}."
+        f"window, under {', '.join(o.label for o in featured)}."
     )
     return Figure(path, f"{workload.name}: service rate", caption, workload.name)
 
@@ -150,7 +158,7 @@ def plot_response_time(workload: Workload, outcomes: Sequence[RunOutcome], out_d
                 )
                 values = curves[client]
                 positive += values[np.isfinite(values) & (values > 0)].tolist()
-        ax.set_title(outcome.policy)
+        ax.set_title(outcome.label)
         ax.set_xlabel("arrival time (s)")
         ax.grid(alpha=0.3)
     # FCFS's queueing delays dwarf VTC's: a log axis keeps both readable.
@@ -205,7 +213,7 @@ def _accumulated_difference_figure(
         ax.plot(
             curve.times,
             curve.values,
-            label=outcome.policy,
+            label=outcome.label,
             linewidth=1.6,
             **_policy_style(outcome.policy),
         )
@@ -239,6 +247,7 @@ def _windowed_difference_figure(
         for o in outcomes
     }
     base = "fcfs" if "fcfs" in curves else outcomes[0].policy
+    base_label = next(o.label for o in outcomes if o.policy == base)
     columns = min(3, len(outcomes))
     rows = -(-len(outcomes) // columns)
     fig, grid = plt.subplots(
@@ -254,18 +263,18 @@ def _windowed_difference_figure(
     for ax, outcome in zip(axes, outcomes, strict=False):
         times, values = curves[outcome.policy]
         if outcome.policy != base:
-            ax.plot(*curves[base], color="tab:gray", linewidth=1.0, alpha=0.7, label=base)
+            ax.plot(*curves[base], color="tab:gray", linewidth=1.0, alpha=0.7, label=base_label)
         ax.plot(
             times,
             values,
             color="tab:blue",
             linewidth=1.6,
-            label=outcome.policy,
+            label=outcome.label,
             **_policy_style(outcome.policy),
         )
         report = outcome.report
         ax.set_title(
-            f"{outcome.policy}: Max {report.max_diff:,.0f}, Avg {report.avg_diff:,.0f}, "
+            f"{outcome.label}: Max {report.max_diff:,.0f}, Avg {report.avg_diff:,.0f}, "
             f"{report.throughput_tok_s:,.0f} tok/s",
             fontsize=9,
         )
@@ -277,11 +286,13 @@ def _windowed_difference_figure(
         ax.set_ylabel(f"D ({SERVICE_UNIT} / s)", fontsize=8)
     for ax in grid[-1, :]:
         ax.set_xlabel("window centre (s)")
-    fig.suptitle(f"{workload.name}: service difference D over time, each policy against {base}")
+    fig.suptitle(
+        f"{workload.name}: service difference D over time, each policy against {base_label}"
+    )
     path = _save(fig, out_dir, f"{workload.name}_service_difference.png")
     caption = (
         f"The windowed service difference D of SPEC section 6 (w = {workload.window_s:g} s) "
-        f"over time, one panel per policy with {base} in grey; the table's Max and Avg Diff "
+        f"over time, one panel per policy with {base_label} in grey; the table's Max and Avg Diff "
         "are its maximum and mean at the 19 ticks. Fewer than two clients stay backlogged "
         "under every policy, so an accumulated difference would compare different clients."
     )
@@ -302,7 +313,7 @@ def plot_arena_table(outcomes: Sequence[RunOutcome], out_dir: Path) -> Figure:
         ]
         ax.bar(x - 0.2, ours, width=0.4, label="tokenfair (simulated A10G)")
         ax.bar(x + 0.2, paper, width=0.4, label=PAPER_LABEL, color="tab:gray")
-        ax.set_xticks(x, policies, rotation=30, ha="right")
+        ax.set_xticks(x, [o.label for o in outcomes], rotation=30, ha="right")
         ax.set_ylabel(
             f"Max Diff ({SERVICE_UNIT} / s)" if key == "max_diff" else "throughput (tokens / s)"
         )

@@ -15,6 +15,7 @@ matplotlib.use("Agg")  # files only: no display on servers and CI
 
 import matplotlib.pyplot as plt
 
+from tokenfair.core.policies.loading import policy_label
 from tokenfair.experiments.locality import LocalityResult, LocalityRow
 from tokenfair.report.document import Block, Heading, Image, Paragraph, Table, to_html, to_markdown
 from tokenfair.report.figures import DPI, FIGURES_DIR
@@ -48,7 +49,7 @@ def suite_table(rows: Sequence[LocalityRow]) -> Table:
         HEADER,
         tuple(
             (
-                r.policy,
+                policy_label(r.policy),
                 _fmt(r.throughput_tok_s),
                 _ratio(r.throughput_tok_s, vtc, "throughput_tok_s"),
                 f"{r.prefix_hit_rate:.0%}",
@@ -73,11 +74,11 @@ def plot_locality(result: LocalityResult, out_dir: Path) -> str:
     )
     for (left, right), suite in zip(axes, suites, strict=True):
         rows = [r for r in result.rows if r.suite == suite]
-        names = [r.policy for r in rows]
-        bars = left.bar(names, [r.throughput_tok_s for r in rows], color="#4c72b0")
+        names = [policy_label(r.policy) for r in rows]
+        positions = range(len(rows))
+        bars = left.bar(list(positions), [r.throughput_tok_s for r in rows], color="#4c72b0")
         left.bar_label(bars, labels=[f"hit {r.prefix_hit_rate:.0%}" for r in rows], fontsize=8)
         left.set_title(f"{suite}: throughput (tok/s)", fontsize=10)
-        positions = range(len(rows))
         right.bar(
             [p - 0.2 for p in positions],
             [r.max_diff for r in rows],
@@ -92,7 +93,10 @@ def plot_locality(result: LocalityResult, out_dir: Path) -> str:
             label="fluid fair share at the same capacity",
             color="#bbbbbb",
         )
-        right.set_xticks(list(positions), names)
+        # Long labels (a policy of one's own) slant rather than cover their neighbours'.
+        slant = {"rotation": 25, "ha": "right"} if max(map(len, names)) > 8 else {}
+        for axis in (left, right):
+            axis.set_xticks(list(positions), names, **slant)
         right.set_title(f"{suite}: Max Diff", fontsize=10)
         right.legend(fontsize=8)
     (out_dir / FIGURES_DIR).mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,7 @@ def _compare(value: float, reference: float) -> str:
 
 
 def _name(outcome: RunOutcome) -> str:
-    return f"`{outcome.policy}`"
+    return f"`{outcome.label}`"
 
 
 def _diff_sentence(focus: RunOutcome, base: RunOutcome) -> str:

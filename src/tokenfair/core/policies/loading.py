@@ -55,6 +55,8 @@ from tokenfair.core.policies.settings import PolicySettings
 ENTRY_POINT_GROUP = "tokenfair.policies"
 
 _DOTTED = re.compile(r"[^\W\d]\w*(\.[^\W\d]\w*)*")
+# The one argument a spec takes for itself, not the class: what reports call it.
+LABEL_ARGUMENT = "label"
 _ARGUMENTS_HINT = "arguments are key=value Python literals, e.g. mypkg.mod:MyPolicy(half_life=30)"
 
 
@@ -66,6 +68,8 @@ class PolicySpec:
     module: str | None  # None for an entry point name
     attr: str  # the class's attribute path in `module`, or the entry point name
     arguments: dict[str, Any] = field(default_factory=dict)
+    # `label=` in the spec: what reports call it (never passed to the class).
+    label: str | None = None
 
     @property
     def target(self) -> str:
@@ -93,7 +97,32 @@ def parse_spec(spec: str) -> PolicySpec:
     if colon and not (_DOTTED.fullmatch(module) and _DOTTED.fullmatch(attr)):
         raise _unknown(spec)
     arguments = _arguments(spec, rest) if paren else {}
-    return PolicySpec(text, module if colon else None, attr if colon else target, arguments)
+    label = arguments.pop(LABEL_ARGUMENT, None)
+    if label is not None and not (isinstance(label, str) and label.strip()):
+        raise PolicyError(f"policy {spec!r}: {LABEL_ARGUMENT}= takes a non-empty string")
+    return PolicySpec(text, module if colon else None, attr if colon else target, arguments, label)
+
+
+def policy_label(spec: str) -> str:
+    """What reports call the policy `spec`: a built-in name as written (`rpm:20`); a
+    policy of one's own by its `label=`, else its class's `name` (or the class's own
+    name), with its other arguments (`DecayVTC(half_life_s=120)`), so that two
+    settings of one class stay apart. A spec that does not load is shown as written."""
+    if not is_user_spec(spec):
+        return spec.strip()
+    try:
+        parsed = parse_spec(spec)
+        if parsed.label is not None:
+            return parsed.label.strip()
+        cls = _resolve(parsed)
+    except PolicyError:
+        return spec.strip()
+    name = getattr(cls, "name", Policy.name)
+    base = name if isinstance(name, str) and name != Policy.name else cls.__name__
+    if not parsed.arguments:
+        return base
+    given = ", ".join(f"{key}={value!r}" for key, value in parsed.arguments.items())
+    return f"{base}({given})"
 
 
 def _arguments(spec: str, rest: str) -> dict[str, Any]:
@@ -236,6 +265,8 @@ def construct(parsed: PolicySpec, cls: type[Policy], settings: PolicySettings) -
     _default(policy, "charge_cached_tokens", None, settings.charge_cached_tokens)
     with contextlib.suppress(AttributeError):  # __slots__ without it: the class's stays
         policy.needs = class_needs(cls)
+        if parsed.label is not None:
+            policy.name = parsed.label.strip()  # the spec's label= names it
     return policy
 
 
