@@ -213,3 +213,36 @@ def test_two_policies_called_alike_in_reports_are_refused_in_one_line(
         ["experiment", "compare", "--trace", str(burst(tmp_path)), "--policies", both]
     )
     assert "are both called 'x' in reports: give one a label" in line
+
+
+def test_compare_on_the_engine_preset_with_prefix_caching(tmp_path: Path) -> None:
+    # Two clients, each asking again and again over its own 1,024-token document.
+    trace = tmp_path / "docs.jsonl"
+    rows = [
+        {
+            "arrival_s": i * 0.05, "client": f"c{i % 2}", "input_tokens": 1100,
+            "output_tokens": 16, "prefix_group": f"doc{i % 2}", "prefix_tokens": 1024,
+        }
+        for i in range(40)
+    ]  # fmt: skip
+    trace.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    args = ["experiment", "compare", "--trace", str(trace), "--policies", "fcfs,vtc"]
+    args += ["--duration", "10", "--warmup", "0", "--window", "5"]
+    assert "--preset engine needs --kv-tokens" in error_line([*args, "--preset", "engine"])
+    runs = {}
+    for caching in ("--prefix-caching", "--no-prefix-caching"):
+        out = tmp_path / caching
+        result = runner.invoke(
+            app, [*args, "--out", str(out), "--preset", "engine", "--kv-tokens", "8000", caching]
+        )
+        assert result.exit_code == 0, result.output
+        summary = json.loads((out / "metrics.json").read_text())
+        settings = summary["settings"]
+        assert (settings["preset"], settings["kv_tokens"]) == ("engine", 8000)
+        assert settings["prefix_caching"] == (caching == "--prefix-caching")
+        assert "on the engine preset" in (out / "report.md").read_text()
+        runs[caching] = {r["policy"]: r for r in summary["runs"]}
+    # The cache saves prefill: every policy ends no later with it than without.
+    for policy in ("fcfs", "vtc"):
+        cached, uncached = runs["--prefix-caching"][policy], runs["--no-prefix-caching"][policy]
+        assert cached["makespan_s"] < uncached["makespan_s"]

@@ -23,6 +23,7 @@ from rich.markup import escape
 
 if TYPE_CHECKING:
     from tokenfair.engine.sim.profile import StepTimeProfile
+    from tokenfair.experiments.experiment import ExperimentResult
     from tokenfair.results import ResultRecord
     from tokenfair.workloads.trace import TraceRecord
     from tokenfair.workloads.weights import ClientShares
@@ -259,3 +260,33 @@ def check_device(device: str | None) -> None:
         index = device.partition(":")[2]
         if index and (not index.isdigit() or int(index) >= torch.cuda.device_count()):
             fail(f"--device {device}: there are {torch.cuda.device_count()} CUDA device(s)")
+
+
+def check_policies(policies: list[str]) -> None:
+    """Each builds (else its one-line error), and no two are called alike in reports."""
+    from tokenfair.core.policies import PolicyError, make_policy
+    from tokenfair.core.policies.loading import policy_label
+
+    for name in policies:
+        try:
+            make_policy(name, weights={"_": 1.0})
+        except (PolicyError, ValueError) as error:
+            fail(str(error))
+    named: dict[str, str] = {}
+    for name in policies:
+        label = policy_label(name)
+        if label in named and named[label] != name:
+            fail(
+                f"policies {named[label]!r} and {name!r} are both called {label!r} in "
+                "reports: give one a label, e.g. mypkg.mod:MyPolicy(..., label='mine')"
+            )
+        named[label] = name
+
+
+def say_failures(result: ExperimentResult) -> None:
+    """A policy that failed: one line each, after the others' results were written;
+    the command then exits 1."""
+    if result.failures:
+        for line in result.failures:
+            console.print(f"[red]error:[/red] {escape(line)}")
+        raise typer.Exit(code=1)

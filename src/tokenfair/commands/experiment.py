@@ -14,21 +14,22 @@ from typing import Annotated
 import typer
 from rich import box
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from tokenfair.bundled import data_dir
 from tokenfair.commands.common import (
     check_output_folder,
+    check_policies,
     check_weights,
     console,
     fail,
     load_profile_option,
     read_trace_file,
     read_weights_file,
+    say_failures,
 )
-from tokenfair.core.policies import PolicyError, make_policy
+from tokenfair.commands.simulate import PRESET_HELP, build_config
 from tokenfair.core.policies.loading import policy_label, split_policies
 from tokenfair.experiments.experiment import ExperimentResult, run_compare, run_paper_experiment
 from tokenfair.experiments.locality import (
@@ -208,33 +209,6 @@ def locality_table(result: LocalityResult) -> Table:
     return table
 
 
-def _check_policies(policies: list[str]) -> None:
-    """Each builds (else its one-line error), and no two are called alike in reports."""
-    for name in policies:
-        try:
-            make_policy(name, weights={"_": 1.0})
-        except (PolicyError, ValueError) as error:
-            fail(str(error))
-    named: dict[str, str] = {}
-    for name in policies:
-        label = policy_label(name)
-        if label in named and named[label] != name:
-            fail(
-                f"policies {named[label]!r} and {name!r} are both called {label!r} in "
-                "reports: give one a label, e.g. mypkg.mod:MyPolicy(..., label='mine')"
-            )
-        named[label] = name
-
-
-def _say_failures(result: ExperimentResult) -> None:
-    """A policy that failed: one line each, after the others' results were written;
-    the command then exits 1."""
-    if result.failures:
-        for line in result.failures:
-            console.print(f"[red]error:[/red] {escape(line)}")
-        raise typer.Exit(code=1)
-
-
 @experiment_app.command()
 def paper(
     out: Annotated[Path, typer.Option(help="Folder for the report, figures and results.")] = Path(
@@ -263,7 +237,7 @@ def paper(
     Example: tokenfair experiment paper --quick --out experiments/paper
     """
     extra = split_policies(policies)
-    _check_policies(extra)
+    check_policies(extra)
     check_output_folder(out)
     folder = paper_data(shared)
     with progress_bar("paper experiment") as advance:
@@ -272,7 +246,7 @@ def paper(
         )
     publish(result)
     print_summary(result, ARENA)
-    _say_failures(result)
+    say_failures(result)
 
 
 @experiment_app.command()
@@ -300,8 +274,21 @@ def compare(
         Path | None, typer.Option(help="JSON {client: weight}; adds wvtc to the policies.")
     ] = None,
     workers: Annotated[int, typer.Option(help="Simulations run in parallel.")] = DEFAULT_WORKERS,
+    preset: Annotated[str, typer.Option(help=PRESET_HELP)] = "paper",
+    kv_tokens: Annotated[
+        int | None,
+        typer.Option(help="KV pool in tokens. paper: 10,000; engine: required.", min=1),
+    ] = None,
+    prefix_caching: Annotated[
+        bool | None,
+        typer.Option(
+            "--prefix-caching/--no-prefix-caching",
+            help="Reuse cached prompt prefixes (trace prefix_group/prefix_tokens). "
+            "paper: off (its system had none); engine: on (as vLLM).",
+        ),
+    ] = None,
 ) -> None:
-    """Replay a trace under several policies (the paper's system, simulated) and write the same report, figures and per-request results as `experiment paper`.
+    """Replay a trace under several policies (simulated; the paper's system, or the engine preset) and write the same report, figures and per-request results as `experiment paper`.
 
     \b
     Example: tokenfair experiment compare --trace ../shared/traces/arena_vtc_600s.jsonl --policies fcfs,vtc,rpm:20 --out cmp
@@ -309,7 +296,10 @@ def compare(
     chosen = split_policies(policies)
     if not chosen:
         fail("--policies is empty: name at least one policy, e.g. fcfs,vtc")
-    _check_policies(chosen)
+    check_policies(chosen)
+    config = build_config(
+        preset, kv_tokens, None, None, None, None, None, prefix_caching=prefix_caching
+    )
     check_output_folder(out)
     records = read_trace_file(trace)
     load_profile_option(profile)
@@ -329,12 +319,14 @@ def compare(
                 weights=client_weights,
                 workers=workers,
                 progress=advance,
+                config=config,
+                preset=preset,
             )
         publish(result)
     except (OSError, ValueError) as error:
         fail(str(error))
     print_summary(result, result.workloads[0].name)
-    _say_failures(result)
+    say_failures(result)
 
 
 @experiment_app.command()
@@ -358,7 +350,7 @@ def locality(
     chosen = split_policies(policies)
     if not chosen:
         fail("--policies is empty: name at least one policy, e.g. vtc,dlpm")
-    _check_policies(chosen)
+    check_policies(chosen)
     check_output_folder(out)
     with progress_bar("locality experiment") as advance:
         result = run_locality_experiment(

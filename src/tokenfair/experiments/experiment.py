@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tokenfair.core.policies.loading import policy_label
 from tokenfair.core.scheduler import SchedulerConfig
 from tokenfair.experiments.ablation import AblationRow, ablation_jobs, ablation_row
 from tokenfair.experiments.locality import (
@@ -221,8 +222,10 @@ def run_experiment(
     config: SchedulerConfig | None = None,
     workers: int = DEFAULT_WORKERS,
     progress: ProgressFn | None = None,
+    preset: str = "paper",
 ) -> ExperimentResult:
-    """Run every policy on every workload and write their results and metrics.json."""
+    """Run every policy on every workload and write their results and metrics.json
+    (`preset`: what `config` is, for the report: paper or engine)."""
     started = time.perf_counter()
     chosen = config or SchedulerConfig.paper()
     jobs = [Job(w, p, chosen, profile) for w in workloads for p in policies_for(w, policies)]
@@ -237,7 +240,13 @@ def run_experiment(
         out_dir=Path(out_dir),
         workloads=list(workloads),
         outcomes=outcomes,
-        settings={"profile": profile, "kv_tokens": chosen.kv_tokens, "policies": kept},
+        settings={
+            "profile": profile,
+            "preset": preset,
+            "kv_tokens": chosen.kv_tokens,
+            "prefix_caching": chosen.enable_prefix_caching,
+            "policies": kept,
+        },
         failures=[str(f) for f in failures],
     )
     return _finish(result, started)
@@ -341,15 +350,21 @@ def run_compare(
     weights: dict[str, float] | None = None,
     workers: int = DEFAULT_WORKERS,
     progress: ProgressFn | None = None,
+    config: SchedulerConfig | None = None,
+    preset: str = "paper",
 ) -> ExperimentResult:
-    """Replay one trace under `policies` (paper system) and write the same files."""
+    """Replay one trace under `policies` on `config` (default: the paper's system) and
+    write the same files."""
     workload = trace_workload(trace_path, None, duration_s, window_s, warmup_s, weights)
+    labels = ", ".join(policy_label(p) for p in policies)
     return run_experiment(
         [workload],
         policies,
         out_dir,
-        title=f"tokenfair: {', '.join(policies)} on {trace_path.name}",
+        title=f"tokenfair: {labels} on {trace_path.name}",
         profile=profile,
+        config=config,
         workers=workers,
         progress=progress,
+        preset=preset,
     )
