@@ -23,7 +23,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from types import TracebackType
 
-from tokenfair.core.policies import make_policy
+from tokenfair.core.policies import Policy, make_policy
 from tokenfair.core.policies.loading import policy_label
 from tokenfair.core.policies.registry import is_builtin, uses_weights
 from tokenfair.core.scheduler import SchedulerConfig
@@ -118,6 +118,14 @@ def run_job(job: Job) -> RunOutcome:
         not is_builtin(job.policy) and uses_weights(job.policy)
     )
     policy = make_policy(job.policy, weights=workload.weights if weighted else None)
+    return run_policy(job, policy, started)
+
+
+def run_policy(job: Job, policy: Policy, started: float | None = None) -> RunOutcome:
+    """Simulate `job` under `policy`, already built (`job.policy` names it in reports),
+    and compute its fairness report."""
+    started = time.perf_counter() if started is None else started
+    workload = job.workload
     try:
         sim = simulate(list(workload.records), policy, load_profile(job.profile), job.config)
     except Exception as error:

@@ -366,9 +366,19 @@ def experiment_figures(result: ExperimentResult) -> list[Figure]:
         outcomes = result.outcomes_for(workload.name)
         if not outcomes:
             continue
-        figures.append(plot_service_rate(workload, outcomes, out_dir))
-        figures.append(plot_response_time(workload, outcomes, out_dir))
-        figures.append(plot_service_difference(workload, outcomes, out_dir))
+        figures += plot_workload(workload, outcomes, out_dir)
     if result.ablation_outcomes:
         figures.append(plot_ablation(result.ablation_outcomes, out_dir))
     return figures
+
+
+def plot_workload(
+    workload: Workload, outcomes: Sequence[RunOutcome], out_dir: Path
+) -> list[Figure]:
+    """A workload's figures under its policies: service rate and response time per
+    client, and the service difference."""
+    return [
+        plot_service_rate(workload, outcomes, out_dir),
+        plot_response_time(workload, outcomes, out_dir),
+        plot_service_difference(workload, outcomes, out_dir),
+    ]
