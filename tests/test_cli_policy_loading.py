@@ -246,3 +246,19 @@ def test_compare_on_the_engine_preset_with_prefix_caching(tmp_path: Path) -> Non
     for policy in ("fcfs", "vtc"):
         cached, uncached = runs["--prefix-caching"][policy], runs["--no-prefix-caching"][policy]
         assert cached["makespan_s"] < uncached["makespan_s"]
+
+
+def test_compare_sweeps_a_policys_argument(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    module = install_module(tmp_path, monkeypatch)
+    out = tmp_path / "sweep"
+    args = ["experiment", "compare", "--trace", str(burst(tmp_path)), "--out", str(out)]
+    result = runner.invoke(
+        app,
+        [*args, "--policies", "fcfs", "--sweep", f"{module}:Newest(scale=[1, 3])",
+         "--duration", "10", "--warmup", "0"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    labels = [r["label"] for r in json.loads((out / "metrics.json").read_text())["runs"]]
+    assert labels == ["fcfs", "Newest(scale=1)", "Newest(scale=3)"]
+    line = error_line([*args, "--sweep", "rpm:5"])
+    assert line.startswith("error: --sweep: sweep 'rpm:5': only a policy of one's own")

@@ -226,3 +226,23 @@ def test_what_reports_call_a_policy(module: str) -> None:
     with pytest.raises(PolicyError, match="label= takes a non-empty string"):
         make_policy(f"{module}:Newest(label='')")
     assert policy_label("tf_no_such_module:X") == "tf_no_such_module:X"  # as written
+
+
+def test_a_sweep_is_every_point_of_its_grid(module: str) -> None:
+    from tokenfair.core.policies.loading import policy_label, sweep_specs
+
+    specs = sweep_specs(f"{module}:Newest(scale=[1, 2], tag=['a', 'b'], label='x')")
+    assert specs == [
+        f"{module}:Newest(scale=1, tag='a')",
+        f"{module}:Newest(scale=1, tag='b')",
+        f"{module}:Newest(scale=2, tag='a')",
+        f"{module}:Newest(scale=2, tag='b')",
+    ]
+    assert [make_policy(s).scale for s in specs] == [1, 1, 2, 2]
+    assert len({policy_label(s) for s in specs}) == 4  # the points stay apart in reports
+    with pytest.raises(PolicyError, match="as a list"):
+        sweep_specs(f"{module}:Newest(scale=2)")
+    with pytest.raises(PolicyError, match="only a policy of one's own"):
+        sweep_specs("rpm:5")
+    with pytest.raises(PolicyError, match="is empty"):
+        sweep_specs(f"{module}:Newest(scale=[])")

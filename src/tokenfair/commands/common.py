@@ -290,3 +290,22 @@ def say_failures(result: ExperimentResult) -> None:
         for line in result.failures:
             console.print(f"[red]error:[/red] {escape(line)}")
         raise typer.Exit(code=1)
+
+
+SWEEP_HELP = (
+    "A policy of your own over a grid of its arguments, each given as a list taking "
+    'each of its values: "mypkg.fair:DecayVTC(half_life_s=[10, 30, 120])" runs three.'
+)
+
+
+def with_sweep(policies: list[str], sweep: str | None) -> list[str]:
+    """`policies` and the points of the `--sweep` spec (its one-line error if bad)."""
+    if not sweep:
+        return policies
+    from tokenfair.core.policies import PolicyError
+    from tokenfair.core.policies.loading import sweep_specs
+
+    try:
+        return [*policies, *sweep_specs(sweep)]
+    except PolicyError as error:
+        fail(f"--sweep: {error}")

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from tokenfair.bundled import data_dir
 from tokenfair.commands.common import (
+    SWEEP_HELP,
     check_output_folder,
     check_policies,
     check_weights,
@@ -28,6 +29,7 @@ from tokenfair.commands.common import (
     read_trace_file,
     read_weights_file,
     say_failures,
+    with_sweep,
 )
 from tokenfair.commands.simulate import PRESET_HELP, build_config
 from tokenfair.core.policies.loading import policy_label, split_policies
@@ -230,13 +232,14 @@ def paper(
             "built-in names."
         ),
     ] = "",
+    sweep: Annotated[str | None, typer.Option(help=SWEEP_HELP)] = None,
 ) -> None:
     """Run the paper's experiments: every synthetic suite and the arena trace under FCFS, LCF, VTC (+predict, +oracle), RPM(5/20/30), vtc-preempt and weighted VTC, plus the KV pool / request length ablation; write OUT/report.md and OUT/report.html with figures.
 
     \b
     Example: tokenfair experiment paper --quick --out experiments/paper
     """
-    extra = split_policies(policies)
+    extra = with_sweep(split_policies(policies), sweep)
     check_policies(extra)
     check_output_folder(out)
     folder = paper_data(shared)
@@ -287,13 +290,14 @@ def compare(
             "paper: off (its system had none); engine: on (as vLLM).",
         ),
     ] = None,
+    sweep: Annotated[str | None, typer.Option(help=SWEEP_HELP)] = None,
 ) -> None:
     """Replay a trace under several policies (simulated; the paper's system, or the engine preset) and write the same report, figures and per-request results as `experiment paper`.
 
     \b
     Example: tokenfair experiment compare --trace ../shared/traces/arena_vtc_600s.jsonl --policies fcfs,vtc,rpm:20 --out cmp
     """
-    chosen = split_policies(policies)
+    chosen = with_sweep(split_policies(policies), sweep)
     if not chosen:
         fail("--policies is empty: name at least one policy, e.g. fcfs,vtc")
     check_policies(chosen)

@@ -43,6 +43,7 @@ import contextlib
 import importlib
 import importlib.metadata
 import inspect
+import itertools
 import re
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -360,3 +361,26 @@ def split_policies(text: str) -> list[str]:
             start = index + 1
     specs.append(text[start:])
     return [spec.strip() for spec in specs if spec.strip()]
+
+
+def sweep_specs(spec: str) -> list[str]:
+    """A policy of one's own over a grid: each argument given as a list takes each of
+    its values in turn, `mod:P(a=[1, 2], b=[0.5, 1])` -> four specs, `mod:P(a=1, b=0.5)`
+    first (the last argument varies fastest). PolicyError for a spec with no list, or a
+    built-in name (one takes its one argument after a colon: list them instead)."""
+    if not is_user_spec(spec):
+        raise PolicyError(
+            f"sweep {spec!r}: only a policy of one's own sweeps its arguments; list "
+            "built-in settings in --policies instead (e.g. rpm:5,rpm:20)"
+        )
+    parsed = parse_spec(spec)
+    grid = {k: v if isinstance(v, list) else [v] for k, v in parsed.arguments.items()}
+    if not any(isinstance(v, list) for v in parsed.arguments.values()):
+        raise PolicyError(f"sweep {spec!r}: give at least one argument as a list, e.g. x=[1, 2]")
+    if any(not values for values in grid.values()):
+        raise PolicyError(f"sweep {spec!r}: an argument's list is empty")
+    specs = []
+    for values in itertools.product(*grid.values()):
+        given = ", ".join(f"{key}={value!r}" for key, value in zip(grid, values, strict=True))
+        specs.append(f"{parsed.target}({given})")
+    return specs
