@@ -133,7 +133,7 @@ class Gateway:
             return None
         from tokenfair.gateway.replicas.leases import CapacityLeases
 
-        ledger = CapacityLeases(
+        leases = CapacityLeases(
             r.url,
             self.pool.upstreams,
             self.waiting_demand,
@@ -144,8 +144,8 @@ class Gateway:
             idle_interval_s=r.heartbeat_s,
             ttl_s=r.gateway_ttl_s,
         )
-        self.admission.on_wait = ledger.nudge
-        return ledger
+        self.admission.on_wait = leases.nudge
+        return leases
 
     def waiting_demand(self) -> dict[str, ModelDemand]:
         """What the requests waiting here need, per model: the best claim among them

@@ -106,7 +106,7 @@ _SERIES: tuple[tuple[str, str, str, Callable[[TenantStats], int]], ...] = (
 )
 
 
-class _LedgerCollector:
+class _DriverCollector:
     """Reads the driver at scrape time (from the HTTP thread: copies only)."""
 
     def __init__(self, driver: PolicyDriver[Any], engine: str):
@@ -144,7 +144,7 @@ def serve_prometheus(driver: PolicyDriver[Any], host: str, port: int, engine: st
     from prometheus_client import CollectorRegistry, start_http_server
 
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(_LedgerCollector(driver, engine))
+    registry.register(_DriverCollector(driver, engine))
     try:
         server, _thread = start_http_server(port, addr=host, registry=registry)
     except OSError as error:
