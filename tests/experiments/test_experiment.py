@@ -262,3 +262,31 @@ def test_ones_own_policy_joins_the_paper_report_under_its_label(quick_paper):
     assert "Left out:" in report and BROKEN not in quick_paper.settings["policies"]
     summary = json.loads((out / "metrics.json").read_text())
     assert {r["label"] for r in summary["runs"]} >= {"newest", "vtc"}
+
+
+def test_the_suites_over_several_draws_give_each_policys_mean_and_range(tmp_path, shared_dir):
+    from tokenfair.experiments.workloads import suite_workload
+
+    result = run_paper_experiment(
+        tmp_path, True, shared_dir, suites=["overload"], ablation=False, locality=False,
+        neighbor=False, seeds=3,
+    )  # fmt: skip
+    publish(result)
+    # The tables keep draw 0, as without seeds.
+    assert [o.job.variant for o in result.outcomes_for("overload")] == ["", ""]
+    spreads = {row.policy: row for row in result.seed_spreads}
+    assert sorted(spreads) == ["fcfs", "vtc"] and {r.seeds for r in spreads.values()} == {3}
+    for policy, row in spreads.items():
+        draws = [
+            run_job(Job(suite_workload("overload", seed), policy, SchedulerConfig.paper()))
+            for seed in range(3)
+        ]
+        values = [d.report.max_diff for d in draws]
+        assert row.max_diff.low == min(values) and row.max_diff.high == max(values)
+        assert row.max_diff.mean == pytest.approx(sum(values) / 3)
+        assert len(set(values)) > 1  # the draws differ: a range worth reporting
+    report = (tmp_path / "report.md").read_text()
+    assert "### Across seeds" in report and "| overload | vtc | 3 |" in report
+    summary = json.loads((tmp_path / "metrics.json").read_text())
+    assert summary["settings"]["seeds"] == 3 and len(summary["seeds"]) == 2
+    assert (tmp_path / "results" / "overload" / "vtc_seed-2.jsonl").is_file()

@@ -233,6 +233,14 @@ def paper(
         ),
     ] = "",
     sweep: Annotated[str | None, typer.Option(help=SWEEP_HELP)] = None,
+    seeds: Annotated[
+        int,
+        typer.Option(
+            help="Draws of every synthetic suite (seeds 0 .. N-1): the report adds each "
+            "policy's mean and range over them (the tables keep seed 0).",
+            min=1,
+        ),
+    ] = 1,
 ) -> None:
     """Run the paper's experiments: every synthetic suite and the arena trace under FCFS, LCF, VTC (+predict, +oracle), RPM(5/20/30), vtc-preempt and weighted VTC, plus the KV pool / request length ablation; write OUT/report.md and OUT/report.html with figures.
 
@@ -245,7 +253,7 @@ def paper(
     folder = paper_data(shared)
     with progress_bar("paper experiment") as advance:
         result = run_paper_experiment(
-            out, quick, folder, advance, workers=workers, extra_policies=extra
+            out, quick, folder, advance, workers=workers, extra_policies=extra, seeds=seeds
         )
     publish(result)
     print_summary(result, ARENA)

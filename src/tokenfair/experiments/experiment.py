@@ -59,6 +59,7 @@ from tokenfair.experiments.runner import (
     RunOutcome,
     run_jobs,
 )
+from tokenfair.experiments.seeds import SeedSpread, is_seed_outcome, reseeded, seed_spreads
 from tokenfair.experiments.summary import RunSummary, summary_row
 from tokenfair.experiments.targets import TargetCheck, check_targets
 from tokenfair.experiments.workloads import (
@@ -66,6 +67,7 @@ from tokenfair.experiments.workloads import (
     PAPER_SUITES,
     Workload,
     paper_workloads,
+    suite_workload,
     trace_workload,
 )
 from tokenfair.fairness.metrics import DEFAULT_WARMUP_S, DEFAULT_WINDOW_S
@@ -123,6 +125,9 @@ class ExperimentResult:
     neighbor_settings: dict[str, Any] = field(default_factory=dict)
     # Policies that raised inside a hook: left out of everything above, one line each.
     failures: list[str] = field(default_factory=list)
+    # The synthetic suites over several draws (experiments/seeds.py), when asked.
+    seed_spreads: list[SeedSpread] = field(default_factory=list)
+    seed_outcomes: list[RunOutcome] = field(default_factory=list)  # draws 1 .. N-1
 
     def outcomes_for(self, workload: str) -> list[RunOutcome]:
         return [o for o in self.outcomes if o.workload.name == workload]
@@ -153,13 +158,13 @@ def _result_path(out_dir: Path, outcome: RunOutcome) -> Path:
     # anything: each other character becomes a dash.
     stem = re.sub(r"[^\w.=-]", "-", outcome.label)
     if outcome.job.variant:
-        stem += "_" + outcome.job.variant.replace("=", "-")
+        stem += "_" + re.sub(r"[^\w.-]", "-", outcome.job.variant)  # kv-5000, seed-2
     return out_dir / "results" / outcome.workload.name / f"{stem}.jsonl"
 
 
 def write_run_files(result: ExperimentResult) -> None:
     """Per-request results of every run and metrics.json with every summary row."""
-    for outcome in result.outcomes:
+    for outcome in [*result.outcomes, *result.seed_outcomes]:
         path = _result_path(result.out_dir, outcome)
         path.parent.mkdir(parents=True, exist_ok=True)
         write_results(outcome.results, path)
@@ -193,6 +198,8 @@ def write_run_files(result: ExperimentResult) -> None:
             "settings": result.locality.settings,
             "rows": [asdict(row) for row in result.locality.rows],
         }
+    if result.seed_spreads:
+        summary["seeds"] = [asdict(row) for row in result.seed_spreads]
     if result.neighbor:
         summary["long_neighbor"] = {
             "settings": result.neighbor_settings,
@@ -264,6 +271,7 @@ def run_paper_experiment(
     locality: bool = True,
     neighbor: bool = True,
     extra_policies: Sequence[str] = (),
+    seeds: int = 1,
 ) -> ExperimentResult:
     """The paper's experiments: the arena table, every synthetic suite, the ablation,
     and beyond the paper the locality experiment (clients sharing prompt prefixes).
@@ -272,8 +280,12 @@ def run_paper_experiment(
     experiment on one seed; the arena trace always runs under every policy of the
     paper's table. `suites` picks a subset (tests). `extra_policies` (one's own, or
     other built-in names) run beside the paper's on the arena trace and every suite; one
-    that fails is left out and said in `failures`, the others' results kept.
+    that fails is left out and said in `failures`, the others' results kept. `seeds` > 1
+    draws every synthetic suite that many times (experiments/seeds.py): the tables keep
+    draw 0, `seed_spreads` gives each policy's mean and range over all of them.
     """
+    if seeds < 1:
+        raise ValueError(f"seeds must be >= 1, got {seeds}")
     started = time.perf_counter()
     config = SchedulerConfig.paper()
     workloads = paper_workloads(shared_dir, PAPER_SUITES if suites is None else suites)
@@ -284,6 +296,8 @@ def run_paper_experiment(
     for workload in workloads:
         policies = arena_policies if workload.name == ARENA else suite_policies
         jobs += [Job(workload, p, config) for p in policies_for(workload, policies)]
+    suite_jobs = [job for job in jobs if job.workload.name != ARENA]
+    jobs += reseeded(suite_jobs, seeds, suite_workload)  # draws 1 .. seeds-1
     if ablation:
         jobs += ablation_jobs(QUICK_ABLATION_POLICIES if quick else ABLATION_POLICIES)
     locality_seeds = DEFAULT_SEEDS[:1] if quick else DEFAULT_SEEDS
@@ -295,6 +309,8 @@ def run_paper_experiment(
     failures: list[PolicyFailed] = []
     outcomes = run_jobs(jobs, workers, progress, failures)
     failed = {f.policy for f in failures}
+    seeded = [o for o in outcomes if is_seed_outcome(o)]
+    outcomes = [o for o in outcomes if not is_seed_outcome(o)]
     neighbor_outcomes = [o for o in outcomes if is_neighbor_outcome(o)]
     outcomes = [o for o in outcomes if not is_neighbor_outcome(o)]
     locality_outcomes = [o for o in outcomes if o.workload.name in LOCALITY_POOLS]
@@ -334,7 +350,11 @@ def run_paper_experiment(
         neighbor=neighbor_rows(neighbor_outcomes),
         neighbor_settings=neighbor_settings(neighbor_seeds) if neighbor_outcomes else {},
         failures=[str(f) for f in failures],
+        seed_spreads=seed_spreads([o for o in main if o.workload.name != ARENA] + seeded),
+        seed_outcomes=seeded,
     )
+    if seeds > 1:
+        result.settings["seeds"] = seeds
     return _finish(result, started)
 
 

@@ -35,6 +35,7 @@ from tokenfair.report.figures import Figure, experiment_figures
 from tokenfair.report.locality_report import locality_blocks, plot_locality
 from tokenfair.report.narrative import workload_paragraph
 from tokenfair.report.neighbor_report import neighbor_blocks, plot_step_share
+from tokenfair.report.seeds_report import seed_blocks
 from tokenfair.report.validation_figure import validation_figures
 
 ARENA = "arena"
@@ -336,6 +337,7 @@ def report_blocks(result: ExperimentResult, figures: Sequence[Figure]) -> list[B
             workload_table(outcomes),
             *_images(figures, workload.name),
         ]
+    blocks += seed_blocks(result.seed_spreads)
     blocks += ablation_blocks(result.ablation, figures)
     if result.locality is not None:
         locality_figure = next((f.path for f in figures if f.workload == LOCALITY), None)
