@@ -68,8 +68,8 @@ BROKEN = f"{MODULE}:Broken"
 
 @pytest.fixture(scope="module")
 def quick_paper(tmp_path_factory, shared_dir):
-    """The quick paper experiment on the arena trace and one suite (no ablation), with
-    a policy of one's own and a failing one beside the paper's."""
+    """The quick paper experiment on the arena trace and every suite (no ablation, no
+    locality), with a policy of one's own and a failing one beside the paper's."""
     out = tmp_path_factory.mktemp("paper")
     with pytest.MonkeyPatch.context() as monkeypatch:
         install_module(tmp_path_factory.mktemp("policies"), monkeypatch)
@@ -77,9 +77,9 @@ def quick_paper(tmp_path_factory, shared_dir):
             out,
             True,
             shared_dir,
-            suites=["overload"],
             ablation=False,
             locality=False,
+            neighbor=False,
             extra_policies=[MINE, BROKEN],
         )
         publish(result)
@@ -290,3 +290,15 @@ def test_the_suites_over_several_draws_give_each_policys_mean_and_range(tmp_path
     summary = json.loads((tmp_path / "metrics.json").read_text())
     assert summary["settings"]["seeds"] == 3 and len(summary["seeds"]) == 2
     assert (tmp_path / "results" / "overload" / "vtc_seed-2.jsonl").is_file()
+
+
+@pytest.mark.slow
+def test_the_docs_tables_are_what_this_code_measures(quick_paper):
+    """docs/experiments.md's arena and suite tables, rendered from this run's
+    metrics.json (`python -m tokenfair.report.docs_tables` prints them to paste)."""
+    from tokenfair.report.docs_tables import arena_table, suites_table
+
+    runs = json.loads((quick_paper.out_dir / "metrics.json").read_text())["runs"]
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "experiments.md").read_text()
+    for table in (arena_table(runs), suites_table(runs)):
+        assert table in docs, f"docs/experiments.md should hold:\n{table}"
