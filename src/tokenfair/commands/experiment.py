@@ -31,7 +31,12 @@ from tokenfair.commands.common import (
     say_failures,
     with_sweep,
 )
-from tokenfair.commands.simulate import PRESET_HELP, build_config
+from tokenfair.commands.simulate import (
+    KvTokensOption,
+    PrefixCachingOption,
+    PresetOption,
+    build_config,
+)
 from tokenfair.core.policies.loading import policy_label, split_policies
 from tokenfair.experiments.experiment import ExperimentResult, run_compare, run_paper_experiment
 from tokenfair.experiments.locality import (
@@ -285,19 +290,9 @@ def compare(
         Path | None, typer.Option(help="JSON {client: weight}; adds wvtc to the policies.")
     ] = None,
     workers: Annotated[int, typer.Option(help="Simulations run in parallel.")] = DEFAULT_WORKERS,
-    preset: Annotated[str, typer.Option(help=PRESET_HELP)] = "paper",
-    kv_tokens: Annotated[
-        int | None,
-        typer.Option(help="KV pool in tokens. paper: 10,000; engine: required.", min=1),
-    ] = None,
-    prefix_caching: Annotated[
-        bool | None,
-        typer.Option(
-            "--prefix-caching/--no-prefix-caching",
-            help="Reuse cached prompt prefixes (trace prefix_group/prefix_tokens). "
-            "paper: off (its system had none); engine: on (as vLLM).",
-        ),
-    ] = None,
+    preset: PresetOption = "paper",
+    kv_tokens: KvTokensOption = None,
+    prefix_caching: PrefixCachingOption = None,
     sweep: Annotated[str | None, typer.Option(help=SWEEP_HELP)] = None,
 ) -> None:
     """Replay a trace under several policies (simulated; the paper's system, or the engine preset) and write the same report, figures and per-request results as `experiment paper`.

@@ -48,6 +48,19 @@ PRESET_HELP = (
     "vLLM-like (optimistic admission, fused chunked prefill, 16-token blocks, "
     "preemption; --kv-tokens required)."
 )
+# The system a run simulates, as `simulate` and `experiment compare` take it.
+PresetOption = Annotated[str, typer.Option(help=PRESET_HELP)]
+KvTokensOption = Annotated[
+    int | None, typer.Option(help="KV pool in tokens. paper: 10,000; engine: required.", min=1)
+]
+PrefixCachingOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--prefix-caching/--no-prefix-caching",
+        help="Reuse cached prompt prefixes (trace prefix_group/prefix_tokens). "
+        "paper: off (its system had none); engine: on (as vLLM).",
+    ),
+]
 
 
 def build_config(
@@ -161,11 +174,8 @@ def simulate(
     profile: Annotated[
         str, typer.Option(help="Step-time profile: a shipped name (tokenfair profiles) or JSON.")
     ] = "a10g-llama-7b",
-    preset: Annotated[str, typer.Option(help=PRESET_HELP)] = "paper",
-    kv_tokens: Annotated[
-        int | None,
-        typer.Option(help="KV pool in tokens. paper: 10,000; engine: required.", min=1),
-    ] = None,
+    preset: PresetOption = "paper",
+    kv_tokens: KvTokensOption = None,
     admission: Annotated[
         str | None, typer.Option(help="reserve | optimistic. paper: reserve; engine: optimistic.")
     ] = None,
@@ -199,14 +209,7 @@ def simulate(
     cost: Annotated[
         str, typer.Option(help="Counter cost: linear (w_in=1, w_out=2) or profiled.")
     ] = "linear",
-    prefix_caching: Annotated[
-        bool | None,
-        typer.Option(
-            "--prefix-caching/--no-prefix-caching",
-            help="Reuse cached prompt prefixes (trace prefix_group/prefix_tokens). "
-            "paper: off (its system had none); engine: on (as vLLM).",
-        ),
-    ] = None,
+    prefix_caching: PrefixCachingOption = None,
     charge_cached_tokens: Annotated[
         float,
         typer.Option(
