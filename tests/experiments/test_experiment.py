@@ -302,3 +302,30 @@ def test_the_docs_tables_are_what_this_code_measures(quick_paper):
     docs = (Path(__file__).resolve().parents[2] / "docs" / "experiments.md").read_text()
     for table in (arena_table(runs), suites_table(runs)):
         assert table in docs, f"docs/experiments.md should hold:\n{table}"
+
+
+def test_the_ablation_figure_has_a_row_for_ones_own_policy(tmp_path, monkeypatch):
+    from tokenfair.experiments.ablation import ablation_jobs
+    from tokenfair.experiments.runner import run_jobs
+    from tokenfair.report.figures import plot_ablation
+
+    install_module(tmp_path, monkeypatch)
+    # The point both sweeps share (a 10,000-token pool, 256/256 tokens): enough to draw.
+    jobs = [
+        j
+        for j in ablation_jobs(["vtc", MINE])
+        if j.config.kv_tokens == 10_000 and j.workload.records[0].input_tokens == 256
+    ]
+    assert len(jobs) == 2
+    outcomes = run_jobs(jobs, workers=1)
+    assert {o.label for o in outcomes} == {"vtc", "newest"}
+    figure = plot_ablation(outcomes, tmp_path)
+    image = plt_image_size(tmp_path / figure.path)
+    assert image[1] > 1.5 * image[0] * 4.2 / 12  # two rows of panels: VTC, then newest
+
+
+def plt_image_size(path: Path) -> tuple[int, int]:
+    """(width, height) of a PNG, from its header."""
+    header = path.read_bytes()[:24]
+    assert header[:8] == PNG_MAGIC
+    return int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")

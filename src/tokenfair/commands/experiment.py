@@ -232,9 +232,9 @@ def paper(
     policies: Annotated[
         str,
         typer.Option(
-            help="More policies, comma-separated, run beside the paper's on the arena trace "
-            "and every suite: your own (mypkg.mod:MyPolicy(key=value, label='mine')) or "
-            "built-in names."
+            help="More policies, comma-separated, run beside the paper's on the arena trace, "
+            "every suite and the ablation: your own "
+            "(mypkg.mod:MyPolicy(key=value, label='mine')) or built-in names."
         ),
     ] = "",
     sweep: Annotated[str | None, typer.Option(help=SWEEP_HELP)] = None,

@@ -279,7 +279,8 @@ def run_paper_experiment(
     `quick` runs the suites and the ablation under fewer policies and the locality
     experiment on one seed; the arena trace always runs under every policy of the
     paper's table. `suites` picks a subset (tests). `extra_policies` (one's own, or
-    other built-in names) run beside the paper's on the arena trace and every suite; one
+    other built-in names) run beside the paper's on the arena trace, every suite and the
+    ablation; one
     that fails is left out and said in `failures`, the others' results kept. `seeds` > 1
     draws every synthetic suite that many times (experiments/seeds.py): the tables keep
     draw 0, `seed_spreads` gives each policy's mean and range over all of them.
@@ -299,7 +300,8 @@ def run_paper_experiment(
     suite_jobs = [job for job in jobs if job.workload.name != ARENA]
     jobs += reseeded(suite_jobs, seeds, suite_workload)  # draws 1 .. seeds-1
     if ablation:
-        jobs += ablation_jobs(QUICK_ABLATION_POLICIES if quick else ABLATION_POLICIES)
+        ablating = QUICK_ABLATION_POLICIES if quick else ABLATION_POLICIES
+        jobs += ablation_jobs([*ablating, *extras])
     locality_seeds = DEFAULT_SEEDS[:1] if quick else DEFAULT_SEEDS
     if locality:
         jobs += locality_jobs(locality_seeds)

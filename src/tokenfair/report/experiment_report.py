@@ -187,7 +187,7 @@ def _trend(values: Sequence[float]) -> str:
 def _ablation_table(rows: Sequence[AblationRow], caption: str) -> Table:
     body = tuple(
         (
-            r.policy,
+            policy_label(r.policy),
             f"{r.kv_tokens:,}",
             f"{r.length}/{r.length}",
             f"{r.max_acc_diff:,.0f}",

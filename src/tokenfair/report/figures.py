@@ -326,26 +326,14 @@ def plot_arena_table(outcomes: Sequence[RunOutcome], out_dir: Path) -> Figure:
 
 
 def plot_ablation(outcomes: Sequence[RunOutcome], out_dir: Path) -> Figure:
-    """VTC's accumulated service difference over time per KV pool and request length."""
-    vtc = [o for o in outcomes if o.policy == "vtc"]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), layout="constrained")
-    sweeps = (
-        (axes[0], lambda o: o.workload.records[0].input_tokens == BASE_LENGTH, "KV pool"),
-        (axes[1], lambda o: o.job.config.kv_tokens == BASE_KV_TOKENS, "request length"),
+    """VTC's accumulated service difference over time per KV pool and request length,
+    and below it that of every policy of one's own that ran the ablation."""
+    shown = ["vtc", *dict.fromkeys(o.policy for o in outcomes if not is_builtin(o.policy))]
+    fig, grid = plt.subplots(
+        len(shown), 2, figsize=(12, 4.2 * len(shown)), squeeze=False, layout="constrained"
     )
-    for ax, keep, factor in sweeps:
-        for outcome in sorted(
-            filter(keep, vtc), key=lambda o: (o.job.config.kv_tokens, o.workload.name)
-        ):
-            kv, length = outcome.job.config.kv_tokens, outcome.workload.records[0].input_tokens
-            label = f"pool {kv:,} tokens" if factor == "KV pool" else f"{length}/{length} tokens"
-            curve = outcome.report.accumulated_difference
-            ax.plot(curve.times, curve.values, label=label, linewidth=1.6)
-        ax.set_title(f"VTC: accumulated service difference vs {factor}")
-        ax.set_xlabel("time (s)")
-        ax.set_ylabel(f"accumulated service difference ({SERVICE_UNIT})")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    for axes, policy in zip(grid, shown, strict=True):
+        _ablation_row(axes, [o for o in outcomes if o.policy == policy])
     path = _save(fig, out_dir, "ablation.png")
     caption = (
         "Two backlogged clients (3 and 6 req/s at 256/256 tokens, x 256/length for longer "
@@ -353,6 +341,28 @@ def plot_ablation(outcomes: Sequence[RunOutcome], out_dir: Path) -> Figure:
         f"10k/35k/65k-token pool; right: {BASE_KV_TOKENS:,}-token pool, 256/512/768 tokens."
     )
     return Figure(path, "ablation: KV pool size and request length", caption, "ablation")
+
+
+def _ablation_row(axes: Sequence[plt.Axes], runs: Sequence[RunOutcome]) -> None:
+    """One policy's accumulated difference, against the pool (left) and the length."""
+    sweeps = (
+        (axes[0], lambda o: o.workload.records[0].input_tokens == BASE_LENGTH, "KV pool"),
+        (axes[1], lambda o: o.job.config.kv_tokens == BASE_KV_TOKENS, "request length"),
+    )
+    name = "VTC" if runs and runs[0].policy == "vtc" else (runs[0].label if runs else "")
+    for ax, keep, factor in sweeps:
+        for outcome in sorted(
+            filter(keep, runs), key=lambda o: (o.job.config.kv_tokens, o.workload.name)
+        ):
+            kv, length = outcome.job.config.kv_tokens, outcome.workload.records[0].input_tokens
+            label = f"pool {kv:,} tokens" if factor == "KV pool" else f"{length}/{length} tokens"
+            curve = outcome.report.accumulated_difference
+            ax.plot(curve.times, curve.values, label=label, linewidth=1.6)
+        ax.set_title(f"{name}: accumulated service difference vs {factor}")
+        ax.set_xlabel("time (s)")
+        ax.set_ylabel(f"accumulated service difference ({SERVICE_UNIT})")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
 
 
 def experiment_figures(result: ExperimentResult) -> list[Figure]:
