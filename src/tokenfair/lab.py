@@ -19,7 +19,6 @@ class need not be importable: runs here stay in this process.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
 from tokenfair.bundled import DATASETS, dataset
@@ -63,19 +62,11 @@ def trace(
 def config(
     preset: str = "paper", kv_tokens: int | None = None, prefix_caching: bool | None = None
 ) -> SchedulerConfig:
-    """The scheduler a run has: the paper's router (10,000-token pool by default) or the
-    vLLM-like engine preset (`kv_tokens` required; prefix caching on unless told not)."""
-    if preset == "paper":
-        built = SchedulerConfig.paper(kv_tokens or 10_000)
-        caching = False if prefix_caching is None else prefix_caching
-    elif preset == "engine":
-        if kv_tokens is None:
-            raise ValueError("the engine preset needs kv_tokens: the KV pool in tokens")
-        built = SchedulerConfig(kv_tokens=kv_tokens)
-        caching = True if prefix_caching is None else prefix_caching
-    else:
-        raise ValueError(f"preset {preset!r}: expected 'paper' or 'engine'")
-    return replace(built, enable_prefix_caching=caching)
+    """The scheduler a run has, as `tokenfair simulate --preset` builds it: the paper's
+    router (10,000-token pool by default) or the vLLM-like engine preset (`kv_tokens`
+    required; prefix caching on unless told not). ConfigError (a ValueError) otherwise."""
+    given = {} if prefix_caching is None else {"enable_prefix_caching": prefix_caching}
+    return SchedulerConfig.preset(preset, kv_tokens, **given)
 
 
 def settings(workload: Workload) -> PolicySettings:

@@ -34,11 +34,11 @@ from tokenfair.commands.common import (
 )
 from tokenfair.core.policies import make_policy
 from tokenfair.core.scheduler import ConfigError, SchedulerConfig
+from tokenfair.core.scheduler_config import PAPER_KV_TOKENS
 from tokenfair.results import ResultRecord, write_results
 from tokenfair.workloads.trace import TraceRecord
 
 PRESETS = ("paper", "engine")
-PAPER_KV_TOKENS = 10_000
 # Warn when recompute/swap preemptions exceed this share of requests.
 PREEMPTION_WARNING_SHARE = 0.1
 
@@ -109,12 +109,7 @@ def build_config(
     if swap_tokens and preemption != "swap":
         warn("--swap-tokens has no effect without --preemption swap")
     try:
-        if preset == "paper":
-            return SchedulerConfig.paper(kv_tokens or PAPER_KV_TOKENS, **settings)
-        # A vLLM-like engine caches prefixes unless told not to, as vLLM does.
-        return SchedulerConfig.from_dict(
-            {"kv_tokens": kv_tokens, "enable_prefix_caching": True, **settings}
-        )
+        return SchedulerConfig.preset(preset, kv_tokens, **settings)
     except (ConfigError, TypeError) as error:
         fail(name_options(str(error)))
 

@@ -10,6 +10,8 @@ from typing import Any, Literal
 # The paper's runs serve every client through its own rank-8 LoRA adapter (dummy
 # weights, also in the runs "without" LoRA); S-LoRA's pool holds 4 x rank per adapter.
 PAPER_ADAPTER_TOKENS = 4 * 8
+# The paper's runs: a 10,000-token KV pool (SPEC section 5).
+PAPER_KV_TOKENS = 10_000
 
 
 # A pool larger than any block, for checking the other settings before the engine sizes it.
@@ -115,7 +117,22 @@ class SchedulerConfig:
         return self.swap_tokens // self.block_size
 
     @classmethod
-    def paper(cls, kv_tokens: int = 10_000, **overrides: object) -> SchedulerConfig:
+    def preset(
+        cls, name: str, kv_tokens: int | None = None, **overrides: object
+    ) -> SchedulerConfig:
+        """A named system with `overrides` on top: `paper` (`paper()`, a 10,000-token
+        pool by default) or `engine` (vLLM-like: these defaults, `kv_tokens` required,
+        prefix caching on unless overridden, as vLLM's). ConfigError names what is wrong."""
+        if name == "paper":
+            return cls.paper(kv_tokens or PAPER_KV_TOKENS, **overrides)
+        if name != "engine":
+            raise ConfigError(f"preset {name!r}: expected 'paper' or 'engine'")
+        if kv_tokens is None:
+            raise ConfigError("the engine preset needs kv_tokens: the KV pool in tokens")
+        return cls.from_dict({"kv_tokens": kv_tokens, "enable_prefix_caching": True, **overrides})
+
+    @classmethod
+    def paper(cls, kv_tokens: int = PAPER_KV_TOKENS, **overrides: object) -> SchedulerConfig:
         """The S-LoRA/LightLLM router behind the paper's reference numbers (SPEC 5)."""
         settings: dict[str, object] = dict(
             kv_tokens=kv_tokens,
