@@ -120,10 +120,13 @@ def policy_label(spec: str) -> str:
         return spec.strip()
     name = getattr(cls, "name", Policy.name)
     base = name if isinstance(name, str) and name != Policy.name else cls.__name__
-    if not parsed.arguments:
-        return base
-    given = ", ".join(f"{key}={value!r}" for key, value in parsed.arguments.items())
-    return f"{base}({given})"
+    return _call_text(base, parsed.arguments) if parsed.arguments else base
+
+
+def _call_text(target: str, arguments: dict[str, Any]) -> str:
+    """`target(key=value, ...)`, each value as a Python literal (as a spec writes it)."""
+    given = ", ".join(f"{key}={value!r}" for key, value in arguments.items())
+    return f"{target}({given})"
 
 
 def _arguments(spec: str, rest: str) -> dict[str, Any]:
@@ -266,8 +269,9 @@ def construct(parsed: PolicySpec, cls: type[Policy], settings: PolicySettings) -
     _default(policy, "charge_cached_tokens", None, settings.charge_cached_tokens)
     with contextlib.suppress(AttributeError):  # __slots__ without it: the class's stays
         policy.needs = class_needs(cls)
-        if parsed.label is not None:
-            policy.name = parsed.label.strip()  # the spec's label= names it
+    if parsed.label is not None:  # the spec's label= names it, whatever the class says
+        with contextlib.suppress(AttributeError):
+            policy.name = parsed.label.strip()
     return policy
 
 
@@ -379,8 +383,7 @@ def sweep_specs(spec: str) -> list[str]:
         raise PolicyError(f"sweep {spec!r}: give at least one argument as a list, e.g. x=[1, 2]")
     if any(not values for values in grid.values()):
         raise PolicyError(f"sweep {spec!r}: an argument's list is empty")
-    specs = []
-    for values in itertools.product(*grid.values()):
-        given = ", ".join(f"{key}={value!r}" for key, value in zip(grid, values, strict=True))
-        specs.append(f"{parsed.target}({given})")
-    return specs
+    return [
+        _call_text(parsed.target, dict(zip(grid, values, strict=True)))
+        for values in itertools.product(*grid.values())
+    ]
