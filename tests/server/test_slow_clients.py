@@ -236,6 +236,20 @@ def test_without_the_chunk_writer_every_token_goes_through_send(plain_uvicorn):
         assert whole["usage"]["completion_tokens"] == 7
 
 
+def test_without_the_chunk_writer_several_choices_stream_with_their_index(plain_uvicorn):
+    with httpx.Client(base_url=plain_uvicorn, timeout=60) as client:
+        model = client.get("/v1/models").json()["data"][0]["id"]
+        with client.stream("POST", "/v1/completions", json=stream_body(model, 20, n=3)) as r:
+            assert r.status_code == 200
+            chunks = events_of(r.read())
+    texts = ["", "", ""]
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            texts[choice["index"]] += choice["text"]
+    assert texts == [" tok" * 20] * 3
+    assert chunks[-1]["usage"]["completion_tokens"] == 60
+
+
 def running_requests(url: str) -> float:
     text = httpx.get(f"{url}/metrics", timeout=30).text
     return sum(

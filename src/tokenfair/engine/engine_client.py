@@ -95,6 +95,18 @@ class RequestStream:
         """End the reader's `wait()` now."""
         self._event.set()
 
+    @property
+    def wakeup(self) -> asyncio.Event:
+        """Set when an output waits, the stream is done, or `wake()` is called."""
+        return self._event
+
+    def share_wakeup(self, event: asyncio.Event) -> None:
+        """Set `event`, from now on, where this stream would set its own `wakeup`: one
+        reader of several streams (an answer's choices) waits on one event."""
+        self._event = event
+        if self._pending or self.done:
+            event.set()
+
     def take(self) -> list[RequestOutput]:
         """Every output waiting now (none: empty), without waiting."""
         batch = list(self._pending)

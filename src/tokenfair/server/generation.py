@@ -201,7 +201,7 @@ def prepare(
     return prepared
 
 
-@dataclass(slots=True, eq=False)  # eq=False: hashed by identity (ServerState.answering)
+@dataclass(slots=True, eq=False)  # eq=False: compared by identity
 class Job:
     """One request in flight, from admission to its last output."""
 
@@ -271,7 +271,6 @@ class Job:
 
     def close(self) -> None:
         """Always called last: stop the timer, free the admission, abort if unfinished."""
-        self.state.answering.discard(self)
         if self.timer is not None:
             self.timer.cancel()
         self.slot.release()

@@ -18,10 +18,6 @@ from tokenfair.server.model import ModelTokenizer
 DONE = b"data: [DONE]\n\n"
 
 
-def usage(job: Job, completion: int | None = None) -> dict[str, Any]:
-    return usage_of([job], 1, completion)
-
-
 def usage_of(jobs: list[Job], per_prompt: int, completion: int | None = None) -> dict[str, Any]:
     """One answer's usage: each prompt counted once (its first choice's), as OpenAI
     counts them, every choice's output; or, for an answer cut short, the `completion`
@@ -106,10 +102,6 @@ def choice_body(
             "finish_reason": job.finish_reason,
         }
     return {"index": index, "text": text, "logprobs": lp, "finish_reason": job.finish_reason}
-
-
-def completion_body(job: Job, text: str, logprobs: LogprobsBuilder | None) -> dict[str, Any]:
-    return answer_body([(job, text, logprobs)], 1)
 
 
 def answer_body(
@@ -211,10 +203,6 @@ class ChunkEncoder:
                 "finish_reason": reason,
             }
         return self._event({**self._head, "choices": [choice]})
-
-    def usage(self, completion: int | None = None) -> bytes:
-        """The usage event; `completion`: the tokens sent, for a stream cut short."""
-        return self.event_with({"choices": [], "usage": usage(self.job, completion)})
 
     def event_with(self, fields: dict[str, Any]) -> bytes:
         """An event of this answer's id, model and time with these fields."""

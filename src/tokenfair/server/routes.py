@@ -22,18 +22,11 @@ from tokenfair.edge.body import read_body
 from tokenfair.edge.endpoints import COMPLETION_PATHS
 from tokenfair.edge.errors import APIError, ClientGone, ErrorCode, shutting_down, validation_message
 from tokenfair.edge.operator_port import on_port, only_operator_pages
-from tokenfair.server.choices import ChoicesStream, collect, start_all, text_of
+from tokenfair.server.answer_stream import AnswerStream
+from tokenfair.server.choices import collect, start_all
 from tokenfair.server.chunk_write import writer_of
-from tokenfair.server.event_stream import EventStreamResponse
-from tokenfair.server.generation import (
-    Job,
-    prepare,
-    start,
-    timeout_error,
-    watch_disconnect,
-)
+from tokenfair.server.generation import prepare
 from tokenfair.server.protocol import ChatCompletionRequest, CompletionRequest
-from tokenfair.server.responses import completion_body
 from tokenfair.server.state import ServerState
 
 M = TypeVar("M", bound=BaseModel)
@@ -111,39 +104,14 @@ async def generate(
     except APIError as error:  # a 4xx for this tenant's request: refused, not served
         state.metrics.reject(tenant.name, error.code or f"http_{error.status_code}")
         raise
-    if len(prepared) > 1:  # n > 1, or several prompts
-        together = await start_all(state, prepared, body.choices)
-        state.answering.add(together)  # until its close
-        if body.stream:
-            return ChoicesStream(together)
-        answer = await collect(scope, receive, together)
-        if answer is None:
-            return Response(status_code=CLIENT_CLOSED)
-        request_id = together.jobs[0].request.request_id
-        return json_response(answer, headers={"x-request-id": request_id})
-    job = await start(state, prepared[0])
-    state.answering.add(job)  # until its close
-    if prepared[0].stream:
-        return EventStreamResponse(job)
-    return await _collect(scope, receive, job)
-
-
-async def _collect(scope: Scope, receive: Receive, job: Job) -> Response:
-    """One choice's whole answer (several: choices.collect)."""
-    unwatch = watch_disconnect(scope, receive, job)
-    try:
-        _, text, logprobs = await text_of(job)
-    finally:
-        unwatch()
-        job.close()
-    if job.timed_out:
-        raise timeout_error(job)
-    if job.client_gone:
+    answer = await start_all(state, prepared, body.choices)
+    state.answering.add(answer)  # until its close
+    if body.stream:
+        return AnswerStream(answer)
+    whole = await collect(scope, receive, answer)
+    if whole is None:
         return Response(status_code=CLIENT_CLOSED)
-    if job.cut_by is not None:
-        raise job.cut_by
-    headers = {"x-request-id": job.request.request_id}
-    return json_response(completion_body(job, text, logprobs), headers=headers)
+    return json_response(whole, headers={"x-request-id": answer.jobs[0].request.request_id})
 
 
 _BODIES: dict[str, tuple[type[Body], str]] = {

@@ -60,7 +60,7 @@ class ServerConfig:
 
 
 class Answer(Protocol):
-    """A request being answered: one engine request, or the choices of one."""
+    """A request being answered: its choices (server/choices.py), one or several."""
 
     @property
     def streaming(self) -> bool: ...

@@ -1,5 +1,6 @@
 """The one rule for telling a policy that a request starts running, shared by every
-driver that runs requests itself (the core's scheduler, the vLLM plugin's driver):
+driver (the core's scheduler, the vLLM plugin's driver, the gateway's ordering
+policies):
 
 - its first start pays the prompt, priced with what the prefix cache held then;
 - a start after a preemption pays nothing again: the recompute is the system's doing;
@@ -7,8 +8,9 @@ driver that runs requests itself (the core's scheduler, the vLLM plugin's driver
   victim).
 
 A driver tells the policy `on_admit` here and nowhere else, so the three stay
-together. (The gateway starts nothing itself: its upstream runs the request, and it
-charges by its own counters, gateway/flow/fairness.py.)
+together. (The gateway's counter policies charge through the shared counters instead,
+gateway/replicas/counters.py, by the same ledger: a request it dispatches is never
+preempted or started again there, so its one start is its dispatch.)
 """
 
 from __future__ import annotations

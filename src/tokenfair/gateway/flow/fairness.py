@@ -6,7 +6,8 @@
 - `PolicyFairness`: the core's ordering policies by name (fcfs, priority, sjf[:aging],
   rpm:N), or a user's `KeyedPolicy` (`mypkg.mod:MyPolicy`), local to each replica: the
   request first by the policy's sort key goes, `accept` may refuse it at arrival (as
-  `rpm:N` does), and `on_admit` is told when it goes.
+  `rpm:N` does), and it is told when the request goes by the start rule every driver
+  uses (core/policies/starts.py).
 
 This seam is the one door to the counters: the dispatch charge goes with `pick` and
 `take_now`, and what a request costs as it streams (flow/meter.py) with `charge`. None
@@ -22,6 +23,7 @@ from typing import Protocol
 from tokenfair.core.policies import make_policy
 from tokenfair.core.policies.base import KeyedPolicy, Policy
 from tokenfair.core.policies.ledger import Charge
+from tokenfair.core.policies.starts import Starts
 from tokenfair.core.policies.view import PolicyRequest
 from tokenfair.gateway.flow.order import OrderKey
 from tokenfair.gateway.flow.ticket import Ticket
@@ -80,6 +82,7 @@ class PolicyFairness:
         if not isinstance(policy, KeyedPolicy):
             raise ValueError(f"policy {spec!r} does not order by a key")
         self.policy = policy
+        self.starts = Starts(policy)  # the one rule for telling a policy a request goes
 
     def _view(self, ticket: Ticket) -> PolicyRequest:
         if ticket.view is None:
@@ -107,7 +110,7 @@ class PolicyFairness:
 
     async def pick(self, heads: Sequence[Ticket]) -> Ticket:
         chosen = min(heads, key=lambda t: t.key)
-        self.policy.on_admit(self._view(chosen), True, time.monotonic())
+        self.starts.start(self._view(chosen), 0, time.monotonic())
         return chosen
 
     async def take_now(self, ticket: Ticket) -> None:
