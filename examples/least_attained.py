@@ -134,8 +134,8 @@ class LeastAttainedService(Policy):
 
     def on_output(self, request: RequestView, new_tokens: int) -> None:
         # The paper's router makes the first output token in the prefill step and does
-        # not charge it; the driver says so through `charge_first_token`.
-        skip = 0 if self.charge_first_token else 1
+        # not charge it; the driver says so on the request (`first_token_free`).
+        skip = 1 if request.first_token_free else 0
         end = max(0, request.num_output_tokens - skip)
         start = max(0, request.num_output_tokens - new_tokens - skip)
         if end > start:

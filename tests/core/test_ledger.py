@@ -82,8 +82,7 @@ def test_the_descent_picks_the_least_served_group_then_its_least_served_client()
 
 def test_output_charges_come_from_the_reported_counts_and_skip_the_free_first_token():
     book = ledger(cost=ProfiledCost())
-    request = PolicyRequest("r", "a", input_tokens=100)
-    book.charge_first_token = False
+    request = PolicyRequest("r", "a", input_tokens=100, first_token_free=True)
     request.num_output_tokens = 1
     book.charge_output(request, 1)
     assert book.counter("a") == 0.0  # the prefill's own token

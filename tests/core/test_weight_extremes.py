@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tokenfair.core.policies import CounterLedger, PolicySettings
+from tokenfair.core.policies.ledger import chargeable_output
 from tokenfair.core.policies.vtc import VTCPolicy
 from tokenfair.core.scheduler import Scheduler, SchedulerConfig
 from tokenfair.core.share_tree import ShareTree, group_id
@@ -147,8 +148,9 @@ def test_the_scheduler_charges_register_at_the_extreme_weights_after_a_long_run(
             charge(client, service)
 
     def checked_output(request, new_tokens: int) -> None:
-        if ledger.chargeable_output(request.num_output_tokens) > ledger.chargeable_output(
-            request.num_output_tokens - new_tokens
+        free = request.first_token_free
+        if chargeable_output(request.num_output_tokens, free) > chargeable_output(
+            request.num_output_tokens - new_tokens, free
         ):
             charged_registers(ledger, request.client, partial(charge_output, request, new_tokens))
         else:

@@ -116,6 +116,9 @@ class Request:
     # property call there cost 1-2% of the simulator's time. Whoever adds output tokens
     # keeps it current: append_output/extend_output, or Scheduler.update inline.
     num_output_tokens: int = field(default=0, init=False)
+    # Its first output token, made by the prefill, is not charged (the scheduler's
+    # `charge_first_token`, set when it arrives; the policies read it).
+    first_token_free: bool = False
     num_computed_tokens: int = 0  # tokens whose KV is in the cache
     admit_seq: int = -1  # order of the latest admission (victim choice: newest first)
     ever_admitted: bool = False

@@ -53,7 +53,6 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, policy: Policy):
         self.config = config
         self.policy = policy
-        policy.charge_first_token = config.charge_first_token
         self.kv = KVCacheManager(
             config.num_blocks,
             config.block_size,
@@ -91,6 +90,7 @@ class Scheduler:
             self._finish(request, FinishReason.REJECTED, now)
             return False
         request.status = RequestStatus.WAITING
+        request.first_token_free = not self.config.charge_first_token
         self.requests[request.request_id] = request
         self.policy.add(request, now)
         return True

@@ -30,14 +30,8 @@ class Policy:
     needs = Needs()
     # True when on_output must be called as tokens are generated (counter policies).
     charges_output = False
-    # The paper's system does not charge the first output token, which comes out of the
-    # prefill step; the scheduler sets this from its configuration.
-    charge_first_token = True
     # True when on_batch_finish must be called (the paper artifact's charging quirk).
     charges_batch_on_finish = False
-    # What a prompt token served from the prefix cache costs, as a share of a computed
-    # one: 1 charges the prompt as sent (the paper's cost), 0 only the tokens computed.
-    charge_cached_tokens = 1.0
 
     # --- the waiting queue ---
     def add(self, request: RequestView, now: float) -> None:

@@ -62,6 +62,12 @@ def weighted_charge(weighted_path: Sequence[tuple[str, float]], service: float) 
     return tuple((node, service / weight) for node, weight in weighted_path)
 
 
+def chargeable_output(num_output_tokens: int, first_token_free: bool) -> int:
+    """Of `num_output_tokens` generated, how many are charged (the first may be free:
+    `RequestView.first_token_free`)."""
+    return max(0, num_output_tokens - 1) if first_token_free else num_output_tokens
+
+
 class _Level:
     """One group's (or the root's) backlogged children: a heap by counter with one
     live entry per child, and the child admitted last (the lift's reference)."""
@@ -96,9 +102,6 @@ class CounterLedger:
         self.weights = settings.weights
         self.cost = settings.cost
         self.charge_cached_tokens = settings.charge_cached_tokens
-        # The paper's router leaves the first output token (made by the prefill)
-        # uncharged; the scheduler sets this from its configuration.
-        self.charge_first_token = True
         self.lift: LiftRule = lift
         self.ties_to_first_seen = ties_to_first_seen
         self._tree = settings.tree
@@ -214,10 +217,6 @@ class CounterLedger:
     def charge_prompt(self, request: RequestView) -> None:
         self.charge(request.client, self.prompt_service(request))
 
-    def chargeable_output(self, num_output_tokens: int) -> int:
-        """Of `num_output_tokens` generated, how many are charged (the first may be free)."""
-        return num_output_tokens if self.charge_first_token else max(0, num_output_tokens - 1)
-
     def output_service(self, request: RequestView, start: int, end: int) -> float:
         """The cost of chargeable output tokens start+1 .. end."""
         if self._linear_w_out is not None:
@@ -230,7 +229,7 @@ class CounterLedger:
         w_out = self._linear_w_out
         if w_out is not None:
             # The usual case, on every running request at every step: a linear cost.
-            if not self.charge_first_token and produced == new_tokens:
+            if produced == new_tokens and request.first_token_free:
                 new_tokens -= 1  # the first output token, made by the prefill, is free
                 if new_tokens <= 0:
                     return
@@ -243,8 +242,9 @@ class CounterLedger:
             else:
                 self.charge(client, w_out * new_tokens)
             return
-        end = self.chargeable_output(produced)
-        start = self.chargeable_output(produced - new_tokens)
+        free = request.first_token_free
+        end = chargeable_output(produced, free)
+        start = chargeable_output(produced - new_tokens, free)
         if end > start:
             self.charge(request.client, self.cost.output(request.input_tokens, start, end))
 

@@ -96,6 +96,5 @@ def make_policy(
             raise
         message = str(error)
         raise PolicyError(message if spec in message else f"policy {spec!r}: {message}") from None
-    policy.charge_cached_tokens = charge_cached_tokens
     policy.needs = declared.needs  # a built-in's object carries its declaration too
     return policy

@@ -61,6 +61,12 @@ class RequestView(Protocol):
         ...
 
     @property
+    def first_token_free(self) -> bool:
+        """Its first output token is not charged: the driver made it with the prompt's
+        prefill (the paper's router). Set by the driver when the request arrives."""
+        ...
+
+    @property
     def predicted_output_tokens(self) -> int | None:
         """The client's own hint of its output length, where it gave one."""
         ...
@@ -97,6 +103,7 @@ class PolicyRequest:
     target_output_tokens: int | None = None
     cached_tokens: int = 0
     num_output_tokens: int = 0
+    first_token_free: bool = False
     admit_seq: int = -1
     ever_admitted: bool = False  # its prompt is paid (core/policies/starts.py)
     finish_reason: FinishReason | None = None

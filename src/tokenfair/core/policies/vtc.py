@@ -31,7 +31,7 @@ from tokenfair.core.cost import CostFunction
 from tokenfair.core.policies.base import Policy
 from tokenfair.core.policies.batch_share import seat_share_victim
 from tokenfair.core.policies.client_queues import ClientPick, ClientQueue, WaitingQueue
-from tokenfair.core.policies.ledger import CounterLedger, LiftRule
+from tokenfair.core.policies.ledger import CounterLedger, LiftRule, chargeable_output
 from tokenfair.core.policies.memory_share import (
     MemoryAsk,
     holding_victim_key,
@@ -106,22 +106,6 @@ class VTCPolicy(Policy):
     @tree.setter
     def tree(self, tree: ShareTree) -> None:
         self.ledger.tree = tree
-
-    @property
-    def charge_first_token(self) -> bool:
-        return self.ledger.charge_first_token
-
-    @charge_first_token.setter
-    def charge_first_token(self, value: bool) -> None:
-        self.ledger.charge_first_token = value
-
-    @property
-    def charge_cached_tokens(self) -> float:
-        return self.ledger.charge_cached_tokens
-
-    @charge_cached_tokens.setter
-    def charge_cached_tokens(self, value: float) -> None:
-        self.ledger.charge_cached_tokens = value
 
     # --- the waiting queue ---
     def attach_prefix_cache(self, cache: PrefixCache) -> None:
@@ -220,7 +204,7 @@ class VTCPolicy(Policy):
         if self.predictor is None:
             self.ledger.charge_output(request, new_tokens)
             return
-        produced = self.ledger.chargeable_output(request.num_output_tokens)
+        produced = chargeable_output(request.num_output_tokens, request.first_token_free)
         charged = self._charged.get(request.request_id, 0)
         if produced > charged:  # beyond the prediction charged at admission
             self._charge_output_upto(request, charged, produced)
@@ -229,7 +213,7 @@ class VTCPolicy(Policy):
         if self.predictor is None:
             return
         self.predictor.observe(request)
-        produced = self.ledger.chargeable_output(request.num_output_tokens)
+        produced = chargeable_output(request.num_output_tokens, request.first_token_free)
         charged = self._charged.pop(request.request_id, 0)
         if charged > produced:  # refund the unused prediction (a negative charge)
             ledger = self.ledger
