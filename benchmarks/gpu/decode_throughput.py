@@ -12,7 +12,9 @@ random bf16 weights on the GPU (nothing downloaded), then for batch sizes 1, 32 
   per token) / `--hbm-tb-s`.
 
 Pure-decode steps run as CUDA graphs in batch/width buckets (the engine's default on
-CUDA); `--eager` measures without them, for comparison.
+CUDA); `--eager` measures without them, for comparison. `--decode-kernel triton`
+attends the decodes with the Triton kernel that reads the KV pool in place
+(engine/hf/triton_decode.py) instead of gathering contexts for SDPA.
 
 Exits with a message (and status 0) when there is no CUDA device. `--smoke` runs the
 same code with a tiny model on CPU, to check the script itself. Prints one JSON line.
@@ -116,6 +118,12 @@ def main() -> int:
     parser.add_argument("--eager", action="store_true", help="no CUDA graphs for decode steps")
     parser.add_argument("--smoke", action="store_true", help="tiny model on CPU: checks the script")
     parser.add_argument(
+        "--decode-kernel",
+        choices=["torch", "triton"],
+        default="torch",
+        help="the decodes' attention: gathers and SDPA, or the Triton kernel reading the pool",
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="also profile one decode run per batch (Python side) and print where it spends",
@@ -147,6 +155,7 @@ def main() -> int:
         max_num_seqs=max(args.batches),
         max_batched_tokens=8192,
         static_decode=not args.eager,
+        decode_kernel="triton" if args.decode_kernel == "triton" else None,
     )
     run_ours(engine, prompts_for(2, 16, vocab), 4, "warm")
 
@@ -202,6 +211,7 @@ def main() -> int:
                 "weight_gb": round(weight_bytes / 1e9, 2),
                 "weights_only_step_ms": round(1000 * weight_bytes / bandwidth, 3),
                 "cuda_graphs": not args.eager and device == "cuda",
+                "decode_kernel": args.decode_kernel,
                 "prompt": args.prompt,
                 "output": args.output,
                 "tokenfair": ours,

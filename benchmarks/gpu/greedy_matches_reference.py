@@ -1,4 +1,4 @@
-"""On CUDA, the engine's greedy tokens are transformers' own: with decode CUDA graphs and without.
+"""On CUDA, the engine's greedy tokens are transformers' own: graphs or not, torch or Triton attention.
 
 The CPU tests check the engine against `model.generate` on tiny models; this runs the same
 comparison on a GPU, where the paged attention, the bucketed decode steps and their CUDA
@@ -73,12 +73,15 @@ def reference(model: torch.nn.Module, tokens: list[int], max_tokens: int, device
     return out[0, len(tokens) :].tolist()
 
 
-def engine_tokens(model, prompts, static_decode: bool, kv_tokens: int) -> list[list[int]]:
+def engine_tokens(
+    model, prompts, static_decode: bool, kv_tokens: int, kernel: str | None = None
+) -> list[list[int]]:
     engine = make_hf_engine(
         LoadedModel("tiny", model, None),
         kv_tokens=kv_tokens,
         max_batched_tokens=1024,
         static_decode=static_decode,
+        decode_kernel=kernel,
     )
     requests = []
     for i, (tokens, max_tokens) in enumerate(zip(prompts, MAX_TOKENS, strict=True)):
@@ -123,13 +126,19 @@ def main() -> int:
             reference(model, p, m, device) for p, m in zip(prompts, MAX_TOKENS, strict=True)
         ]
         # 1,024 tokens: room for every request, so decode batches pad to their buckets;
-        # 512: too few for all at once, so requests are preempted and recomputed.
-        for mode, static, kv_tokens in (
-            ("graphs", True, 1024),
-            ("eager", False, 1024),
-            ("graphs-preempting", True, 512),
+        # 512: too few for all at once, so requests are preempted and recomputed. The
+        # decodes' attention: the torch path (gathers and SDPA), or the Triton kernel
+        # reading the pool in place (triton_decode).
+        for mode, static, kv_tokens, kernel in (
+            ("graphs", True, 1024, None),
+            ("eager", False, 1024, None),
+            ("graphs-preempting", True, 512, None),
+            ("triton-graphs", True, 1024, "triton"),
+            ("triton-eager-preempting", False, 512, "triton"),
         ):
-            got = engine_tokens(model, prompts, static, kv_tokens)
+            if kernel and args.smoke and (family != "llama" or kv_tokens < 1024):
+                continue  # interpreted on the CPU, Triton is slow: one run checks the script
+            got = engine_tokens(model, prompts, static, kv_tokens, kernel)
             diffs = {
                 f"r{i}": first_difference(g, e)
                 for i, (g, e) in enumerate(zip(got, expected, strict=True))

@@ -26,7 +26,11 @@ run() {  # name, seconds, script args...
   grep -v -i -e psutil -e "^ " -e "^$" -e "^==" -e "ncalls" -e "Ordered by" -e "List reduced" \
     "$OUT/$name.log" | tail -5
 }
-run greedy 100 benchmarks/gpu/greedy_matches_reference.py
-# PROFILE=1: where each decode run's Python side spends, in the .log files.
-run decode 220 benchmarks/gpu/decode_throughput.py ${PROFILE:+--profile --skip-generate-batch}
-run decode_eager 130 benchmarks/gpu/decode_throughput.py --eager --skip-generate-batch ${PROFILE:+--profile --batches 1 128}
+run greedy 120 benchmarks/gpu/greedy_matches_reference.py
+# The decodes' attention both ways, one after the other on the same card: the torch path
+# (gathers and SDPA; with transformers' generate_batch beside it) and the Triton kernel
+# reading the pool in place. PROFILE=1: where each run's Python side spends, in the logs.
+run decode 200 benchmarks/gpu/decode_throughput.py --batches 1 32 128 256 \
+  ${PROFILE:+--profile --skip-generate-batch}
+run decode_triton 150 benchmarks/gpu/decode_throughput.py --batches 1 32 128 256 \
+  --decode-kernel triton --skip-generate-batch ${PROFILE:+--profile}

@@ -29,7 +29,8 @@ def run_script(*args: str) -> dict:
 def test_greedy_check_matches_the_reference_on_cpu():
     result = run_script("benchmarks/gpu/greedy_matches_reference.py", "--smoke")
     assert result["all_match"], result["results"]
-    assert len(result["results"]) == 9  # three families, three modes
+    # three families in three modes; one of the Triton kernel's (interpreted, slow)
+    assert len(result["results"]) == 10
 
 
 def test_decode_benchmark_reports_every_batch():
@@ -43,3 +44,16 @@ def test_decode_benchmark_reports_every_batch():
     )  # fmt: skip
     assert set(result["tokenfair"]) == {"1", "4"}
     assert all(row["decode_tok_s"] > 0 for row in result["tokenfair"].values())
+
+
+def test_decode_benchmark_runs_the_triton_kernel():
+    result = run_script(
+        "benchmarks/gpu/decode_throughput.py",
+        "--smoke",
+        "--batches", "2",
+        "--prompt", "20",
+        "--output", "4",
+        "--skip-generate-batch",
+        "--decode-kernel", "triton",
+    )  # fmt: skip
+    assert result["decode_kernel"] == "triton" and result["tokenfair"]["2"]["decode_tok_s"] > 0

@@ -4,9 +4,9 @@
 the model calls in place of its stock attention, attends each request over its own
 context only:
 
-- single-query requests (decodes) on the CPU: one call of the engine's C kernel that
-  reads every context in place from the pool (cpu_kernels), when the layout carries
-  block tables;
+- single-query requests (decodes), when the layout carries block tables: one call of a
+  kernel that reads every context in place from the pool, the engine's C kernel on
+  the CPU (cpu_kernels) or its Triton kernel on a GPU (triton_decode);
 - otherwise single-query requests one SDPA call per decode group (see step_layout),
   their contexts gathered into a padded `[B, kv_heads, width, head_dim]` batch with a
   validity mask;
@@ -29,6 +29,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
+from tokenfair.engine.hf import triton_decode
 from tokenfair.engine.hf.cpu_kernels import paged_decode_kernel
 from tokenfair.engine.hf.step_layout import DecodeTables, StepLayout
 
@@ -111,16 +112,20 @@ def _decode_in_place(
     scaling: float | None,
     window: int | None,
 ) -> torch.Tensor:
-    """The decodes' attention `[1, B, heads, D]`, read from the pool by the C kernel."""
+    """The decodes' attention `[1, B, heads, D]`, read from the pool by the layout's
+    kernel: the C one on the CPU, the Triton one on a GPU."""
+    rows = query[0, :, : decode.size].transpose(0, 1)  # [B, heads, D], a strided view
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    tables, lens = decode.block_tables, decode.context_lens
+    if decode.kernel == "triton":
+        out = triton_decode.paged_decode(
+            rows, key, value, tables, lens, decode.block_size, scale, window, decode.partitions
+        )
+        return out[None]
     kernel = paged_decode_kernel()
     if kernel is None:
         raise RuntimeError("a step laid out for the CPU attention kernel, but it is not built")
-    rows = query[0, :, : decode.size].transpose(0, 1)  # [B, heads, D], a strided view
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    out = kernel(
-        rows, key, value, decode.block_tables, decode.context_lens, decode.block_size, scale, window
-    )
-    return out[None]
+    return kernel(rows, key, value, tables, lens, decode.block_size, scale, window)[None]
 
 
 AttentionInterface.register(ATTENTION_NAME, paged_attention)

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tokenfair.engine.hf.step_layout import DecodeGroup, StepLayout
+from tokenfair.engine.hf.step_layout import DecodeGroup, DecodeTables, StepLayout
+from tokenfair.engine.hf.triton_decode import partitions_for
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +61,16 @@ class StaticDecode:
         self._buckets: dict[tuple[int, int], _Bucket] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None
 
+    @property
+    def buckets(self) -> list[tuple[int, int]]:
+        """The (batch, width) shapes run so far."""
+        return list(self._buckets)
+
     def accepts(self, layout: StepLayout) -> bool:
         """Pure decodes (no multi-token chunk), every one sampling, within the buckets."""
         return (
             not layout.chunks
-            and bool(layout.groups)
+            and (bool(layout.groups) or layout.decode_tables is not None)
             and len(layout.samplers) == layout.num_tokens
             and bucket_batch(layout.num_tokens) is not None
         )
@@ -74,10 +80,13 @@ class StaticDecode:
         size = layout.num_tokens
         batch = bucket_batch(size)
         assert batch is not None
-        width = bucket_width(layout.groups[0].width)  # groups run longest first
+        tables = layout.decode_tables
+        # Groups and tables both run longest first.
+        width = bucket_width(tables.longest if tables is not None else layout.groups[0].width)
         bucket = self._buckets.get((batch, width))
         if bucket is None:
-            bucket = self._buckets[(batch, width)] = _Bucket(self._static_layout(batch, width))
+            static = self._static_layout(batch, width, tables)
+            bucket = self._buckets[(batch, width)] = _Bucket(static)
         self._fill(bucket.layout, layout, width)
         if bucket.graph is None and self.capture:
             self._record(bucket)
@@ -87,32 +96,54 @@ class StaticDecode:
         bucket.graph.replay()
         return bucket.logits[:size]
 
-    def _static_layout(self, batch: int, width: int) -> StepLayout:
+    def _static_layout(self, batch: int, width: int, kernel: DecodeTables | None) -> StepLayout:
+        """A bucket's buffers: decode groups of gathered slots, or, where the step's
+        decodes are read by a kernel, block tables (`width` positions' worth)."""
+
         def zeros(*shape: int) -> torch.Tensor:
             return torch.zeros(shape, dtype=torch.long, device=self.device)
 
-        group = DecodeGroup(0, batch, width, zeros(batch), zeros(batch * width))
+        groups, tables = [], None
+        if kernel is None:
+            groups = [DecodeGroup(0, batch, width, zeros(batch), zeros(batch * width))]
+        else:
+            bs = kernel.block_size
+            tables = DecodeTables(
+                batch, bs, zeros(batch, -(-width // bs)), zeros(batch), kernel.kernel,
+                width, partitions_for(width),
+            )  # fmt: skip
         return StepLayout(
             input_ids=zeros(1, batch),
             position_ids=zeros(1, batch),
             new_slots=zeros(batch),
-            groups=[group],
+            groups=groups,
             chunks=[],
             sample_rows=torch.arange(batch, device=self.device),
             samplers=[],
             device=self.device,
+            decode_tables=tables,
         )
 
     def _fill(self, static: StepLayout, layout: StepLayout, width: int) -> None:
         """Copy the step's indices into the bucket's buffers; padding points at scratch."""
         size = layout.num_tokens
-        group = static.groups[0]
         static.input_ids.zero_()
         static.input_ids[:, :size].copy_(layout.input_ids)
         static.position_ids.zero_()
         static.position_ids[:, :size].copy_(layout.position_ids)
         static.new_slots.fill_(self.scratch_slot)
         static.new_slots[:size].copy_(layout.new_slots)
+        tables = static.decode_tables
+        if tables is not None:
+            step = layout.decode_tables
+            assert step is not None
+            # Padding rows attend to their own key alone, in the scratch block.
+            tables.context_lens.fill_(1)
+            tables.block_tables.fill_(self.scratch_slot // tables.block_size)
+            tables.context_lens[:size].copy_(step.context_lens)
+            tables.block_tables[:size, : step.block_tables.shape[1]].copy_(step.block_tables)
+            return
+        group = static.groups[0]
         group.context_lens.fill_(1)
         table = group.slots.view(group.size, width)
         table.fill_(self.scratch_slot)

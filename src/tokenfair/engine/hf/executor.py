@@ -16,6 +16,7 @@ from typing import Any, Literal
 import torch
 
 from tokenfair.core.batch import ExecutorOutput, SchedulerOutput
+from tokenfair.engine.hf import triton_decode
 from tokenfair.engine.hf.attention import ATTENTION_NAME, LAYOUT_KWARG
 from tokenfair.engine.hf.cpu_kernels import paged_decode_kernel
 from tokenfair.engine.hf.cpu_linear import pack_linear_layers
@@ -24,7 +25,7 @@ from tokenfair.engine.hf.decode_graphs import StaticDecode
 from tokenfair.engine.hf.kv_pool import KVPool, KVShape, describe_kv_budget
 from tokenfair.engine.hf.paged_cache import PagedKVCache
 from tokenfair.engine.hf.sampler import Sampler
-from tokenfair.engine.hf.step_layout import StepLayout, build_layout
+from tokenfair.engine.hf.step_layout import DecodeKernel, StepLayout, build_layout
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,7 @@ class HFExecutor:
         attention: AttentionMode = "paged",
         seed: int = 0,
         static_decode: bool | None = None,
-        decode_kernel: bool | None = None,
+        decode_kernel: bool | DecodeKernel | None = None,
         pack_linear: bool | None = None,
     ) -> None:
         if attention not in ("paged", "masked"):
@@ -107,20 +108,8 @@ class HFExecutor:
             else None
         )
         self.attention: AttentionMode = attention
-        # The CPU decode kernel (cpu_kernels) reads float32 contexts in place; by default
-        # it is used wherever it applies and builds. False forces the torch gathers.
-        kernel_applies = (
-            attention == "paged"
-            and self.device.type == "cpu"
-            and self.dtype == torch.float32
-            and self.static_decode is None
-        )
-        if decode_kernel and not kernel_applies:
-            raise ValueError("decode_kernel needs paged attention on a float32 CPU model")
-        if decode_kernel and paged_decode_kernel() is None:
-            raise RuntimeError("the CPU attention kernel is not available (the log says why)")
-        self.decode_kernel = (
-            kernel_applies and decode_kernel is not False and paged_decode_kernel() is not None
+        self.decode_kernel = choose_decode_kernel(
+            decode_kernel, self.device, self.dtype, attention, block_size, self.static_decode
         )
         self.cache = PagedKVCache(self.pool, packed=attention == "masked")
         if attention == "paged":
@@ -155,7 +144,7 @@ class HFExecutor:
         output = ExecutorOutput()
         self.last_shape = batch.step_shape()
         if batch.scheduled:
-            layout = build_layout(batch, self.device, decode_tables=self.decode_kernel)
+            layout = build_layout(batch, self.device, self.decode_kernel)
             logits = self.forward(layout)
             requests = [s.request for s in layout.samplers]
             tokens, output.logprobs = self.sampler.sample(logits, requests)
@@ -202,3 +191,45 @@ class HFExecutor:
         finally:
             self.cache.layout = None
         return out.logits[0]
+
+
+def choose_decode_kernel(
+    requested: bool | DecodeKernel | None,
+    device: torch.device,
+    dtype: torch.dtype,
+    attention: str,
+    block_size: int,
+    static_decode: StaticDecode | None,
+) -> DecodeKernel | None:
+    """Which kernel reads the decodes' contexts in place from the pool, if any.
+
+    Left to us (None): the C kernel on float32 CPU models where it builds; on a GPU the
+    torch path (gathers and SDPA), until the prepared GPU script has measured the
+    Triton kernel there (docs/engine.md). True: the device's kernel, or an error;
+    "c" or "triton": that one, or an error; False: none.
+    """
+    if requested is False:
+        return None
+    if attention != "paged" and requested:
+        raise ValueError("an in-place decode kernel needs paged attention")
+    on_cpu = device.type == "cpu"
+    if requested == "triton" or (requested is True and not on_cpu):
+        if not triton_decode.available():
+            raise RuntimeError(
+                "the Triton decode kernel needs Triton (PyTorch's CUDA builds ship it)"
+            )
+        if on_cpu and not triton_decode.interpreted():
+            raise ValueError("the Triton decode kernel runs on a GPU (on the CPU only in tests)")
+        if not 16 <= block_size <= triton_decode.PARTITION_TOKENS or block_size & (block_size - 1):
+            raise ValueError(
+                f"the Triton decode kernel needs a power-of-two block size >= 16, got {block_size}"
+            )
+        return "triton"
+    c_applies = attention == "paged" and on_cpu and dtype == torch.float32 and static_decode is None
+    if requested:  # "c", or True on the CPU
+        if not c_applies:
+            raise ValueError("decode_kernel needs paged attention on a float32 CPU model")
+        if paged_decode_kernel() is None:
+            raise RuntimeError("the CPU attention kernel is not available (the log says why)")
+        return "c"
+    return "c" if c_applies and paged_decode_kernel() is not None else None

@@ -25,11 +25,13 @@ Nothing here runs the model; it only turns block tables into tensors.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
 from tokenfair.core.batch import ScheduledRequest, SchedulerOutput
 from tokenfair.core.request import Request
+from tokenfair.engine.hf.triton_decode import partitions_for
 
 GROUP_SPREAD = 1.5  # a decode group's longest context / its shortest, at most
 MAX_GROUPS = 4  # beyond this, the last group takes every shorter context
@@ -50,6 +52,11 @@ class DecodeGroup:
         return self.row_end - self.row_begin
 
 
+# The kernels that read decodes in place from the pool: the C one on the CPU
+# (cpu_kernels), the Triton one on a GPU (triton_decode).
+DecodeKernel = Literal["c", "triton"]
+
+
 @dataclass(slots=True)
 class DecodeTables:
     """Every single-query request at packed rows [0, size), for an in-place kernel."""
@@ -58,6 +65,11 @@ class DecodeTables:
     block_size: int
     block_tables: torch.Tensor  # [B, max blocks] each request's blocks, zero-padded
     context_lens: torch.Tensor  # [B] context length, including the new token
+    kernel: DecodeKernel = "c"
+    longest: int = 0  # the longest context, known on the host
+    # Context partitions of the Triton kernel: enough for the longest context, fixed
+    # per static bucket (triton_decode.partitions_for).
+    partitions: int = 1
 
 
 @dataclass(slots=True)
@@ -231,23 +243,27 @@ def _ship(tensors: list[torch.Tensor], device: torch.device) -> list[torch.Tenso
     return [part.view(t.shape) for part, t in zip(flat.split(sizes), tensors, strict=True)]
 
 
-def _decode_tables(lens: list[int], tables: list[list[int]], block_size: int) -> DecodeTables:
+def _decode_tables(
+    lens: list[int], tables: list[list[int]], block_size: int, kernel: DecodeKernel
+) -> DecodeTables:
     """Block tables padded to the longest (lens sorted longest first), on CPU."""
     blocks = len(tables[0])
     padded = torch.tensor([t + [0] * (blocks - len(t)) for t in tables], dtype=torch.long)
-    return DecodeTables(len(lens), block_size, padded, torch.tensor(lens, dtype=torch.long))
+    lens_tensor = torch.tensor(lens, dtype=torch.long)
+    longest = lens[0]
+    return DecodeTables(
+        len(lens), block_size, padded, lens_tensor, kernel, longest, partitions_for(longest)
+    )
 
 
 def build_layout(
-    batch: SchedulerOutput, device: torch.device, decode_tables: bool = False
+    batch: SchedulerOutput, device: torch.device, decode_kernel: DecodeKernel | None = None
 ) -> StepLayout:
     """Pack a scheduler step into tensors on `device`.
 
-    `decode_tables`: describe the decodes by block tables for a kernel that reads the
-    pool in place (CPU only), instead of decode groups of gathered slots.
+    `decode_kernel`: describe the decodes by block tables for that kernel, which reads
+    the pool in place, instead of decode groups of gathered slots.
     """
-    if decode_tables and device.type != "cpu":
-        raise ValueError("decode block tables are for the CPU kernel")
     bs = batch.block_size
     singles = sorted((s for s in batch.scheduled if s.num_new_tokens == 1), key=lambda s: -s.start)
     multis = [s for s in batch.scheduled if s.num_new_tokens > 1]
@@ -271,8 +287,8 @@ def build_layout(
             sample_rows.append(len(token_ids) - 1)
             samplers.append(s)
     tables_for_kernel = None
-    if decode_tables and context_lens:
-        tables_for_kernel = _decode_tables(context_lens, tables, bs)
+    if decode_kernel is not None and context_lens:
+        tables_for_kernel = _decode_tables(context_lens, tables, bs, decode_kernel)
     group_ranges = [] if tables_for_kernel is not None else _split_groups(context_lens)
     group_tensors = [
         _decode_group_tables(context_lens[begin:end], tables[begin:end], bs)
@@ -300,6 +316,8 @@ def build_layout(
         torch.tensor(v, dtype=torch.long) for v in (token_ids, positions, new_slots, sample_rows)
     ]
     flat += [t for pair in group_tensors for t in pair] + chunk_slots
+    if tables_for_kernel is not None:
+        flat += [tables_for_kernel.block_tables, tables_for_kernel.context_lens]
     shipped = iter(_ship(flat, device))
     input_ids, position_ids, slots, rows = (next(shipped) for _ in range(4))
     groups = [
@@ -307,6 +325,9 @@ def build_layout(
         for begin, end in group_ranges
     ]
     chunks = [Chunk(q_begin, q_end, start, next(shipped)) for q_begin, q_end, start in chunk_spans]
+    if tables_for_kernel is not None:
+        tables_for_kernel.block_tables = next(shipped)
+        tables_for_kernel.context_lens = next(shipped)
     return StepLayout(
         input_ids=input_ids[None],
         position_ids=position_ids[None],
