@@ -22,6 +22,7 @@ from tokenfair.engine.hf.cpu_kernels import paged_decode_kernel
 from tokenfair.engine.hf.cpu_linear import pack_linear_layers
 from tokenfair.engine.hf.cpu_runtime import keep_freed_memory, policy_came_too_late
 from tokenfair.engine.hf.decode_graphs import StaticDecode
+from tokenfair.engine.hf.fused_projections import fuse_projections as fuse_projections_of
 from tokenfair.engine.hf.kv_pool import KVPool, KVShape, describe_kv_budget
 from tokenfair.engine.hf.paged_cache import PagedKVCache
 from tokenfair.engine.hf.sampler import Sampler
@@ -75,6 +76,7 @@ class HFExecutor:
         static_decode: bool | None = None,
         decode_kernel: bool | DecodeKernel | None = None,
         pack_linear: bool | None = None,
+        fuse_projections: bool = True,
     ) -> None:
         if attention not in ("paged", "masked"):
             raise ValueError(f"attention must be 'paged' or 'masked', got {attention!r}")
@@ -91,6 +93,8 @@ class HFExecutor:
         self.dtype = next(model.parameters()).dtype
         # Float32 CPU models: linear layers on prepacked oneDNN weights (cpu_linear);
         # None packs wherever that applies, False keeps torch's BLAS path.
+        # QKV and gate-up as one matrix each (before packing: the stacked layers pack too).
+        self.fused_projection_groups = fuse_projections_of(model) if fuse_projections else 0
         self.packed_linear_layers = 0
         if pack_linear is not False and self.device.type == "cpu" and self.dtype == torch.float32:
             self.packed_linear_layers = pack_linear_layers(model)

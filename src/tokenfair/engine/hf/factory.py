@@ -21,6 +21,7 @@ from tokenfair.engine.engine import Engine
 from tokenfair.engine.hf.executor import AttentionMode, HFExecutor
 from tokenfair.engine.hf.kv_pool import KVShape, blocks_for_memory
 from tokenfair.engine.hf.loader import LoadedModel
+from tokenfair.engine.hf.step_layout import DecodeKernel
 from tokenfair.engine.hf.tokenizer import IncrementalDetokenizer
 
 log = logging.getLogger(__name__)
@@ -77,8 +78,9 @@ def make_hf_engine(
     attention: AttentionMode = "paged",
     seed: int = 0,
     static_decode: bool | None = None,
-    decode_kernel: bool | None = None,
+    decode_kernel: bool | DecodeKernel | None = None,
     pack_linear: bool | None = None,
+    fuse_projections: bool = True,
     **scheduler_options: object,
 ) -> Engine:
     """An Engine serving `loaded` with the given policy (a name, or one built with the
@@ -88,10 +90,12 @@ def make_hf_engine(
 
     `static_decode` pads pure-decode steps to bucketed shapes and, on CUDA, replays
     them as CUDA graphs (see `decode_graphs`); None turns it on for CUDA only.
-    `decode_kernel` attends decodes with the CPU kernel that reads the pool in place
-    (see `cpu_kernels`); None uses it wherever it applies and builds. `pack_linear`
-    runs float32 CPU linear layers on prepacked oneDNN weights (see `cpu_linear`);
-    None packs wherever that applies."""
+    `decode_kernel` attends decodes with a kernel that reads the pool in place: "c" on
+    the CPU (see `cpu_kernels`), "triton" on a GPU (see `triton_decode`); None uses
+    the CPU one wherever it applies and builds. `pack_linear` runs float32 CPU linear
+    layers on prepacked oneDNN weights (see `cpu_linear`); None packs wherever that
+    applies. `fuse_projections` stacks each layer's QKV and gate-up projections into
+    one matrix each (see `fused_projections`)."""
     settings = SchedulerOverrides(scheduler_options)
     block_size = int(settings.value("block_size"))
     if kv_tokens is None:
@@ -121,6 +125,7 @@ def make_hf_engine(
         static_decode=static_decode,
         decode_kernel=decode_kernel,
         pack_linear=pack_linear,
+        fuse_projections=fuse_projections,
     )
     # Without a tokenizer (token-id workloads, benchmarks) the engine produces no text.
     detokenizer = IncrementalDetokenizer(loaded.tokenizer) if loaded.tokenizer else None
