@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
+from torch.nn.attention.bias import causal_lower_right
 
 from tokenfair.core.batch import ScheduledRequest, SchedulerOutput
 from tokenfair.core.request import Request
@@ -109,7 +110,9 @@ class StepLayout:
         `window` is the layer's sliding window (None for full attention): a query at
         position q sees keys k with q - window < k <= q, as in transformers. Built once
         per step and window, then shared by every layer. A chunk mask of None means plain
-        causal attention over exactly its own tokens (SDPA's is_causal).
+        causal attention over exactly its own tokens (SDPA's is_causal); a chunk after a
+        cached prefix, with no window reached, gets torch's lower-right causal bias
+        rather than a tensor, so SDPA keeps to its fused kernels.
         """
         if window not in self._masks:
             self._masks[window] = (
@@ -133,8 +136,12 @@ class StepLayout:
     def _chunk_mask(self, chunk: Chunk, window: int | None) -> torch.Tensor | None:
         n = chunk.q_end - chunk.q_begin
         context = chunk.start + n
-        if chunk.start == 0 and (window is None or context <= window):
-            return None
+        if window is None or context <= window:  # causal, no window reached
+            if chunk.start == 0:
+                return None
+            # After a cached prefix: causal aligned to the last key, which SDPA runs on
+            # its fused kernels where an explicit mask would keep it on the plain one.
+            return causal_lower_right(n, context)
         q_pos = torch.arange(chunk.start, context, device=self.device)[:, None]
         k_pos = torch.arange(context, device=self.device)[None, :]
         mask = k_pos <= q_pos
