@@ -31,11 +31,16 @@ class HFTokenizer:
         if extra_eos is not None:  # generation_config's eos may list several ids
             eos |= set(extra_eos) if isinstance(extra_eos, list) else {extra_eos}
         self.eos_token_ids = frozenset(eos)
+        # The incremental detokenizer decodes twice per token of every request; most of
+        # transformers' `decode` is wrapping around the `tokenizers` library's own.
+        self._backend_decode = _backend_decode(tokenizer)
 
     def encode(self, text: str) -> list[int]:
         return list(self.inner.encode(text))
 
     def decode(self, token_ids: list[int]) -> str:
+        if self._backend_decode is not None:
+            return self._backend_decode(token_ids, skip_special_tokens=True)
         return self.inner.decode(token_ids, skip_special_tokens=True)
 
     def chat_prompt(self, messages: list[ChatMessage]) -> list[int]:
@@ -47,6 +52,27 @@ class HFTokenizer:
         if isinstance(ids, dict) or hasattr(ids, "keys"):  # BatchEncoding in some versions
             ids = ids["input_ids"]
         return list(ids)
+
+
+def _backend_decode(tokenizer):
+    """The `tokenizers` library's own decode where transformers' `decode` comes to
+    exactly that call (a fast tokenizer whose decoding no subclass changes and that
+    cleans up no spaces), else None: the text is the same either way."""
+    try:
+        from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+        from transformers.tokenization_utils_tokenizers import TokenizersBackend
+    except ImportError:
+        return None
+    kind = type(tokenizer)
+    if not (
+        isinstance(tokenizer, TokenizersBackend)
+        and kind.decode is PreTrainedTokenizerBase.decode
+        and kind._decode is TokenizersBackend._decode
+        and not tokenizer.clean_up_tokenization_spaces
+    ):
+        return None
+    backend = getattr(tokenizer, "_tokenizer", None)
+    return getattr(backend, "decode", None)
 
 
 class IncrementalDetokenizer:
