@@ -39,7 +39,7 @@ def pool_and_tables(requests, kv_heads, head_dim, block_size, lens, generator):
     kv_heads=st.sampled_from([1, 2]),
     group=st.sampled_from([1, 2, 4]),
     head_dim=st.sampled_from([16, 64, 80]),
-    block_size=st.sampled_from([16, 32]),
+    block_size=st.sampled_from([16, 32, 64]),
     window=st.one_of(st.none(), st.integers(1, 300)),
     longest=st.integers(1, 600),
     seed=st.integers(0, 2**16),

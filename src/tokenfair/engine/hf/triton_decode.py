@@ -2,7 +2,8 @@
 
 Flash-decoding: every request's context is split into partitions of
 `PARTITION_TOKENS`; one program per (request, KV head, partition) reads that part of
-the context once, block by block through the request's block table, for all the query
+the context once, `TILE_TOKENS` positions (several blocks, found through the request's
+block table) at a time, for all the query
 heads sharing the KV head (grouped-query attention), and keeps a running softmax (its
 maximum, its sum and the weighted values). A second kernel folds each head's partials
 into its output. Nothing is gathered or padded first, which the torch path
@@ -31,6 +32,7 @@ from typing import Any
 import torch
 
 PARTITION_TOKENS = 256  # context tokens per program: enough partitions to fill a GPU
+TILE_TOKENS = 64  # context positions a program reads per iteration (several blocks)
 
 
 def available() -> bool:
@@ -141,6 +143,7 @@ def paged_decode(
         D=head_dim,
         D_PAD=d_pad,
         BLOCK=block_size,
+        TILE=max(block_size, TILE_TOKENS),
         PART=PARTITION_TOKENS,
         # float32: IEEE products, as the torch path (no TF32); else the dtype's own.
         PRECISION="ieee" if query.dtype == torch.float32 else None,

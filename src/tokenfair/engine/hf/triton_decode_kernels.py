@@ -30,9 +30,11 @@ def partials(
     D: tl.constexpr,
     D_PAD: tl.constexpr,
     BLOCK: tl.constexpr,
+    TILE: tl.constexpr,
     PART: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
+    # A tile of TILE positions (several blocks) per iteration: more loads in flight.
     r = tl.program_id(0)
     kh = tl.program_id(1)
     p = tl.program_id(2)
@@ -42,7 +44,7 @@ def partials(
     end = tl.minimum(p * PART + PART, length)
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, D_PAD)
-    t = tl.arange(0, BLOCK)
+    t = tl.arange(0, TILE)
     head = kh * GROUP + g
     head_ok = g < GROUP
     dim_ok = d < D
@@ -55,11 +57,11 @@ def partials(
     total = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, D_PAD], tl.float32)
     kv_base = kh.to(tl.int64) * kv_head_stride
-    for start in range(begin - begin % BLOCK, end, BLOCK):
-        block = tl.load(tables + r * table_row + start // BLOCK)
+    for start in range(begin - begin % TILE, end, TILE):
         pos = start + t
         valid = (pos >= begin) & (pos < end)
-        rows = (block * BLOCK + t).to(tl.int64)
+        block = tl.load(tables + r * table_row + pos // BLOCK, mask=valid, other=0)
+        rows = (block * BLOCK + pos % BLOCK).to(tl.int64)
         where = kv_base + rows[:, None] * D + d[None, :]
         mask = valid[:, None] & dim_ok[None, :]
         k = tl.load(keys + where, mask=mask, other=0.0)
