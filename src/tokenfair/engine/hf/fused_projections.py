@@ -41,12 +41,12 @@ class StackedProjection(nn.Module):
             bias = (
                 torch.cat([linear.bias for linear in linears]) if first.bias is not None else None
             )
-        self.linear = nn.Linear(first.in_features, weight.shape[0], bias=bias is not None)
-        self.linear.to(device=weight.device, dtype=weight.dtype)
-        with torch.no_grad():
-            self.linear.weight.copy_(weight)
-            if bias is not None:
-                self.linear.bias.copy_(bias)
+        # Built on the meta device and given the stacked tensors: no initialisation of
+        # a fresh matrix, no copy (a 7B model would otherwise fill and copy 9 GB).
+        self.linear = nn.Linear(first.in_features, weight.shape[0], bias=False, device="meta")
+        self.linear.weight = nn.Parameter(weight, requires_grad=False)
+        if bias is not None:
+            self.linear.bias = nn.Parameter(bias, requires_grad=False)
         self._input: torch.Tensor | None = None
         self._output: torch.Tensor | None = None
 
