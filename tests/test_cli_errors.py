@@ -215,6 +215,8 @@ def test_a_weights_file_mistake_is_refused_at_its_line(
         (["--metrics-host", "0.0.0.0"], "--metrics-host is the address of --metrics-port"),
         (["--model", "sim:zero", "--device", "cpu"], "--device is for a real model"),
         (["--model", "sim:zero", "--dtype", "float16"], "--dtype is for a real model"),
+        (["--model", "sim:zero", "--decode-kernel", "c"], "--decode-kernel is for a real model"),
+        (["--decode-kernel", "flash"], "--decode-kernel is c, triton or torch, not 'flash'"),
         (["--swap-tokens", "4096"], "--swap-tokens sizes the swap area of --preemption swap"),
         (
             ["--charge-cached-tokens", "0.5"],

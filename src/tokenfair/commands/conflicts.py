@@ -17,6 +17,7 @@ def conflicting_options(
     metrics_port: int | None,
     device: str | None,
     dtype: str | None,
+    decode_kernel: str | None,
     preemption: str | None,
     swap_tokens: int | None,
     enable_prefix_caching: bool,
@@ -30,8 +31,16 @@ def conflicting_options(
         )
     if metrics_host is not None and metrics_port is None:
         return "--metrics-host is the address of --metrics-port: give --metrics-port too"
-    if not backend_for(model).takes_device and (device is not None or dtype is not None):
-        option = "--device" if device is not None else "--dtype"
+    if not backend_for(model).takes_device and (
+        device is not None or dtype is not None or decode_kernel is not None
+    ):
+        option = (
+            "--device"
+            if device is not None
+            else "--dtype"
+            if dtype is not None
+            else "--decode-kernel"
+        )
         return f"{option} is for a real model: --model {model} runs no model"
     if swap_tokens is not None and preemption != "swap":
         return "--swap-tokens sizes the swap area of --preemption swap: give that too"

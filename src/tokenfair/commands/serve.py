@@ -134,6 +134,14 @@ def serve(
     dtype: Annotated[
         str | None, typer.Option(help="float32, bfloat16, float16 (default: the model's).")
     ] = None,
+    decode_kernel: Annotated[
+        str | None,
+        typer.Option(
+            help="The decodes' attention: c (the CPU kernel reading the KV pool in place), "
+            "triton (the GPU kernel doing the same; opt-in until measured on GPUs), torch "
+            "(gathers and SDPA). Default: c on float32 CPU models, torch elsewhere.",
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Sampling seed of the executor.")] = 0,
     default_max_tokens: Annotated[
         int, typer.Option(help="max_tokens for requests that send none (sim: their output length).")
@@ -195,12 +203,14 @@ def serve(
 
     Example: tokenfair serve --model sim:a10g-llama-7b --policy vtc --tenants tenants.yaml --port 8000
     """
+    if decode_kernel not in (None, "c", "triton", "torch"):
+        raise _fail(f"--decode-kernel is c, triton or torch, not {decode_kernel!r}")
     if metrics_port is not None and metrics_port == port:
         # The server tells the two apart by the port a request came in on.
         raise _fail(f"--metrics-port must differ from --port ({port})")
     conflict = conflicting_options(
         model, tenants, tenant_from_user, metrics_host, metrics_port, device, dtype,
-        preemption, swap_tokens, enable_prefix_caching, charge_cached_tokens,
+        decode_kernel, preemption, swap_tokens, enable_prefix_caching, charge_cached_tokens,
     )  # fmt: skip
     if conflict is not None:
         raise _fail(conflict)
@@ -271,7 +281,7 @@ def serve(
             directory.tree,
             served_model_name,
             charge_cached_tokens,
-            BuildOptions(kv_tokens, device, dtype, seed, scheduler),
+            BuildOptions(kv_tokens, device, dtype, seed, scheduler, decode_kernel),
         )
         runner: EngineClient | None = None
         arrangement = engine_arrangement(engine, model)

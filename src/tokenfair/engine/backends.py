@@ -51,6 +51,9 @@ class BuildOptions:
     dtype: str | None = None  # transformers only
     seed: int = 0
     scheduler: SchedulerOverrides = field(default_factory=SchedulerOverrides)
+    # transformers only: the decodes' attention, "c" or "triton" (a kernel reading the
+    # pool in place), "torch" (gathers and SDPA), None the engine's choice
+    decode_kernel: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,11 +78,12 @@ class Backend:
         device: str | None = None,
         dtype: str | None = None,
         seed: int = 0,
+        decode_kernel: str | None = None,
         **scheduler_options: Any,
     ) -> BuiltModel:
         """Load `spec` and build its engine; ValueError (one line) for anything wrong."""
         scheduler = SchedulerOverrides(scheduler_options)
-        options = BuildOptions(kv_tokens, device, dtype, seed, scheduler)
+        options = BuildOptions(kv_tokens, device, dtype, seed, scheduler, decode_kernel)
         return self.builder(spec, policy, options)
 
 
@@ -125,8 +129,20 @@ def _build_transformers(spec: str, policy: Policy, options: BuildOptions) -> Bui
         kv_tokens = BUILTIN_KV_TOKENS
     if loaded.tokenizer is None:
         raise ValueError(f"model {spec!r} has no tokenizer: the server needs one for text")
+    kernels: dict[str | None, bool | Literal["c", "triton"] | None] = {
+        None: None,
+        "torch": False,
+        "c": "c",
+        "triton": "triton",
+    }
+    kernel = kernels[options.decode_kernel]
     engine = make_hf_engine(
-        loaded, policy=policy, kv_tokens=kv_tokens, seed=options.seed, **options.scheduler.given
+        loaded,
+        policy=policy,
+        kv_tokens=kv_tokens,
+        seed=options.seed,
+        decode_kernel=kernel,
+        **options.scheduler.given,
     )
     model_config: Any = getattr(loaded.model, "config", None)
     text_config = model_config.get_text_config()

@@ -124,10 +124,12 @@ def build_served_model(
     dtype: str | None = None,
     seed: int = 0,
     charge_cached_tokens: float = 1.0,
+    decode_kernel: str | None = None,
     **scheduler_options: Any,
 ) -> ServedModel:
     """`ModelPlan(...).served_model()`, the options given as keywords."""
-    options = BuildOptions(kv_tokens, device, dtype, seed, SchedulerOverrides(scheduler_options))
+    scheduler = SchedulerOverrides(scheduler_options)
+    options = BuildOptions(kv_tokens, device, dtype, seed, scheduler, decode_kernel)
     plan = ModelPlan(spec, policy, weights or {}, tree, served_name, charge_cached_tokens, options)
     return plan.served_model()
 

@@ -124,3 +124,16 @@ def test_asking_for_the_triton_kernel_where_it_cannot_run_is_an_error():
             LoadedModel("llama", tiny_model("llama"), None),
             kv_tokens=512, attention="masked", decode_kernel="triton",
         )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("asked", "used"), [(None, "c"), ("torch", None), ("c", "c"), ("triton", "triton")]
+)
+def test_the_servers_decode_kernel_option_reaches_the_engine(asked, used):
+    from tokenfair.core.policies import make_policy
+    from tokenfair.engine.backends import backend_for
+
+    built = backend_for("builtin:tiny").build(
+        "builtin:tiny", make_policy("fcfs"), kv_tokens=512, device="cpu", decode_kernel=asked
+    )
+    assert built.engine.executor.decode_kernel == used
