@@ -203,8 +203,12 @@ def serve(
 
     Example: tokenfair serve --model sim:a10g-llama-7b --policy vtc --tenants tenants.yaml --port 8000
     """
-    if decode_kernel not in (None, "c", "triton", "torch"):
-        raise _fail(f"--decode-kernel is c, triton or torch, not {decode_kernel!r}")
+    from tokenfair.engine.backends import DECODE_KERNELS
+
+    if decode_kernel is not None and decode_kernel not in DECODE_KERNELS:
+        *others, last = DECODE_KERNELS
+        names = f"{', '.join(others)} or {last}"
+        raise _fail(f"--decode-kernel is {names}, not {decode_kernel!r}")
     if metrics_port is not None and metrics_port == port:
         # The server tells the two apart by the port a request came in on.
         raise _fail(f"--metrics-port must differ from --port ({port})")

@@ -42,6 +42,15 @@ class BuiltModel:
     is_sim: bool
 
 
+# `--decode-kernel`'s names, and what each asks of the engine: a kernel reading the KV
+# pool in place ("c" on the CPU, "triton" on a GPU), or none (gathers and SDPA).
+DECODE_KERNELS: dict[str, Literal["c", "triton", False]] = {
+    "c": "c",
+    "triton": "triton",
+    "torch": False,
+}
+
+
 @dataclass(frozen=True, slots=True)
 class BuildOptions:
     """What the server asks of the engine it builds."""
@@ -129,13 +138,7 @@ def _build_transformers(spec: str, policy: Policy, options: BuildOptions) -> Bui
         kv_tokens = BUILTIN_KV_TOKENS
     if loaded.tokenizer is None:
         raise ValueError(f"model {spec!r} has no tokenizer: the server needs one for text")
-    kernels: dict[str | None, bool | Literal["c", "triton"] | None] = {
-        None: None,
-        "torch": False,
-        "c": "c",
-        "triton": "triton",
-    }
-    kernel = kernels[options.decode_kernel]
+    kernel = DECODE_KERNELS[options.decode_kernel] if options.decode_kernel else None
     engine = make_hf_engine(
         loaded,
         policy=policy,

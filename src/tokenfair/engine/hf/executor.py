@@ -224,10 +224,7 @@ def choose_decode_kernel(
             )
         if on_cpu and not triton_decode.interpreted():
             raise ValueError("the Triton decode kernel runs on a GPU (on the CPU only in tests)")
-        if not 16 <= block_size <= triton_decode.PARTITION_TOKENS or block_size & (block_size - 1):
-            raise ValueError(
-                f"the Triton decode kernel needs a power-of-two block size >= 16, got {block_size}"
-            )
+        triton_decode.check_block_size(block_size)
         return "triton"
     c_applies = attention == "paged" and on_cpu and dtype == torch.float32 and static_decode is None
     if requested:  # "c", or True on the CPU

@@ -69,6 +69,16 @@ def interpreted() -> bool:
     return bool(triton.knobs.runtime.interpret)
 
 
+def check_block_size(block_size: int) -> None:
+    """ValueError unless the kernel can read blocks of `block_size` positions: a power
+    of two from 16 (its products' smallest side) to a partition."""
+    if not 16 <= block_size <= PARTITION_TOKENS or block_size & (block_size - 1):
+        raise ValueError(
+            "the Triton decode kernel needs a power-of-two block size from 16 to "
+            f"{PARTITION_TOKENS}, got {block_size}"
+        )
+
+
 def partitions_for(longest: int) -> int:
     """Partitions a context of `longest` tokens is split into (fixed per graph bucket)."""
     return max(1, -(-longest // PARTITION_TOKENS))
@@ -97,11 +107,7 @@ def paged_decode(
         raise ValueError("keys and values must be [kv_heads, slots, head_dim] pool views")
     if query.stride(-1) != 1 or heads % kv_heads:
         raise ValueError("queries need a unit stride in head_dim and heads a multiple of kv heads")
-    if not 16 <= block_size <= PARTITION_TOKENS or block_size & (block_size - 1):
-        raise ValueError(
-            "the Triton decode kernel needs a power-of-two block size from 16 to "
-            f"{PARTITION_TOKENS}, got {block_size}"
-        )
+    check_block_size(block_size)
     group = heads // kv_heads
     device = query.device
     out = torch.empty((requests, heads, head_dim), dtype=query.dtype, device=device)
