@@ -1,5 +1,5 @@
-"""The CPU runtime settings: OpenMP threads sleep when idle unless the user chose a
-policy, the check notices when torch was loaded first, and glibc takes the allocator
+"""The CPU runtime settings: idle OpenMP threads spin briefly, then sleep, unless the
+user chose a policy or a spin count, the check notices when torch was loaded first, and glibc takes the allocator
 settings."""
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ PROBE = (
     "import os, sys\n"
     "{first}\n"
     "from tokenfair.engine.hf import cpu_runtime\n"
-    "print(os.environ.get('OMP_WAIT_POLICY'), cpu_runtime.passive_wait_in_effect(),"
+    "print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'),"
+    " cpu_runtime.short_wait_in_effect(),"
     " cpu_runtime.policy_came_too_late())\n"
 )
 
@@ -35,17 +36,18 @@ def probe(first: str = "", **env: str) -> str:
     return result.stdout.strip()
 
 
-def test_passive_wait_is_the_default_before_torch_loads():
-    assert probe() == "PASSIVE True False"
+def test_a_short_spin_is_the_default_before_torch_loads():
+    assert probe() == "None 3000 True False"
 
 
 def test_a_policy_the_user_chose_is_kept():
-    assert probe(OMP_WAIT_POLICY="ACTIVE") == "ACTIVE False False"
-    assert probe(GOMP_SPINCOUNT="1000") == "None False False"
+    assert probe(OMP_WAIT_POLICY="ACTIVE") == "ACTIVE None False False"
+    assert probe(OMP_WAIT_POLICY="PASSIVE") == "PASSIVE None False False"
+    assert probe(GOMP_SPINCOUNT="1000") == "None 1000 False False"
 
 
 def test_torch_loaded_first_is_noticed():
-    assert probe(first="import torch") == "PASSIVE False True"
+    assert probe(first="import torch") == "None 3000 False True"
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")

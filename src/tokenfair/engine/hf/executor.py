@@ -20,7 +20,8 @@ from tokenfair.engine.hf import triton_decode
 from tokenfair.engine.hf.attention import ATTENTION_NAME, LAYOUT_KWARG
 from tokenfair.engine.hf.cpu_kernels import paged_decode_kernel
 from tokenfair.engine.hf.cpu_linear import pack_linear_layers
-from tokenfair.engine.hf.cpu_runtime import keep_freed_memory, policy_came_too_late
+from tokenfair.engine.hf.cpu_row_ops import engine_step, fuse_row_ops
+from tokenfair.engine.hf.cpu_runtime import SPIN_COUNT, keep_freed_memory, policy_came_too_late
 from tokenfair.engine.hf.decode_graphs import StaticDecode
 from tokenfair.engine.hf.fused_projections import fuse_projections as fuse_projections_of
 from tokenfair.engine.hf.kv_pool import KVPool, KVShape, describe_kv_budget
@@ -86,18 +87,22 @@ class HFExecutor:
             keep_freed_memory()
             if policy_came_too_late():
                 log.warning(
-                    "torch was imported before tokenfair.engine.hf and OMP_WAIT_POLICY is not "
-                    "PASSIVE: on a busy machine OpenMP threads will spin; set "
-                    "OMP_WAIT_POLICY=PASSIVE in the environment"
+                    "torch was imported before tokenfair.engine.hf, so OpenMP threads spin "
+                    "long when idle (slow on a busy machine); set GOMP_SPINCOUNT=%d in the "
+                    "environment",
+                    SPIN_COUNT,
                 )
         self.dtype = next(model.parameters()).dtype
         # Float32 CPU models: linear layers on prepacked oneDNN weights (cpu_linear);
         # None packs wherever that applies, False keeps torch's BLAS path.
         # QKV and gate-up as one matrix each (before packing: the stacked layers pack too).
         self.fused_projection_groups = fuse_projections_of(model) if fuse_projections else 0
-        self.packed_linear_layers = 0
-        if pack_linear is not False and self.device.type == "cpu" and self.dtype == torch.float32:
-            self.packed_linear_layers = pack_linear_layers(model)
+        self.packed_linear_layers = self.row_kernel_layers = 0
+        if self.device.type == "cpu" and self.dtype == torch.float32:
+            if pack_linear is not False:
+                self.packed_linear_layers = pack_linear_layers(model)
+            # RMS norms and SiLU-gated MLPs in one pass each (cpu_row_ops).
+            self.row_kernel_layers = fuse_row_ops(model)
         self.kv_shape = KVShape.from_config(model.config, self.dtype)
         # Static decode (CUDA graphs on a GPU; default there) needs paged attention and
         # one scratch block past the scheduler's blocks for its padding rows.
@@ -183,15 +188,16 @@ class HFExecutor:
         else:
             mask = layout.packed_mask(self.dtype, self._window)
         try:
-            out = self.model(
-                input_ids=layout.input_ids,
-                position_ids=layout.position_ids,
-                attention_mask=mask,
-                cache=self.cache,
-                use_cache=True,
-                logits_to_keep=layout.sample_rows,
-                **extra,
-            )
+            with engine_step():
+                out = self.model(
+                    input_ids=layout.input_ids,
+                    position_ids=layout.position_ids,
+                    attention_mask=mask,
+                    cache=self.cache,
+                    use_cache=True,
+                    logits_to_keep=layout.sample_rows,
+                    **extra,
+                )
         finally:
             self.cache.layout = None
         return out.logits[0]
