@@ -41,9 +41,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCES = tuple(
-    Path(__file__).with_name("kernels") / name for name in ("paged_decode.c", "row_ops.c")
-)
+KERNELS = Path(__file__).with_name("kernels")
+SOURCES = (KERNELS / "paged_decode.c", KERNELS / "row_ops.c")
+HEADERS = (KERNELS / "vec.h",)
 FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-pthread", "-std=gnu11")
 DISABLE_ENV = "TOKENFAIR_CPU_KERNELS"
 
@@ -67,7 +67,7 @@ def _cache_dir() -> Path:
 
 def _build(compiler: str) -> Path:
     """Compile the kernels (or find them built) and return the shared library's path."""
-    sources = [source.read_bytes() for source in SOURCES]
+    sources = [source.read_bytes() for source in (*SOURCES, *HEADERS)]
     key = hashlib.sha256(
         b"\0".join(
             [*sources, " ".join(FLAGS).encode(), compiler.encode(), _cpu_features().encode()]
