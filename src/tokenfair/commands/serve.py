@@ -108,7 +108,10 @@ def serve(
     share_memory: Annotated[bool, typer.Option(help=SHARE_MEMORY_HELP)] = True,
     step_share_tokens: Annotated[int, typer.Option(help=STEP_SHARE_HELP, min=0)] = 768,
     max_batched_tokens: Annotated[int | None, typer.Option(help="Most tokens per step.")] = None,
-    block_size: Annotated[int | None, typer.Option(help="KV block size in tokens.")] = None,
+    block_size: Annotated[
+        int | None,
+        typer.Option(help="KV block size in tokens (default: 64 for a model on the CPU, else 16)."),
+    ] = None,
     preemption: Annotated[str | None, typer.Option(help="recompute | swap.")] = None,
     admission: Annotated[str | None, typer.Option(help="optimistic | reserve.")] = None,
     swap_tokens: Annotated[int | None, typer.Option(help="Host swap area in tokens.")] = None,

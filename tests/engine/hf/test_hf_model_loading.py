@@ -117,5 +117,15 @@ def test_a_pool_sized_from_memory_holds_no_more_than_every_sequence_at_full_cont
     loaded = load_model("builtin:tiny", "cpu", None)
     loaded.model.config.max_position_embeddings = 100  # 7 blocks of 16
     by_memory = kv_tokens_for_memory(loaded.model, 16)
-    engine = make_hf_engine(loaded, max_num_seqs=4)
+    engine = make_hf_engine(loaded, max_num_seqs=4, block_size=16)
     assert engine.scheduler.config.kv_tokens == min(by_memory, 4 * 7 * 16)
+
+
+def test_a_cpu_engine_takes_longer_kv_blocks_unless_told():
+    from tokenfair.engine.hf.factory import DEFAULT_CPU_BLOCK_SIZE, make_hf_engine
+
+    loaded = load_model("builtin:tiny", "cpu", None)
+    assert make_hf_engine(loaded, kv_tokens=1024).scheduler.config.block_size == 64
+    assert DEFAULT_CPU_BLOCK_SIZE == 64
+    told = make_hf_engine(loaded, kv_tokens=1024, block_size=16)
+    assert told.scheduler.config.block_size == told.executor.block_size == 16

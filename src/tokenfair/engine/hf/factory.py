@@ -28,6 +28,12 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CPU_KV_FRACTION = 0.25  # of the RAM available now: CPU memory is shared with everything
 DEFAULT_GPU_KV_FRACTION = 0.85  # of the GPU memory free after the weights
+# The KV block size where none is given, on the CPU: the attention kernel reads a
+# context block by block, and once blocks have been freed and handed out again a
+# request's blocks lie anywhere. 16-token blocks (the scheduler's default) then cost
+# 10% of a run of 256 mixed requests; 64-token ones nothing (docs/engine.md). vLLM's
+# CPU backend takes 128 for the same reason. Prefix caching shares whole blocks only.
+DEFAULT_CPU_BLOCK_SIZE = 64
 
 
 def available_memory(device: torch.device) -> int:
@@ -96,6 +102,9 @@ def make_hf_engine(
     layers on prepacked oneDNN weights (see `cpu_linear`); None packs wherever that
     applies. `fuse_projections` stacks each layer's QKV and gate-up projections into
     one matrix each (see `fused_projections`)."""
+    on_cpu = next(loaded.model.parameters()).device.type == "cpu"
+    if "block_size" not in scheduler_options and on_cpu:
+        scheduler_options = {**scheduler_options, "block_size": DEFAULT_CPU_BLOCK_SIZE}
     settings = SchedulerOverrides(scheduler_options)
     block_size = int(settings.value("block_size"))
     if kv_tokens is None:
