@@ -39,8 +39,9 @@ _TRIM_THRESHOLD_BYTES = 1 << 30  # return freed heap to the OS only beyond 1 GiB
 _allocator_tuned = False
 
 # libgomp's spins before an idle thread sleeps (its default is 300,000; PASSIVE is 0).
-# Measured on 256 decoding requests on 2 cores: 3,000 gave 4-5% more tokens/s than
-# PASSIVE, the same beside a process keeping a core busy; 30,000 and up lost there.
+# Measured on 2 cores: 3,000 gave a small model 4-11% more tokens/s than PASSIVE, the
+# same beside a process keeping a core busy, and a 107M-parameter one 1-4% fewer
+# (docs/engine.md); 30,000 and up lost 40% beside a busy process.
 SPIN_COUNT = 3000
 
 
