@@ -32,6 +32,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from typing import cast
 
 import torch
 from torch import nn
@@ -71,8 +72,10 @@ class RowKernelRMSNorm(nn.Module):
 
     def __init__(self, norm: nn.Module, kernels: RowKernels) -> None:
         super().__init__()
-        self.weight = norm.weight
-        self.variance_epsilon = float(norm.variance_epsilon)
+        weight = norm.weight
+        assert isinstance(weight, torch.Tensor)  # _is_rms_norm checked it
+        self.weight = weight
+        self.variance_epsilon = cast(float, norm.variance_epsilon)
         self._kernels = kernels
         self._original = [norm]  # a list: not a child, its weight is registered once here
 
@@ -94,16 +97,23 @@ class RowKernelGatedMLP(nn.Module):
         for name, child in mlp.named_children():
             if name != "act_fn":
                 self.add_module(name, child)
+        # The same three, typed (a tuple registers nothing: they are children above).
+        self._projections: tuple[nn.Module, nn.Module, nn.Module] = (
+            cast(nn.Module, mlp.gate_proj),
+            cast(nn.Module, mlp.up_proj),
+            cast(nn.Module, mlp.down_proj),
+        )
         self._kernels = kernels
         self._original = [mlp]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not _takes(x):
             return self._original[0](x)
-        gate, up = self.gate_proj(x), self.up_proj(x)
+        gate_proj, up_proj, down_proj = self._projections
+        gate, up = gate_proj(x), up_proj(x)
         width = gate.shape[-1]
         middle = self._kernels.silu_and_mul(gate.reshape(-1, width), up.reshape(-1, width))
-        return self.down_proj(middle.view(*x.shape[:-1], width))
+        return down_proj(middle.view(*x.shape[:-1], width))
 
 
 class RowKernelRotary:
@@ -183,7 +193,7 @@ def _agrees(original: Callable, swapped: Callable, *probe: torch.Tensor) -> bool
 def _width(module: nn.Module) -> int | None:
     """The input width a swapped layer takes: the norm's size, or the MLP's input."""
     if _is_rms_norm(module):
-        return module.weight.shape[0]
+        return cast(torch.Tensor, module.weight).shape[0]
     return getattr(module.gate_proj, "in_features", None)
 
 
