@@ -7,14 +7,15 @@ read it (index_select per layer and step), then in SDPA reading the copy again. 
 kernel in `kernels/paged_decode.c` reads every key and value once, where it lies, as
 vLLM's CPU attention does.
 
-`kernels/row_ops.c` does an RMS norm, and a SiLU-gated MLP's activation and product, in
-one pass over the rows each, where transformers' code makes six and two passes (and as
-many dispatches); `cpu_row_ops` puts them into a model.
+`kernels/row_ops.c` does an RMS norm, a SiLU-gated MLP's activation and product, and a
+rotary embedding, in one pass over the rows each, where transformers' code makes six,
+two and ten passes (and as many dispatches); `cpu_row_ops` puts them into a model.
+`kernels/vec.h` holds what both files compute eight floats at a time.
 
 They are plain C with no dependency but libc and pthreads, built into one library in
-well under a second with the machine's C compiler on first use, tuned for that machine's CPU
-(`-march=native`), and is cached under `~/.cache/tokenfair/kernels` (or
-`$TOKENFAIR_CACHE_DIR`), keyed by the source, the flags and the CPU's feature flags.
+well under a second with the machine's C compiler on first use, tuned for that
+machine's CPU (`-march=native`), and cached under `~/.cache/tokenfair/kernels` (or
+`$TOKENFAIR_CACHE_DIR`), keyed by the sources, the flags and the CPU's feature flags.
 Where no compiler is found, or `TOKENFAIR_CPU_KERNELS=0` (which also turns off the
 packed linear layers of `cpu_linear`), attention falls back to the torch path (gather +
 SDPA) and the layers keep transformers' code, which give the same results; the log says

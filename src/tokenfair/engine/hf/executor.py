@@ -101,7 +101,7 @@ class HFExecutor:
         if self.device.type == "cpu" and self.dtype == torch.float32:
             if pack_linear is not False:
                 self.packed_linear_layers = pack_linear_layers(model)
-            # RMS norms and SiLU-gated MLPs in one pass each (cpu_row_ops).
+            # RMS norms, SiLU-gated MLPs and rotary embeddings in one pass each (cpu_row_ops).
             self.row_kernel_layers = fuse_row_ops(model)
         self.kv_shape = KVShape.from_config(model.config, self.dtype)
         # Static decode (CUDA graphs on a GPU; default there) needs paged attention and

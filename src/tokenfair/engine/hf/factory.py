@@ -31,7 +31,7 @@ DEFAULT_GPU_KV_FRACTION = 0.85  # of the GPU memory free after the weights
 # The KV block size where none is given, on the CPU: the attention kernel reads a
 # context block by block, and once blocks have been freed and handed out again a
 # request's blocks lie anywhere. 16-token blocks (the scheduler's default) then cost
-# 10% of a run of 256 mixed requests; 64-token ones nothing (docs/engine.md). vLLM's
+# 10% of a run of 256 mixed requests, 64-token ones 1-2% (docs/engine.md). vLLM's
 # CPU backend takes 128 for the same reason. Prefix caching shares whole blocks only.
 DEFAULT_CPU_BLOCK_SIZE = 64
 
@@ -101,7 +101,8 @@ def make_hf_engine(
     the CPU one wherever it applies and builds. `pack_linear` runs float32 CPU linear
     layers on prepacked oneDNN weights (see `cpu_linear`); None packs wherever that
     applies. `fuse_projections` stacks each layer's QKV and gate-up projections into
-    one matrix each (see `fused_projections`)."""
+    one matrix each (see `fused_projections`). A model on the CPU takes
+    `DEFAULT_CPU_BLOCK_SIZE`-token KV blocks unless `block_size` is given."""
     on_cpu = next(loaded.model.parameters()).device.type == "cpu"
     if "block_size" not in scheduler_options and on_cpu:
         scheduler_options = {**scheduler_options, "block_size": DEFAULT_CPU_BLOCK_SIZE}

@@ -60,7 +60,9 @@ def measure_steps(
     **engine_options,
 ) -> list[Sample]:
     """Time every engine step of one workload per (batch size, prompt length)."""
-    kv_tokens = max(batch_sizes) * (max(prompt_lengths) + decode_steps + 2) + 1024
+    # Every request of the largest batch at once, in whole blocks of any size up to 128.
+    per_request = -(-(max(prompt_lengths) + decode_steps + 2) // 128) * 128
+    kv_tokens = max(batch_sizes) * per_request + 1024
     engine = make_hf_engine(
         loaded,
         kv_tokens=kv_tokens,
