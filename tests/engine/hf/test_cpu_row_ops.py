@@ -233,3 +233,39 @@ def test_the_engine_runs_its_model_on_the_row_kernels():
     again = make_hf_engine(LoadedModel("llama", model, None), kv_tokens=512)
     assert again.executor.row_kernel_layers == 1  # the rotary function, wrapped once
     assert not isinstance(model.model.norm._original[0], RowKernelRMSNorm)
+
+
+def test_a_qwen3_model_with_head_norms_gives_transformers_tokens():
+    """Qwen3 norms each head's queries and keys: row-kernel norms over views of the
+    stacked projection, not over whole rows."""
+    import copy
+
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from tokenfair.engine.hf.factory import make_hf_engine
+    from tokenfair.engine.hf.loader import LoadedModel
+
+    from .hf_models import greedy_request, random_prompt
+
+    torch.manual_seed(0)
+    config = Qwen3Config(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+    )  # fmt: skip
+    model = Qwen3ForCausalLM(config).eval()
+    reference = copy.deepcopy(model)
+    engine = make_hf_engine(LoadedModel("qwen3", model, None), kv_tokens=2048)
+    # per layer: two norms, the query and key norms, the MLP; the final norm; rotary
+    assert engine.executor.row_kernel_layers == 2 * 5 + 1 + 1
+    prompts = [random_prompt(n, seed=n) for n in (5, 37, 90)]
+    requests = [greedy_request(f"r{i}", p, 12) for i, p in enumerate(prompts)]
+    for request in requests:
+        engine.add_request(request)
+    engine.run_until_done()
+    for prompt, request in zip(prompts, requests, strict=True):
+        with torch.inference_mode():
+            out = reference.generate(
+                torch.tensor([prompt]), max_new_tokens=12, min_new_tokens=12,
+                do_sample=False, eos_token_id=None, pad_token_id=0,
+            )  # fmt: skip
+        assert request.output_token_ids == out[0, len(prompt) :].tolist()
