@@ -167,6 +167,14 @@ class PagedDecodeKernel:
         return out
 
 
+def relatively_close(got: torch.Tensor, expected: torch.Tensor, tolerance: float) -> bool:
+    """Same shape, and every difference within `tolerance` of the expected tensor's
+    largest magnitude (at least 1): how a fast path is checked against the code it
+    replaces on a probe input, before it goes in."""
+    scale = expected.abs().max().clamp_min(1.0)
+    return got.shape == expected.shape and bool((got - expected).abs().max() <= tolerance * scale)
+
+
 def cpu_fast_paths_enabled() -> bool:
     """False when `TOKENFAIR_CPU_KERNELS=0`: the engine then runs plain torch on the CPU
     (no C kernel, no packed weights), to rule the fast paths out or measure them."""

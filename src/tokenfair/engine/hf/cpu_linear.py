@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tokenfair.engine.hf.cpu_kernels import cpu_fast_paths_enabled
+from tokenfair.engine.hf.cpu_kernels import cpu_fast_paths_enabled, relatively_close
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +67,7 @@ def _matches(linear: nn.Linear, packed: PackedLinear) -> bool:
     with torch.no_grad():
         expected = F.linear(probe, linear.weight, linear.bias)
         got = packed(probe)
-    scale = expected.abs().max().clamp_min(1.0)
-    return bool(((got - expected).abs().max() / scale) <= _TOLERANCE)
+    return relatively_close(got, expected, _TOLERANCE)
 
 
 def pack_linear_layers(model: nn.Module) -> int:

@@ -37,7 +37,7 @@ from typing import cast
 import torch
 from torch import nn
 
-from tokenfair.engine.hf.cpu_kernels import RowKernels, row_kernels
+from tokenfair.engine.hf.cpu_kernels import RowKernels, relatively_close, row_kernels
 
 log = logging.getLogger(__name__)
 
@@ -172,11 +172,6 @@ def _is_silu_gated_mlp(module: nn.Module) -> bool:
     )
 
 
-def _close(got: torch.Tensor, expected: torch.Tensor) -> bool:
-    scale = expected.abs().max().clamp_min(1.0)
-    return got.shape == expected.shape and bool((got - expected).abs().max() <= _TOLERANCE * scale)
-
-
 def _agrees(original: Callable, swapped: Callable, *probe: torch.Tensor) -> bool:
     """Both give the same answer (to float32 rounding) on the probe inputs; a layer or
     function that cannot even take them is not the kernels' either."""
@@ -187,7 +182,9 @@ def _agrees(original: Callable, swapped: Callable, *probe: torch.Tensor) -> bool
         return False
     if isinstance(expected, torch.Tensor):
         expected, got = (expected,), (got,)
-    return len(expected) == len(got) and all(map(_close, got, expected))
+    return len(expected) == len(got) and all(
+        relatively_close(g, e, _TOLERANCE) for g, e in zip(got, expected, strict=True)
+    )
 
 
 def _width(module: nn.Module) -> int | None:
