@@ -45,6 +45,8 @@ def _summary(records: Sequence[TraceRecord], out: Path) -> str:
 
 
 DOCS_PANEL = "documents workload (tokenfair trace gen documents)"
+MIX_PANEL = "random mix of tenants (tokenfair trace gen mix)"
+MIX = "mix"
 
 
 def _doc_option(help_text: str) -> typer.models.OptionInfo:
@@ -146,15 +148,33 @@ def generate(
         ),
     ] = None,
     duration: Annotated[float | None, _doc_option("Seconds of arrivals (default 300).")] = None,
+    profile: Annotated[
+        str | None,
+        typer.Option(
+            help="The GPU the mix is drawn for: a10g (A10G Llama-2-7B, 24,000-token pool; "
+            "heavy prompts of 1.5k-6k tokens) or h200 (H200 Llama-3-8B, 900,000-token "
+            "pool; heavy prompts of 16k-100k tokens). Default a10g.",
+            rich_help_panel=MIX_PANEL,
+        ),
+    ] = None,
 ) -> None:
     """Write one of the workload suites (the paper's, SPEC section 7, and others) as a trace file.
 
     `documents` (retrieval: clients asking about long documents of their own, the
     documents cached as prefixes) takes the options of its panel below.
 
+    `mix` is a random mix of tenants, drawn from --seed for --profile: 1-3 heavy
+    tenants (`heavy-0`...) flooding long prompts (a few hundred output tokens each)
+    at 1.5-3x what the GPU serves, beside 2-5 light chat tenants (`light-0`...: prompts
+    of 50-600 tokens, outputs of 50-300, Poisson at 0.2-0.8 requests/s, 0.35x that on
+    the A10G), weights 1-4 in half of the mixes, 100-120 s of arrivals. It prints the
+    mix's tenants; --weights-out writes every tenant's weight (1 in unweighted mixes).
+    benchmarks/any_mix.py runs many of them.
+
     \b
     Example: tokenfair trace gen overload --out overload.jsonl --seed 1
     Example: tokenfair trace gen documents --skew 1 --shared-documents 1 --out docs.jsonl
+    Example: tokenfair trace gen mix --seed 7 --profile h200 --out mix.jsonl --weights-out w.json
     """
     from tokenfair.workloads.suites import SUITES, documents_workload, generate_suite
     from tokenfair.workloads.trace import write_trace
@@ -166,8 +186,10 @@ def generate(
         return
     if out is None:
         fail("--out FILE is required")
-    if suite not in SUITES:
-        fail(f"unknown suite {suite!r}; known suites: {', '.join(SUITES)}")
+    if suite not in SUITES and suite != MIX:
+        fail(f"unknown suite {suite!r}; known suites: {', '.join([*SUITES, MIX])}")
+    if profile is not None and suite != MIX:
+        fail(f"--profile is an option of the mix workload, not of suite {suite!r}")
     options = {
         "clients": clients,
         "documents_per_client": documents_per_client,
@@ -186,6 +208,9 @@ def generate(
     spec = documents_spec(options) if suite == "documents" else None
     check_output_file(out)
     check_output_file(weights_out, "--weights-out")
+    if suite == MIX:
+        _write_mix(seed, profile or "a10g", out, weights_out)
+        return
     # Checked before any work: a failed command leaves no half of its output behind.
     weighted = [n for n, d in SUITES.items() if any(c.weight != 1.0 for c in d.clients)]
     if weights_out is not None and suite not in weighted:
@@ -204,12 +229,30 @@ def generate(
     print(_summary(generated.records, out))
 
 
+def _write_mix(seed: int, profile: str, out: Path, weights_out: Path | None) -> None:
+    """`trace gen mix`: the mix's trace (and weights); prints its summary and tenants."""
+    from tokenfair.workloads.mixes import PROFILES, random_mix
+    from tokenfair.workloads.trace import write_trace
+
+    if profile not in PROFILES:
+        fail(f"--profile {profile!r}: expected one of {', '.join(PROFILES)}")
+    with user_errors():
+        mix = random_mix(seed, profile)
+        write_trace(mix.records, out)
+        if weights_out is not None:
+            weights_out.write_text(json.dumps(mix.spec.weights, indent=2) + "\n")
+    summary = json.loads(_summary(mix.records, out))
+    print(json.dumps({**summary, "mix": mix.spec.to_json()}))
+
+
 def _list_suites() -> None:
+    from tokenfair.workloads.mixes import describe_mixes
     from tokenfair.workloads.suites import suite_descriptions
 
     table = Table("suite", "what it is")
     for name, text in suite_descriptions().items():
         table.add_row(name, text)
+    table.add_row(MIX, describe_mixes())
     Console().print(table)
 
 
