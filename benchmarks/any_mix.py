@@ -20,10 +20,11 @@ and ÷ fcfs), and the wall time.
     python benchmarks/any_mix.py [--mixes 30] [--profiles a10g,h200] [--workers 2]
                                  [--figure out.png] [--quick]
 
-Run time on this 2-core machine (2 workers, otherwise idle): about 1.7 s of wall time
-per A10G mix and 4 s per H200 mix (each mix is 3 runs and 2-5 light tenants alone);
-`--mixes 30` on both profiles takes about 3 minutes. `--quick` (3 A10G mixes) takes
-about 10 s.
+Run time on this 2-core machine: each mix is 3 runs and its 2-5 light tenants alone,
+about 0.7 s of CPU for an A10G mix and 4 s for an H200 mix (the long prompts' many
+steps). `--mixes 30` on both profiles, 2 workers: about 70 s on idle cores; 373 s
+(6.2 s a mix) measured with the cores shared with other jobs (load 4-7). `--quick`
+(3 A10G mixes): a few seconds.
 """
 
 from __future__ import annotations

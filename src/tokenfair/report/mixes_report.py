@@ -19,6 +19,14 @@ from tokenfair.report.figures import DPI
 MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 
 
+def _plain(value: float, _: object) -> str:
+    return f"{value:g}"
+
+
+def _twos_and_fives(value: float, _: object) -> str:
+    return f"{value:g}" if f"{value:.0e}"[0] in "25" else ""
+
+
 def plot_any_mix(lights: Sequence[LightRow], path: Path) -> None:
     """One panel per profile: every light tenant of every mix, its TTFT p99 ÷ alone
     (log) against its demand ÷ its weighted share (log), one marker per run; the
@@ -45,10 +53,9 @@ def plot_any_mix(lights: Sequence[LightRow], path: Path) -> None:
         ax.axvline(1.0, color="grey", ls=":", lw=1, label="its weighted share")
         ax.set_xscale("log")
         ax.set_yscale("log")
-        plain = FuncFormatter(lambda value, _: f"{value:g}")
-        ax.xaxis.set_major_formatter(plain)
-        ax.xaxis.set_minor_formatter(plain)
-        ax.yaxis.set_major_formatter(plain)
+        ax.xaxis.set_major_formatter(FuncFormatter(_plain))
+        ax.xaxis.set_minor_formatter(FuncFormatter(_twos_and_fives))
+        ax.yaxis.set_major_formatter(FuncFormatter(_plain))
         ax.set_xlabel("demand ÷ weighted share (of what fcfs served)")
         ax.set_ylabel("light tenant's TTFT p99 ÷ alone")
         seeds = len({row.seed for row in mine})
