@@ -58,6 +58,12 @@ class Engine:
         """What it holds and has done, now (on its own thread, between two steps)."""
         return EngineStats.of(self.scheduler, self.num_steps, self.busy_s)
 
+    def policy_status(self) -> dict[str, object]:
+        """Its policy's name and whether it failed (a served policy: policy_guard.py)."""
+        policy = self.scheduler.policy
+        status = getattr(policy, "status", None)
+        return status() if callable(status) else {"name": policy.name, "failed": False}
+
     def reweigh(self, weights: Mapping[str, float], tree: ShareTree | None = None) -> None:
         """New weights for its policy (tenants, and groups as `@path`) and, after a
         tenants file is reloaded, the tree; the next step's decisions use them."""

@@ -40,6 +40,8 @@ class EngineStats:
     num_memory_preemptions: int = 0
     num_policy_preemptions: int = 0
     num_swaps: int = 0
+    # Exceptions raised by a served policy's hooks (0 or 1: engine/policy_guard.py).
+    policy_failures: int = 0
 
     @classmethod
     def of(cls, scheduler: Scheduler, num_steps: int, busy_s: float) -> EngineStats:
@@ -67,6 +69,7 @@ class EngineStats:
             num_memory_preemptions=scheduler.num_memory_preemptions,
             num_policy_preemptions=scheduler.num_policy_preemptions,
             num_swaps=scheduler.num_swaps,
+            policy_failures=getattr(policy, "failures", 0),
         )
 
     def preemptions_since(self, earlier: EngineStats) -> dict[str, int]:

@@ -24,7 +24,8 @@ from tokenfair.edge.limits import Limits
 from tokenfair.edge.openapi import ERROR_CONTENT, add_error_schema, answer_400_not_422
 from tokenfair.edge.operator_port import on_port
 from tokenfair.engine.async_engine import AsyncEngine
-from tokenfair.engine.engine_client import EngineClient
+from tokenfair.engine.engine import Engine
+from tokenfair.engine.engine_client import EngineClient, EngineDeadError
 from tokenfair.server import admin, routes
 from tokenfair.server.metrics import ServerMetrics
 from tokenfair.server.model import ServedModel
@@ -108,11 +109,30 @@ def create_app(
             )
         return routes.json_response(entry)
 
-    @app.get("/health", summary="200 while the engine runs, 503 otherwise")
-    async def health() -> Response:
+    @app.get("/health", summary="200 while the engine runs, 503 otherwise; the policy's state")
+    async def health(request: Request) -> Response:
         if not engine.alive:
             raise APIError(503, "the engine is not running", code="engine_dead")
-        return routes.json_response({"status": "ok"})
+        try:
+            policy = await engine.call(Engine.policy_status)
+        except EngineDeadError:
+            raise APIError(503, "the engine is not running", code="engine_dead") from None
+        # A policy that failed is reported, and the server still serves (with fcfs);
+        # what it raised is the operator's to read (the metrics port, the admin key).
+        if not _is_operator(request):
+            policy.pop("error", None)
+        return routes.json_response({"status": "ok", "policy": policy})
+
+    def _is_operator(request: Request) -> bool:
+        if on_port(request.scope, config.metrics_port):
+            return True
+        try:
+            state.tenants.check_operator(
+                request.headers.get("authorization"), "/health", "--metrics-port"
+            )
+        except APIError:
+            return False
+        return True
 
     @app.get(
         "/metrics",

@@ -340,6 +340,13 @@ class _EngineStatsCollector:
         )
         queries.add_metric([], snap.prefix_query_tokens)
         yield queries
+        failures = CounterMetricFamily(
+            "tokenfair:policy_failures",
+            "Exceptions raised by the scheduling policy's hooks; after the first, the "
+            "server schedules first come, first served (/health names the hook).",
+        )
+        failures.add_metric([], snap.policy_failures)
+        yield failures
         steps = CounterMetricFamily("tokenfair:engine_steps", "Engine steps run.")
         steps.add_metric([], snap.num_steps)
         yield steps

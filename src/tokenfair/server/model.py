@@ -21,6 +21,7 @@ from tokenfair.core.scheduler_config import SchedulerOverrides
 from tokenfair.core.share_tree import ShareTree
 from tokenfair.engine.backends import BuildOptions, backend_for
 from tokenfair.engine.engine import Engine
+from tokenfair.engine.policy_guard import GuardedPolicy
 
 
 class ModelTokenizer(Protocol):
@@ -99,6 +100,8 @@ class ModelPlan:
     def served_model(self) -> ServedModel:
         """Load the model and build its engine; ValueError (one line) for anything wrong."""
         chosen = build_policy(self.policy, self.weights, self.charge_cached_tokens, self.tree)
+        # A hook that raises switches the server to fcfs instead of ending its engine.
+        chosen = GuardedPolicy(chosen)
         built = backend_for(self.spec).builder(self.spec, chosen, self.build)
         return ServedModel(
             name=self.served_name or self.spec,
