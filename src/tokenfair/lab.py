@@ -18,13 +18,23 @@ class need not be importable: runs here stay in this process.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 from tokenfair.bundled import DATASETS, dataset
-from tokenfair.core.policies import Policy, PolicySettings
-from tokenfair.core.scheduler import SchedulerConfig
-from tokenfair.experiments.runner import DEFAULT_PROFILE, Job, RunOutcome, run_job, run_policy
+from tokenfair.core.policies import Policy, PolicyError, PolicySettings
+from tokenfair.core.policies.loading import policy_label
+from tokenfair.core.scheduler import ConfigError, SchedulerConfig
+from tokenfair.experiments.naming import PolicyClash, check_distinct_labels
+from tokenfair.experiments.runner import (
+    DEFAULT_PROFILE,
+    Job,
+    PolicyFailed,
+    RunOutcome,
+    run_job,
+    run_policy,
+)
 from tokenfair.experiments.summary import RunSummary, summary_row
 from tokenfair.experiments.workloads import (
     ARENA,
@@ -34,7 +44,20 @@ from tokenfair.experiments.workloads import (
 )
 from tokenfair.fairness.metrics import DEFAULT_WARMUP_S, DEFAULT_WINDOW_S
 
-__all__ = ["compare", "config", "run", "save_figures", "settings", "table", "trace"]
+__all__ = [
+    "Comparison",
+    "ConfigError",
+    "PolicyClash",
+    "PolicyError",
+    "PolicyFailed",
+    "compare",
+    "config",
+    "run",
+    "save_figures",
+    "settings",
+    "table",
+    "trace",
+]
 
 
 def trace(
@@ -90,14 +113,43 @@ def run(
     return run_policy(Job(workload, policy.name, chosen, profile), policy)
 
 
+class Comparison(list[RunOutcome]):
+    """The runs of `compare`, in the order of its policies, less those that failed:
+    `failures` holds each failed policy's `PolicyFailed` (its policy, hook and error)."""
+
+    def __init__(self, runs: Sequence[RunOutcome], failures: Sequence[PolicyFailed]) -> None:
+        super().__init__(runs)
+        self.failures = list(failures)
+
+
 def compare(
     workload: Workload,
     policies: Sequence[str | Policy],
     scheduler: SchedulerConfig | None = None,
     profile: str = DEFAULT_PROFILE,
-) -> list[RunOutcome]:
-    """Every policy on `workload`, one after the other, in this process."""
-    return [run(workload, policy, scheduler, profile) for policy in policies]
+) -> Comparison:
+    """Every policy on `workload`, one after the other, in this process. Two policies
+    called alike in tables raise `PolicyClash` before any runs. A policy that raises in
+    a hook is left out, as `experiment compare` leaves it out, with a warning naming
+    the hook; the others' runs are returned, the failures in `.failures`."""
+    check_distinct_labels([(_given(p), _label(p)) for p in policies], runner="this comparison")
+    runs, failures = [], []
+    for policy in policies:
+        try:
+            runs.append(run(workload, policy, scheduler, profile))
+        except PolicyFailed as failure:
+            warnings.warn(f"left out: {failure}", stacklevel=2)
+            failures.append(failure)
+    return Comparison(runs, failures)
+
+
+def _given(policy: str | Policy) -> str:
+    return policy if isinstance(policy, str) else f"{type(policy).__name__}()"
+
+
+def _label(policy: str | Policy) -> str:
+    """What the tables call a policy: a spec's label, an object's `name`."""
+    return policy_label(policy) if isinstance(policy, str) else policy.name
 
 
 def table(runs: Sequence[RunOutcome]) -> list[RunSummary]:

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.user_policies import MODULE, install_module
-from tokenfair.commands.experiment import experiment_app
+from tokenfair.commands.experiment import experiment_app, print_summary
 from tokenfair.core.policies import make_policy
 from tokenfair.core.scheduler import SchedulerConfig
 from tokenfair.engine.sim.profile import load_profile
@@ -20,6 +20,7 @@ from tokenfair.experiments.experiment import (
     run_experiment,
     run_paper_experiment,
 )
+from tokenfair.experiments.locality import LOCALITY_POLICIES, LOCALITY_POOLS
 from tokenfair.experiments.paper_table import PAPER_ARENA_TABLE, PAPER_LABEL
 from tokenfair.experiments.runner import Job, run_job
 from tokenfair.experiments.targets import check_targets, linear_fit
@@ -68,8 +69,9 @@ BROKEN = f"{MODULE}:Broken"
 
 @pytest.fixture(scope="module")
 def quick_paper(tmp_path_factory, shared_dir):
-    """The quick paper experiment on the arena trace and every suite (no ablation, no
-    locality), with a policy of one's own and a failing one beside the paper's."""
+    """The quick paper experiment on the arena trace, every suite and the locality
+    experiment (no ablation, no long-context neighbour), with a policy of one's own and
+    a failing one beside the paper's."""
     out = tmp_path_factory.mktemp("paper")
     with pytest.MonkeyPatch.context() as monkeypatch:
         install_module(tmp_path_factory.mktemp("policies"), monkeypatch)
@@ -78,7 +80,6 @@ def quick_paper(tmp_path_factory, shared_dir):
             True,
             shared_dir,
             ablation=False,
-            locality=False,
             neighbor=False,
             extra_policies=[MINE, BROKEN],
         )
@@ -160,6 +161,24 @@ def test_quick_paper_checks_every_target(quick_paper):
     vtc = next(r for r in quick_paper.rows_for(ARENA) if r.policy == "vtc")
     check = next(t for t in quick_paper.targets if t.name == "vtc-max-diff")
     assert check.passed == (vtc.max_diff <= 0.55 * fcfs.max_diff)
+
+
+@pytest.mark.slow
+def test_the_quick_paper_run_reports_the_locality_experiment(quick_paper, capsys):
+    locality = quick_paper.locality
+    assert locality is not None
+    assert {(r.suite, r.policy) for r in locality.rows} == {
+        (suite, policy) for suite in LOCALITY_POOLS for policy in LOCALITY_POLICIES
+    }
+    # Its runs are its own, not extra draws of the paper's suites.
+    assert not quick_paper.seed_outcomes and not quick_paper.seed_spreads
+    assert "## Fair and cache-efficient: prefix locality" in quick_paper.report_md.read_text()
+    summary = json.loads((quick_paper.out_dir / "metrics.json").read_text())
+    assert len(summary["locality"]["rows"]) == len(locality.rows)
+    assert "seeds" not in summary
+    assert (quick_paper.out_dir / "results" / "system-prompt" / "dlpm_seed-0.jsonl").is_file()
+    print_summary(quick_paper, ARENA)
+    assert "Clients sharing prompt prefixes" in capsys.readouterr().out
 
 
 def test_targets_without_runs_are_not_evaluated():

@@ -77,3 +77,9 @@ def test_the_engine_preset_needs_a_pool_and_a_failing_hook_is_named(tmp_path: Pa
 
     with pytest.raises(PolicyFailed, match="'failing' failed in on_admit on t: ZeroDivision"):
         lab.run(workload, Failing())
+    # In a comparison, as `experiment compare` does: the others' runs kept, it left out.
+    with pytest.warns(UserWarning, match="left out: policy 'failing' failed in on_admit"):
+        runs = lab.compare(lab.trace(trace, warmup_s=1, window_s=2), ["fcfs", Failing(), "vtc"])
+    assert [run.label for run in runs] == ["fcfs", "vtc"]
+    assert [failure.hook for failure in runs.failures] == ["on_admit"]
+    assert lab.PolicyFailed is PolicyFailed and issubclass(lab.PolicyError, ValueError)

@@ -262,25 +262,23 @@ def check_device(device: str | None) -> None:
             fail(f"--device {device}: there are {torch.cuda.device_count()} CUDA device(s)")
 
 
-def check_policies(policies: list[str]) -> None:
-    """Each builds (else its one-line error), and no two are called alike in reports."""
+def check_policies(
+    policies: list[str], running: Iterable[str] = (), runner: str = "this experiment"
+) -> None:
+    """Each builds (else its one-line error), and no two are called alike in reports,
+    nor like one of `running`, the policies the experiment (`runner`) runs of its own."""
     from tokenfair.core.policies import PolicyError, make_policy
-    from tokenfair.core.policies.loading import policy_label
+    from tokenfair.experiments.naming import PolicyClash, check_policy_specs
 
     for name in policies:
         try:
             make_policy(name, weights={"_": 1.0})
         except (PolicyError, ValueError) as error:
             fail(str(error))
-    named: dict[str, str] = {}
-    for name in policies:
-        label = policy_label(name)
-        if label in named and named[label] != name:
-            fail(
-                f"policies {named[label]!r} and {name!r} are both called {label!r} in "
-                "reports: give one a label, e.g. mypkg.mod:MyPolicy(..., label='mine')"
-            )
-        named[label] = name
+    try:
+        check_policy_specs(policies, list(running), runner)
+    except PolicyClash as error:
+        fail(str(error))
 
 
 def say_failures(result: ExperimentResult) -> None:

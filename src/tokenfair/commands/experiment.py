@@ -38,7 +38,13 @@ from tokenfair.commands.simulate import (
     build_config,
 )
 from tokenfair.core.policies.loading import policy_label, split_policies
-from tokenfair.experiments.experiment import ExperimentResult, run_compare, run_paper_experiment
+from tokenfair.experiments.experiment import (
+    PAPER_POLICIES,
+    WEIGHTED_POLICY,
+    ExperimentResult,
+    run_compare,
+    run_paper_experiment,
+)
 from tokenfair.experiments.locality import (
     DEFAULT_SEEDS,
     LOCALITY_POLICIES,
@@ -253,7 +259,7 @@ def paper(
     Example: tokenfair experiment paper --quick --out experiments/paper
     """
     extra = with_sweep(split_policies(policies), sweep)
-    check_policies(extra)
+    check_policies(extra, [*PAPER_POLICIES, WEIGHTED_POLICY], "the paper experiment")
     check_output_folder(out)
     folder = paper_data(shared)
     with progress_bar("paper experiment") as advance:
@@ -303,7 +309,8 @@ def compare(
     chosen = with_sweep(split_policies(policies), sweep)
     if not chosen:
         fail("--policies is empty: name at least one policy, e.g. fcfs,vtc")
-    check_policies(chosen)
+    weighted = [WEIGHTED_POLICY] if weights and WEIGHTED_POLICY not in chosen else []
+    check_policies(chosen, weighted, "this comparison")
     config = build_config(
         preset, kv_tokens, None, None, None, None, None, prefix_caching=prefix_caching
     )
@@ -357,7 +364,7 @@ def locality(
     chosen = split_policies(policies)
     if not chosen:
         fail("--policies is empty: name at least one policy, e.g. vtc,dlpm")
-    check_policies(chosen)
+    check_policies(chosen, runner="the locality experiment")
     check_output_folder(out)
     with progress_bar("locality experiment") as advance:
         result = run_locality_experiment(

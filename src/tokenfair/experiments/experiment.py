@@ -24,9 +24,8 @@ report and figures from the returned `ExperimentResult`):
 from __future__ import annotations
 
 import json
-import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,12 +35,13 @@ from tokenfair.core.scheduler import SchedulerConfig
 from tokenfair.experiments.ablation import AblationRow, ablation_jobs, ablation_row
 from tokenfair.experiments.locality import (
     DEFAULT_SEEDS,
-    LOCALITY_POOLS,
     LocalityResult,
+    is_locality_outcome,
     locality_jobs,
     locality_rows,
     locality_settings,
 )
+from tokenfair.experiments.naming import PolicyClash, check_policy_specs, results_stem
 from tokenfair.experiments.neighbor import DEFAULT_SEEDS as NEIGHBOR_SEEDS
 from tokenfair.experiments.neighbor import (
     NeighborRow,
@@ -153,19 +153,26 @@ def policies_for(workload: Workload, policies: Sequence[str]) -> list[str]:
 
 
 def _result_path(out_dir: Path, outcome: RunOutcome) -> Path:
-    # Named as reports call it (a policy of one's own by its label or class name). Specs
-    # such as rpm:5 hold a colon, which some file systems refuse, and a label may hold
-    # anything: each other character becomes a dash.
-    stem = re.sub(r"[^\w.=-]", "-", outcome.label)
+    # Named as reports call it (a policy of one's own by its label or class name).
+    stem = results_stem(outcome.label)
     if outcome.job.variant:
-        stem += "_" + re.sub(r"[^\w.-]", "-", outcome.job.variant)  # kv-5000, seed-2
+        stem += "_" + results_stem(outcome.job.variant)  # kv-5000, seed-2
     return out_dir / "results" / outcome.workload.name / f"{stem}.jsonl"
 
 
 def write_run_files(result: ExperimentResult) -> None:
     """Per-request results of every run and metrics.json with every summary row."""
-    for outcome in [*result.outcomes, *result.seed_outcomes]:
+    locality = result.locality.outcomes if result.locality is not None else []
+    written: dict[Path, RunOutcome] = {}
+    for outcome in [*result.outcomes, *result.seed_outcomes, *locality]:
         path = _result_path(result.out_dir, outcome)
+        if path in written:  # the policies' check missed a clash: never lose a run's file
+            raise PolicyClash(
+                f"{written[path].job.label} and {outcome.job.label} would both be written to "
+                f"{path}: give one policy another label"
+            )
+        written[path] = outcome
+    for path, outcome in written.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         write_results(outcome.results, path)
     summary = {
@@ -208,6 +215,13 @@ def write_run_files(result: ExperimentResult) -> None:
     (result.out_dir / "metrics.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
+def _split(
+    outcomes: Sequence[RunOutcome], belongs: Callable[[RunOutcome], bool]
+) -> tuple[list[RunOutcome], list[RunOutcome]]:
+    """(the outcomes that `belongs` claims, the others), each in the order given."""
+    return [o for o in outcomes if belongs(o)], [o for o in outcomes if not belongs(o)]
+
+
 def row_fields(row: AblationRow | TargetCheck) -> dict[str, Any]:
     return asdict(row)
 
@@ -233,6 +247,8 @@ def run_experiment(
 ) -> ExperimentResult:
     """Run every policy on every workload and write their results and metrics.json
     (`preset`: what `config` is, for the report: paper or engine)."""
+    weighted = any(w.weights for w in workloads) and WEIGHTED_POLICY not in policies
+    check_policy_specs(policies, [WEIGHTED_POLICY] if weighted else [], "this comparison")
     started = time.perf_counter()
     chosen = config or SchedulerConfig.paper()
     jobs = [Job(w, p, chosen, profile) for w in workloads for p in policies_for(w, policies)]
@@ -280,17 +296,18 @@ def run_paper_experiment(
     experiment on one seed; the arena trace always runs under every policy of the
     paper's table. `suites` picks a subset (tests). `extra_policies` (one's own, or
     other built-in names) run beside the paper's on the arena trace, every suite and the
-    ablation; one
-    that fails is left out and said in `failures`, the others' results kept. `seeds` > 1
+    ablation (PolicyClash, before anything runs, for one called like another); one that
+    fails is left out and said in `failures`, the others' results kept. `seeds` > 1
     draws every synthetic suite that many times (experiments/seeds.py): the tables keep
     draw 0, `seed_spreads` gives each policy's mean and range over all of them.
     """
     if seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")
+    extras = list(extra_policies)
+    check_policy_specs(extras, [*PAPER_POLICIES, WEIGHTED_POLICY], "the paper experiment")
     started = time.perf_counter()
     config = SchedulerConfig.paper()
     workloads = paper_workloads(shared_dir, PAPER_SUITES if suites is None else suites)
-    extras = [p for p in dict.fromkeys(extra_policies) if p not in PAPER_POLICIES]
     arena_policies = [*PAPER_POLICIES, *extras]
     suite_policies = [*(QUICK_SUITE_POLICIES if quick else PAPER_POLICIES), *extras]
     jobs = []
@@ -311,12 +328,12 @@ def run_paper_experiment(
     failures: list[PolicyFailed] = []
     outcomes = run_jobs(jobs, workers, progress, failures)
     failed = {f.policy for f in failures}
-    seeded = [o for o in outcomes if is_seed_outcome(o)]
-    outcomes = [o for o in outcomes if not is_seed_outcome(o)]
-    neighbor_outcomes = [o for o in outcomes if is_neighbor_outcome(o)]
-    outcomes = [o for o in outcomes if not is_neighbor_outcome(o)]
-    locality_outcomes = [o for o in outcomes if o.workload.name in LOCALITY_POOLS]
-    outcomes = [o for o in outcomes if o.workload.name not in LOCALITY_POOLS]
+    # The experiments beyond the paper claim their runs by their own workloads first:
+    # the locality runs are marked `seed k` too (its draws), which the seeds' test
+    # alone would take for extra draws of a paper suite.
+    neighbor_outcomes, outcomes = _split(outcomes, is_neighbor_outcome)
+    locality_outcomes, outcomes = _split(outcomes, is_locality_outcome)
+    seeded, outcomes = _split(outcomes, is_seed_outcome)
     main = [o for o in outcomes if not o.job.variant]
     measured_path = shared_dir / MEASURED_FCFS_ARENA
     result = ExperimentResult(

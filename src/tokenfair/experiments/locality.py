@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tokenfair.core.scheduler import SchedulerConfig
+from tokenfair.experiments.naming import check_policy_specs
 from tokenfair.experiments.runner import (
     DEFAULT_PROFILE,
     DEFAULT_WORKERS,
@@ -95,6 +96,11 @@ def locality_jobs(
             workload = suite_workload(suite, seed)
             jobs += [Job(workload, p, config, variant=f"seed {seed}") for p in policies]
     return jobs
+
+
+def is_locality_outcome(outcome: RunOutcome) -> bool:
+    """A run of this experiment (in the paper experiment, beside the paper's runs)."""
+    return outcome.workload.name in LOCALITY_POOLS
 
 
 def prefix_hit_rate(records: Sequence[ResultRecord]) -> float:
@@ -179,6 +185,7 @@ def run_locality_experiment(
     progress: ProgressFn | None = None,
 ) -> LocalityResult:
     """Run the locality experiment; with `out_dir`, write metrics.json there."""
+    check_policy_specs(policies, runner="the locality experiment")
     started = time.perf_counter()
     outcomes = run_jobs(locality_jobs(seeds, policies, pools), workers, progress)
     result = LocalityResult(
