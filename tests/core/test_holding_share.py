@@ -252,6 +252,27 @@ def test_a_tenant_holding_more_than_a_third_still_passes_the_tenant_filling_the_
     assert blocked.status is RequestStatus.WAITING
 
 
+def test_a_light_tenant_passes_every_long_prompt_tenant_waiting_for_memory() -> None:
+    # Two long-prompt tenants: "big" holds the most of the pool, "second" less, and
+    # "second"'s head (the lowest counter) does not fit. Only the tenant asking the
+    # most used to step aside, so "second"'s head stopped admission and the light
+    # tenant waited for a long generation to end. Every blocked head lets a tenant
+    # within its share pass.
+    sched = scheduler(kv_tokens=4096, step_share_tokens=None, memory_patience_steps=10**6)
+    fill_pool_with(sched, "big", 2, 1300)  # 2 x 82 blocks
+    fill_pool_with(sched, "second", 1, 1000)  # 63 blocks
+    blocked = make_request("second", input_tokens=1300, output_tokens=4)
+    sched.add_request(blocked, 1.0)
+    light = make_request("light", input_tokens=20, output_tokens=4)
+    sched.add_request(light, 1.0)
+    assert sched.policy.peek() is blocked  # "second"'s counter is the lowest
+    held = sched.kv.holdings()
+    assert held["big"] > held["second"]  # "second" is not the tenant asking the most
+    assert 2 <= sched.kv.num_free_blocks < 82  # room for the light request only
+    assert steps_until_first_token(sched, light) == 1
+    assert blocked.status is RequestStatus.WAITING
+
+
 def test_a_tenant_over_its_share_does_not_pass_a_head_waiting_for_memory() -> None:
     # "heavy"'s head waits for memory; "busy", holding more than its max-min share
     # counting what that head asks, must not take the free blocks before it.
@@ -312,6 +333,29 @@ def test_a_tenant_first_in_line_takes_its_share_when_another_waits_behind_it() -
     out = fake_step(sched, 0.0)
     planned = {s.request.client: s.num_new_tokens for s in out.scheduled}
     assert planned == {"long": newcomer_chunk(256), "chat": 30}  # cut further: chat starts in it
+
+
+def test_several_long_prompt_tenants_share_one_step_share_between_them() -> None:
+    # Three tenants prefill long prompts beside a chat tenant decoding: together their
+    # chunks take the step's share once, by weight, not once each (three times the
+    # step a light tenant's decode waits for).
+    sched = Scheduler(
+        SchedulerConfig(kv_tokens=200_000, max_batched_tokens=8192, step_share_tokens=768),
+        make_policy("wvtc", weights={"long-a": 2.0}),
+    )
+    chat = make_request("chat", input_tokens=20, output_tokens=200)
+    sched.add_request(chat, 0.0)
+    fake_step(sched, 0.0)
+    longs = [make_request(f"long-{n}", input_tokens=6000, output_tokens=4) for n in "abc"]
+    for request in longs:
+        sched.add_request(request, 0.1)
+    for step in range(1, 6):
+        out = fake_step(sched, 0.1 + step * 0.01)
+        prompt = {s.request.client: s.num_new_tokens for s in out.scheduled if s.request in longs}
+        assert sum(prompt.values()) <= 768
+        if step > 1:  # all three prefilling: shared by weight (2:1:1)
+            assert prompt == {"long-a": 384, "long-b": 192, "long-c": 192}
+        assert any(s.request is chat for s in out.scheduled)  # the decode goes on
 
 
 def test_a_tenant_alone_takes_the_whole_step() -> None:

@@ -106,7 +106,7 @@ class Admission:
             n = remaining  # too big for the budget and chunking is off: alone, not never
         unshared = n
         if n > 1 and self.step_share is not None:
-            n = self.step_share.allow(head.client, n)
+            n = self.step_share.allow(head.client, n, starts=n == remaining)
             if n == 0:
                 return None
         return n, unshared
@@ -186,4 +186,4 @@ class Admission:
         self.starts.start(head, computed, now)
         out.scheduled.append(ScheduledRequest(head, n, computed, table))
         if self.step_share is not None:
-            self.step_share.admitted(head.client, n, computed + n == head.num_tokens)
+            self.step_share.admitted(head, n, computed + n == head.num_tokens)

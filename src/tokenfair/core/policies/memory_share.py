@@ -1,34 +1,41 @@
-"""A tenant's share of the KV pool: whose memory goes to a blocked tenant, and who is
-pushed out when the running requests outgrow the pool.
+"""A tenant's share of the KV pool: whose memory goes to a blocked tenant, who lets
+whom pass, and who is pushed out when the running requests outgrow the pool.
 
 VTC orders admissions by tokens charged; what an admitted tenant *holds* is another
-matter. A tenant flooding long prompts fills the pool with them, and a light tenant far
+matter. Tenants flooding long prompts fill the pool with them, and a light tenant far
 under its share then waits for a long request to finish before its own short one fits
-(docs/fairness.md, "What a tenant holds"). Two shares of the pool, by weight, among the
-tenants holding blocks and the blocked head's tenant:
+(docs/fairness.md, "One rule for what a tenant holds").
 
-- its *entitlement*, `pool x weight / the weights' sum`: what a tenant may hold
-  whatever the others ask. Taking memory from a running request costs its recompute,
-  so only a tenant over its entitlement gives any, and only to a tenant within its own.
-- its *max-min share* (`MemoryAsk.fair_level`): each tenant asks for what it holds
-  (the head's tenant, that and the head's blocks), a tenant asking less than its part
-  keeps what it asks, and what it leaves is split among the others by weight
-  (water-filling). Who waits for whom at admission follows it: a chat tenant whose
-  many small requests hold 38% of the pool beside a long-prompt tenant asking for
-  more than the rest is within its max-min share, though over a third, and must not
-  wait behind the long prompt.
+Two shares of the pool, by weight, with one role each, as an operating system gives a
+process a guaranteed floor and shares what is spare:
+
+- a tenant's *entitlement*, `pool x weight / the weights' sum` over the tenants holding
+  memory and the blocked head's: what it may hold whatever the others ask. Taking
+  memory from a running request costs its recompute, so memory is taken only from a
+  tenant over its entitlement, and only for a tenant within its own.
+- a tenant's *fair share* (`MemoryAsk.fair_level`): its weighted max-min share of what
+  the tenants ask (each asks what it holds; a tenant whose head waits, that and the
+  head's blocks): a tenant asking less than its part keeps what it asks, and what it
+  leaves is split among the others (water-filling). Memory that frees goes first to
+  the tenants within it.
+
+A tenant alone may fill the whole pool: nobody is over a share until someone else asks.
 
 The rules:
-- admission, taking (`memory_share_victim`): when the head of the queue does not fit,
-  and its tenant stays within its entitlement with the head's blocks, the newest
-  request of the tenant furthest over its entitlement (per unit of weight) gives its
-  memory up (recompute: with prefix caching its blocks stay cached, so taking it back
-  later costs only what was evicted meanwhile), if the giver still holds as much per
-  unit of weight as the head's tenant after the move: the two never trade the same
-  memory back and forth. A tenant alone may fill the whole pool: nobody is over a
-  share until someone else asks.
-- admission, waiting (`over_memory_share`): a head whose tenant fills the pool steps
-  aside, and a request behind it starts first only within its max-min share.
+- taking (`memory_share_victim`): when the head of the queue does not fit and its
+  tenant stays within its entitlement with the head's blocks, the newest request of
+  the tenant furthest over its entitlement (per unit of weight) gives its memory up
+  (recompute: with prefix caching its blocks stay cached, so taking it back later
+  costs only what was evicted meanwhile), if the giver still holds as much per unit of
+  weight as the head's tenant after the move: the two never change places, so the
+  same memory is never traded back and forth.
+- waiting (`over_memory_share`): a head that cannot start, whatever its tenant holds,
+  does not stop the tenants within their fair share: the next tenant's request may
+  start before it if its tenant stays within its fair share counting what every
+  waiting head asks. Those passers take no memory the waiting heads are owed (the
+  shares sum to the pool), so a head within its share still gets its memory as the
+  tenants over theirs give it up or finish; a head over its share waits for its own
+  tenant's requests to finish, as any tenant over its share does.
 - running short (`holding_victim_key`): the victim is the newest request of the tenant
   holding the most per unit of weight, so never a tenant under its share while another
   is over it; then the policy's own order (the counter).
@@ -100,26 +107,21 @@ class MemoryAsk:
 
 
 def over_memory_share(ask: MemoryAsk, weight_of: WeightOf) -> bool:
-    """Whether the head, short of memory, should let another tenant's request start
-    instead of waiting at the front of the queue (`Policy.over_memory_share`).
+    """Whether the request asked about, short of memory, lets the next tenant's request
+    try instead (`Policy.over_memory_share`).
 
-    A head first in line steps aside when its tenant is the one filling the pool: over
-    its max-min share with the head, and asking the most of the pool per unit of weight
-    (held, and the head's blocks). Letting every tenant over its share step aside
-    would pass over the most under-served tenant of a many-tenant pool again and again
-    (on the arena trace with a 10,000-token pool, Max Diff 431 against 355). A request
-    behind heads that stepped aside (`ask.waiting`) may start before them only if its
-    tenant stays within its max-min share counting what those heads ask: the memory
-    they wait for is not taken by tenants that are over it.
+    A head first in line always does: whether its tenant is within its share (it waits
+    for its memory to be given up or freed) or over it (it waits for its own requests
+    to finish), a tenant within its share must not wait behind it. Letting only the
+    tenant asking the most step aside kept every light tenant behind the second and
+    third long-prompt tenants (docs/fairness.md). A request behind heads that stepped
+    aside (`ask.waiting`) may start before them only if its tenant stays within its
+    fair share counting what those heads ask: it then takes no memory they are owed.
     """
+    if not ask.waiting:
+        return True
     tenant = ask.head.client
-    wants = ask.wants()
-    if wants[tenant] <= ask.fair_level(weight_of) * weight_of(tenant):
-        return False
-    if ask.waiting:
-        return True  # behind heads that stepped aside: over its share, it waits too
-    mine = wants[tenant] / weight_of(tenant)
-    return all(want / weight_of(other) <= mine for other, want in wants.items())
+    return ask.wants()[tenant] > ask.fair_level(weight_of) * weight_of(tenant)
 
 
 def memory_share_victim(ask: MemoryAsk, weight_of: WeightOf) -> RequestView | None:
