@@ -94,6 +94,7 @@ class KVCacheManager:
         self.block_hashes = self.index.block_hashes
         self.matchable_blocks = self.index.matchable_blocks
         self.on_cached = self.index.on_cached
+        self.wanted_evicted_since = self.index.wanted_evicted_since
         self.prefix_hit_tokens = 0  # totals, for metrics
         self.prefix_query_tokens = 0
 

@@ -12,10 +12,17 @@ tells the cache which blocks those requests want, so it evicts them last):
   next block); when that block is cached, the index extends the match and tells the
   policy, which re-files the request;
 - shrinkage is pulled: every block of a tracked match is wanted, so only the eviction
-  of a wanted block can shorten one, and `verify` walks a request again when wanted
-  blocks were evicted since its last walk. A policy ordering by the
+  of a wanted block can shorten one, and `verify` checks a request again when wanted
+  blocks were evicted since its last check. A policy ordering by the
   estimate verifies its choice before taking it; since estimates never understate,
   the first choice that verifies is the true longest.
+
+A check looks only at the blocks evicted since the last one, when the cache names them
+(`wanted_evicted_since`): the match now ends at the first of them in it that is still
+not cached, and every block before that one is cached as it was. On a pool too small
+for every tenant's prefix, a few blocks of one prefix are evicted at a time while many
+requests wait on it, so this is what keeps a check from costing the whole prefix.
+Without the names (vLLM's cache) the request is walked again from its first block.
 """
 
 from __future__ import annotations
@@ -52,6 +59,12 @@ class PrefixCache(Protocol):
         plus how many of `keys` (its block hashes) from there on are, in a row."""
         ...
 
+    def wanted_evicted_since(self, count: int) -> list[int] | None:
+        """The hashes of the wanted blocks evicted after the first `count` wanted
+        evictions, in order; None when the cache cannot say (not kept that long, or
+        not known)."""
+        ...
+
     def want(self, keys: list[int]) -> None:
         """A waiting request will hit these blocks (a cache may evict them last)."""
         ...
@@ -62,14 +75,16 @@ class PrefixCache(Protocol):
 
 
 class _Tracked:
-    __slots__ = ("blocks", "hashes", "request", "waits_on", "walked_at")
+    __slots__ = ("blocks", "hashes", "place", "request", "waits_on", "walked_at")
 
     def __init__(self, request: RequestView) -> None:
         self.request = request
         self.hashes: list[int] = []  # its matchable blocks' chain hashes
         self.blocks = 0  # cached leading blocks, as last seen
-        self.walked_at = -1  # the cache's wanted evictions at the last walk from block 0
+        self.walked_at = -1  # the cache's wanted evictions at the last check from block 0
         self.waits_on: int | None = None  # the hash that would extend the match
+        # hash -> its first place in `hashes`, made at the first check that needs it
+        self.place: dict[int, int] | None = None
 
 
 class CachedPrefixIndex:
@@ -133,20 +148,48 @@ class CachedPrefixIndex:
         return 0 if entry is None else entry.blocks
 
     def verify(self, request: RequestView) -> bool:
-        """Walk the request again if wanted blocks were evicted since; False if its match
-        shrank."""
+        """Check the request's match again if wanted blocks were evicted since the last
+        check; False if it shrank."""
         entry = self._tracked.get(request.request_id)
-        if entry is None or self._cache is None or entry.walked_at == self._cache.wanted_evictions:
+        cache = self._cache
+        if entry is None or cache is None:
+            return True
+        evictions = cache.wanted_evictions
+        if entry.walked_at == evictions:
             return True
         before = entry.blocks
-        self._walk(entry, 0)
+        evicted = cache.wanted_evicted_since(entry.walked_at)
+        if evicted is None or len(evicted) >= before:
+            self._walk(entry, 0)  # as cheap as looking at the evictions, or unknown
+            return entry.blocks == before
+        entry.walked_at = evictions
+        place = entry.place
+        if place is None:
+            hashes = entry.hashes
+            # The first place of a hash wins, as in a walk.
+            place = entry.place = dict(
+                zip(reversed(hashes), range(len(hashes) - 1, -1, -1), strict=True)
+            )
+        # Blocks of the match not evicted since the last check are cached still: the
+        # match holds up to the first of those evicted, and is walked on from there.
+        first = before
+        for key in evicted:
+            at = place.get(key, before)
+            if at < first:
+                first = at
+        if first == before:
+            return True
+        self._walk(entry, first)
         return entry.blocks == before
 
     def _walk(self, entry: _Tracked, start: int) -> None:
         cache = self._cache
         assert cache is not None
         request = entry.request
-        hashes = entry.hashes = cache.block_hashes(request, cache.matchable_blocks(request))
+        hashes = cache.block_hashes(request, cache.matchable_blocks(request))
+        if len(hashes) != len(entry.hashes):
+            entry.place = None
+        entry.hashes = hashes
         blocks = cache.cached_run(request, hashes, start)
         self._set_blocks(entry, blocks)
         if start == 0:
@@ -189,6 +232,9 @@ class PrefixCacheView:
     @property
     def wanted_evictions(self) -> int:
         return self._kv.wanted_evictions
+
+    def wanted_evicted_since(self, count: int) -> list[int] | None:
+        return self._kv.wanted_evicted_since(count)
 
     def cached_run(self, request: RequestView, keys: list[int], start: int = 0) -> int:
         return self._kv.cached_run(cast("Request", request), keys, start)

@@ -15,7 +15,9 @@ position), so requests of one group share their common prefix and a recomputed
 simulated request still hits its own old blocks.
 
 Wanted hashes (`want`/`unwant`, counted per waiting request) are the blocks a waiting
-request will hit: the pool evicts them last.
+request will hit: the pool evicts them last. The hashes of the wanted blocks evicted
+lately are kept in order (`wanted_evicted_since`), so that a waiting request's match is
+checked against those evictions alone rather than walked again from its first block.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ from array import array
 from collections.abc import Callable
 
 from tokenfair.core.request import Request
+
+# How many of the latest wanted evictions are remembered by hash. A waiting request
+# last checked before them is walked again from its first block.
+EVICTION_LOG = 4096
 
 
 class PrefixIndex:
@@ -39,6 +45,10 @@ class PrefixIndex:
         self.on_cached: list[Callable[[list[int]], None]] = []
         # Wanted blocks evicted so far: some waiting request's cached prefix shrank.
         self.wanted_evictions = 0
+        # The hashes of the latest of them, in order: `_evicted[i]` is eviction number
+        # `_evicted_base + i` (counting from 0).
+        self._evicted: list[int] = []
+        self._evicted_base = 0
 
     def is_wanted(self, block: int) -> bool:
         return self.block_hash[block] in self.wanted
@@ -51,6 +61,19 @@ class PrefixIndex:
         self.block_hash[block] = None
         if key in self.wanted:
             self.wanted_evictions += 1
+            evicted = self._evicted
+            evicted.append(key)
+            if len(evicted) > 2 * EVICTION_LOG:
+                del evicted[:EVICTION_LOG]
+                self._evicted_base += EVICTION_LOG
+
+    def wanted_evicted_since(self, count: int) -> list[int] | None:
+        """The hashes of the wanted blocks evicted after the first `count` wanted
+        evictions, in order; None when they are no longer all remembered."""
+        start = count - self._evicted_base
+        if start < 0:
+            return None
+        return self._evicted[start:]
 
     # --- hashes ---
     def block_hashes(self, request: Request, count: int) -> list[int]:

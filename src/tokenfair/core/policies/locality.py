@@ -53,7 +53,7 @@ class LongestPrefixQueue:
     """One client's waiting requests: priority (lower first), then a preempted request
     ahead of new ones, then the longest cached prefix, then arrival."""
 
-    __slots__ = ("_checked", "_heap", "_index", "_live", "_seq")
+    __slots__ = ("_checked", "_heap", "_index", "_live", "_order", "_seq")
 
     def __init__(self, index: CachedPrefixIndex, seq: Iterator[int]) -> None:
         self._heap: list[_QueueEntry] = []
@@ -65,11 +65,15 @@ class LongestPrefixQueue:
         # The top entry as last checked, and the cache's wanted evictions then: it
         # stands while it is still the top and nothing wanted was evicted since.
         self._checked: tuple[_QueueEntry, int] | None = None
+        # The live entries' requests in heap order, until the next filing or removal:
+        # the holding share walks a set-aside tenant's queue at every step.
+        self._order: list[RequestView] | None = None
 
     def _file(self, request: RequestView, band: int, order: int | None = None) -> None:
         """File a new entry of `request`. Filed again (its cached prefix changed), it
         keeps its place in line (`order`), so that which of two equally cached requests
         goes first never depends on when either was last looked at."""
+        self._order = None
         seq = next(self._seq)
         if order is None:
             # Preempted requests go back last in, first out, as vLLM prepends them.
@@ -130,6 +134,7 @@ class LongestPrefixQueue:
         request = self.head()
         heapq.heappop(self._heap)
         del self._live[request.request_id]
+        self._order = None
         self._index.untrack(request)
         return request
 
@@ -137,6 +142,7 @@ class LongestPrefixQueue:
         if self._live.pop(request.request_id, None) is None:
             return False
         self._checked = None  # it may have been the top
+        self._order = None
         self._index.untrack(request)  # its heap entry is dropped lazily
         return True
 
@@ -145,7 +151,9 @@ class LongestPrefixQueue:
 
     def __iter__(self) -> Iterator[RequestView]:
         """In the order pops would take them with the cache as it is."""
-        return (e[5] for e in sorted(e for e in self._heap if self._is_live(e)))
+        if self._order is None:
+            self._order = [e[5] for e in sorted(e for e in self._heap if self._is_live(e))]
+        return iter(self._order)
 
 
 class LongestPrefixPick(ClientPick):

@@ -70,6 +70,10 @@ class VllmPrefixCache:
         tokens = self._access.cached_tokens(request.request_id)
         return min(len(keys), tokens // self._block_size)
 
+    def wanted_evicted_since(self, count: int) -> list[Any] | None:
+        """vLLM does not say which block it evicted: a request is walked again."""
+        return None
+
     def want(self, keys: list[Any]) -> None:
         """vLLM's cache evicts by its own rule: nothing to tell it."""
 
