@@ -13,14 +13,12 @@ request should give its seat or its memory to it, in this order:
      waited `memory_patience_steps` steps, the memory of the tenant furthest over its
      weighted share of the pool, if the head's tenant stays within its own
      (policies/memory_share.py).
-And when nobody is pushed out, a head whose tenant is over its share of the pool steps
-aside (`steps_aside`): its tenant's wish for more memory than its share does not stop
-the admission of tenants within theirs, and only theirs (`may_pass`). A tenant that
-gave memory to another
-(`took_memory`) steps aside for the rest of the step too, so that it does not take the
-memory straight back. VTC's rule is otherwise kept: a head that does
-not fit stops admission (no skipping ahead), so a large request of a tenant within
-its share is never passed over by small ones.
+And when nobody is pushed out, a head short of memory steps aside (`steps_aside`),
+whatever its tenant holds: it does not stop the admission of tenants within their
+max-min share of the pool counting what it asks, and only theirs (`may_pass`), so a
+large request is never passed over by small ones of tenants over their share. A
+tenant that gave memory to another (`took_memory`) steps aside for the rest of the
+step too, so that it does not take the memory straight back.
 """
 
 from __future__ import annotations
@@ -111,8 +109,8 @@ class HoldingShare:
         return None
 
     def steps_aside(self, head: Request, hit: PrefixHit, running: Sequence[Request]) -> bool:
-        """Whether `head`, short of memory, lets the next tenant's request try instead:
-        its tenant, the one filling the pool, would be over its share with it."""
+        """Whether `head`, short of memory, lets the next tenant's request try instead
+        (the VTC family: always; the tenants it lets pass are checked by `may_pass`)."""
         config = self.config
         if not (config.share_memory and config.admission == "optimistic"):
             return False

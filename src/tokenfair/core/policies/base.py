@@ -136,10 +136,13 @@ class Policy:
         return self.preempt_for(ask.head, ask.running)
 
     def over_memory_share(self, ask: MemoryAsk) -> bool:
-        """Whether the head's tenant, short of memory, would hold more than its share of
-        the pool with the head: then it steps aside and the next tenant's request may
-        start. Never by default (a head that does not fit stops admission); in the VTC
-        family, the tenant holding the most per unit of weight (memory_share.py)."""
+        """Asked of a head short of memory (`ask.waiting` empty): whether it lets the
+        next tenant's request try instead of stopping admission; asked of a request
+        behind such heads (`ask.waiting` set): whether its tenant would be over its
+        share of the pool, so that it waits too. Never by default (a head that does not
+        fit stops admission); in the VTC family a head always lets tenants within their
+        max-min share pass (memory_share.py).
+        """
         return False
 
     def preempt_for(self, head: RequestView, running: Sequence[RequestView]) -> RequestView | None:
