@@ -95,3 +95,10 @@ def test_results_files_are_named_without_stray_dashes():
     assert results_stem("capped-vtc(cap=500)") == "capped-vtc-cap=500"
     assert results_stem("DecayVTC(half_life_s=10, floor=0)") == "DecayVTC-half_life_s=10-floor=0"
     assert results_stem("rpm:20") == "rpm-20"
+
+
+@pytest.mark.parametrize("command", ["paper", "locality"])
+def test_fewer_than_one_seed_is_refused_in_one_line(tmp_path, command):
+    assert refused([command, "--seeds", "0"], tmp_path / "out") == (
+        "error: --seeds 0: give at least 1 draw (seed 0 is the one the tables show)\n"
+    )

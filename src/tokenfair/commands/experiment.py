@@ -222,6 +222,12 @@ def locality_table(result: LocalityResult) -> Table:
     return table
 
 
+def check_seeds(seeds: int) -> None:
+    """One line, as every other mistake, rather than click's usage block."""
+    if seeds < 1:
+        fail(f"--seeds {seeds}: give at least 1 draw (seed 0 is the one the tables show)")
+
+
 @experiment_app.command()
 def paper(
     out: Annotated[Path, typer.Option(help="Folder for the report, figures and results.")] = Path(
@@ -249,7 +255,6 @@ def paper(
         typer.Option(
             help="Draws of every synthetic suite (seeds 0 .. N-1): the report adds each "
             "policy's mean and range over them (the tables keep seed 0).",
-            min=1,
         ),
     ] = 1,
 ) -> None:
@@ -258,6 +263,7 @@ def paper(
     \b
     Example: tokenfair experiment paper --quick --out experiments/paper
     """
+    check_seeds(seeds)
     extra = with_sweep(split_policies(policies), sweep)
     check_policies(extra, [*PAPER_POLICIES, WEIGHTED_POLICY], "the paper experiment")
     check_output_folder(out)
@@ -349,7 +355,7 @@ def locality(
         "out/locality"
     ),
     seeds: Annotated[
-        int, typer.Option(help="Draws of each suite, averaged (Max Diff varies).", min=1)
+        int, typer.Option(help="Draws of each suite, averaged (Max Diff varies).")
     ] = len(DEFAULT_SEEDS),
     policies: Annotated[str, typer.Option(help="Comma-separated policies.")] = ",".join(
         LOCALITY_POLICIES
@@ -361,6 +367,7 @@ def locality(
     \b
     Example: tokenfair experiment locality --out out/locality --seeds 3
     """
+    check_seeds(seeds)
     chosen = split_policies(policies)
     if not chosen:
         fail("--policies is empty: name at least one policy, e.g. vtc,dlpm")

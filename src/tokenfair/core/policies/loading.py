@@ -44,8 +44,11 @@ import importlib
 import importlib.metadata
 import inspect
 import itertools
+import os
 import re
+import sys
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from tokenfair.core.policies.base import Policy
@@ -205,7 +208,9 @@ def _resolve(spec: PolicySpec) -> type[Policy]:
     try:
         loaded = importlib.import_module(module)
     except ImportError as error:
-        raise PolicyError(f"{where}: cannot import module {module!r}: {error}") from None
+        raise PolicyError(
+            f"{where}: cannot import module {module!r}: {error}{_not_found_hint(module, error)}"
+        ) from None
     except Exception as error:  # the module's own code failed: a SyntaxError, say
         raise PolicyError(
             f"{where}: importing module {module!r} failed: {type(error).__name__}: {error}"
@@ -229,6 +234,30 @@ def _resolve(spec: PolicySpec) -> type[Policy]:
             "tokenfair.core.policies.base.Policy)"
         )
     return found
+
+
+def _not_found_hint(module: str, error: ImportError) -> str:
+    """Where Python looked for `module` when it is the module itself (or its package)
+    that is missing, not something it imports: the `tokenfair` command does not search
+    the current directory, where a user's policy file often is."""
+    missing = error.name if isinstance(error, ModuleNotFoundError) else None
+    if not missing or not (module == missing or module.startswith(missing + ".")):
+        return ""
+    path = missing.replace(".", "/")
+    pythonpath = os.environ.get("PYTHONPATH") or "unset"
+    here = Path.cwd()
+    if any(Path(entry or ".").resolve() == here.resolve() for entry in sys.path):
+        return (
+            f"; looked for {path}.py or {path}/ in the current directory ({here}), "
+            f"PYTHONPATH ({pythonpath}) and the installed packages: put it in one of them"
+        )
+    held = next((f for f in (f"{path}.py", f"{path}/") if (here / f).exists()), None)
+    return (
+        f"; looked for {path}.py or {path}/ in PYTHONPATH ({pythonpath}) and the installed "
+        f"packages, not in the current directory ({here}"
+        + (f", which holds {held}" if held else "")
+        + "), which is not on Python's path: run with PYTHONPATH=. or install the module"
+    )
 
 
 def policy_class(spec: str) -> type[Policy]:
