@@ -348,3 +348,36 @@ def plt_image_size(path: Path) -> tuple[int, int]:
     header = path.read_bytes()[:24]
     assert header[:8] == PNG_MAGIC
     return int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")
+
+
+def test_compare_reports_the_prefix_hit_rate_where_prefix_caching_is_on(tmp_path):
+    # Two clients each repeating a system prompt of their own: most prompt tokens hit.
+    trace = tmp_path / "prompts.jsonl"
+    records = [
+        TraceRecord(i * 0.5, f"c{i % 2}", 600, 16, f"r{i}", prefix_group=f"sys{i % 2}",
+                    prefix_tokens=512)
+        for i in range(40)
+    ]  # fmt: skip
+    write_trace(records, trace)
+    command = ["compare", "--trace", str(trace), "--policies", "fcfs,vtc", "--workers", "1",
+               "--preset", "engine", "--kv-tokens", "4096", "--window", "5", "--warmup", "2"]  # fmt: skip
+    cached = CliRunner().invoke(experiment_app, [*command, "--out", str(tmp_path / "on")])
+    assert cached.exit_code == 0, cached.output
+    assert "prefix hit" in cached.output
+    summary = json.loads((tmp_path / "on" / "metrics.json").read_text())
+    for run in summary["runs"]:
+        assert run["prefix_hit_rate"] > 0.5
+        assert set(run["cached_tokens"]) == {"c0", "c1"} and min(run["cached_tokens"].values())
+        served = read_results(tmp_path / "on" / "results" / "prompts" / f"{run['policy']}.jsonl")
+        assert sum(run["cached_tokens"].values()) == sum(r.cached_tokens for r in served)
+    report = (tmp_path / "on" / "report.md").read_text()
+    assert "prefix hit rate (%)" in report
+    assert "Prompt tokens served from the prefix cache, per client and policy" in report
+    plain = CliRunner().invoke(
+        experiment_app, [*command, "--no-prefix-caching", "--out", str(tmp_path / "off")]
+    )
+    assert plain.exit_code == 0, plain.output
+    assert "prefix hit" not in plain.output
+    summary = json.loads((tmp_path / "off" / "metrics.json").read_text())
+    assert {run["prefix_hit_rate"] for run in summary["runs"]} == {None}
+    assert "prefix hit rate" not in (tmp_path / "off" / "report.md").read_text()

@@ -118,6 +118,9 @@ def results_table(result: ExperimentResult, workload: str) -> Table:
     fcfs = next((r for r in rows if r.policy == "fcfs"), None)
     with_paper = workload == ARENA
     columns = ["scheduler", "Max Diff", "Avg Diff", "Diff Var", "tok/s", "Max÷FCFS", "tok/s÷FCFS"]
+    cached = any(row.prefix_hit_rate is not None for row in rows)
+    if cached:
+        columns.append("prefix hit")
     if with_paper:
         columns += ["paper Max", "paper Avg", "paper tok/s"]
     title = f"{workload}: simulated" + (f" vs {PAPER_LABEL}" if with_paper else "")
@@ -132,6 +135,9 @@ def results_table(result: ExperimentResult, workload: str) -> Table:
             _ratio_text(ratio(row.max_diff, fcfs.max_diff) if fcfs else None),
             _ratio_text(ratio(row.throughput_tok_s, fcfs.throughput_tok_s) if fcfs else None),
         ]
+        if cached:
+            hits = row.prefix_hit_rate
+            cells.append("–" if hits is None else f"{hits:.1%}")
         if with_paper:
             paper = PAPER_ARENA_TABLE.get(row.policy)
             cells += (

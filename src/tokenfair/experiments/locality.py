@@ -33,6 +33,7 @@ from tokenfair.experiments.runner import (
     RunOutcome,
     run_jobs,
 )
+from tokenfair.experiments.summary import prefix_hit_rate
 from tokenfair.experiments.workloads import suite_workload
 from tokenfair.fairness.fluid import compare_with_fluid
 from tokenfair.fairness.metrics import ttft_percentiles
@@ -101,12 +102,6 @@ def locality_jobs(
 def is_locality_outcome(outcome: RunOutcome) -> bool:
     """A run of this experiment (in the paper experiment, beside the paper's runs)."""
     return outcome.workload.name in LOCALITY_POOLS
-
-
-def prefix_hit_rate(records: Sequence[ResultRecord]) -> float:
-    served = [r for r in records if r.served]
-    prompts = sum(r.input_tokens for r in served)
-    return sum(r.cached_tokens for r in served) / prompts if prompts else 0.0
 
 
 def light_clients(records: Sequence[ResultRecord]) -> set[str]:

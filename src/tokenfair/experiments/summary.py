@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from tokenfair.experiments.runner import RunOutcome
+from tokenfair.results import ResultRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +36,10 @@ class RunSummary:
     acc_diff_final: float
     acc_diff_scope: str
     sim_wall_s: float
+    # With prefix caching on (None when off): prompt tokens served from the cache over
+    # prompt tokens served, and each client's prompt tokens served from the cache.
+    prefix_hit_rate: float | None = None
+    cached_tokens: dict[str, int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -66,7 +71,33 @@ def summary_row(outcome: RunOutcome) -> RunSummary:
         acc_diff_final=difference.final,
         acc_diff_scope=difference.scope,
         sim_wall_s=outcome.wall_s,
+        **_prefix_cache_fields(outcome),
     )
+
+
+def prefix_hit_rate(records: Sequence[ResultRecord]) -> float:
+    """Prompt tokens served from the prefix cache over prompt tokens served."""
+    served = [r for r in records if r.served]
+    prompts = sum(r.input_tokens for r in served)
+    return sum(r.cached_tokens for r in served) / prompts if prompts else 0.0
+
+
+def cached_tokens_by_client(records: Sequence[ResultRecord]) -> dict[str, int]:
+    """Each client's prompt tokens served from the prefix cache, clients in name order."""
+    cached = dict.fromkeys(sorted({r.client for r in records}), 0)
+    for r in records:
+        if r.served:
+            cached[r.client] += r.cached_tokens
+    return cached
+
+
+def _prefix_cache_fields(outcome: RunOutcome) -> dict[str, Any]:
+    if not outcome.job.config.enable_prefix_caching:
+        return {}
+    return {
+        "prefix_hit_rate": prefix_hit_rate(outcome.results),
+        "cached_tokens": cached_tokens_by_client(outcome.results),
+    }
 
 
 def find(outcomes: Sequence[RunOutcome], workload: str, policy: str) -> RunOutcome | None:

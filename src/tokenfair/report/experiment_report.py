@@ -115,11 +115,18 @@ def arena_table_rows(outcomes: Sequence[RunOutcome]) -> list[tuple[str, ...]]:
     return rows
 
 
+def _cached(outcomes: Sequence[RunOutcome]) -> bool:
+    """Whether the runs had a prefix cache (their figures then include its hit rate)."""
+    return any(o.job.config.enable_prefix_caching for o in outcomes)
+
+
 def workload_table(outcomes: Sequence[RunOutcome]) -> Table:
     rows = []
     base = next((summary_row(o) for o in outcomes if o.policy == "fcfs"), None)
+    cached = _cached(outcomes)
     for outcome in outcomes:
         row = summary_row(outcome)
+        hits = (fmt(None if row.prefix_hit_rate is None else 100 * row.prefix_hit_rate, 1),)
         rows.append(
             (
                 row.label,
@@ -128,6 +135,7 @@ def workload_table(outcomes: Sequence[RunOutcome]) -> Table:
                 fmt(row.diff_var),
                 fmt(row.throughput_tok_s, 0),
                 _ratios(row, base)[0],
+                *(hits if cached else ()),
                 fmt(row.ttft_p90_s, 1),
                 fmt(row.jain_per_tick_mean, 3),
                 f"{row.acc_diff_final:,.0f}" if row.acc_diff_scope == BACKLOGGED else "–",
@@ -142,6 +150,7 @@ def workload_table(outcomes: Sequence[RunOutcome]) -> Table:
         "Diff Var",
         "Throughput (tok/s)",
         "Max Diff ÷ FCFS",
+        *(("prefix hit rate (%)",) if cached else ()),
         "TTFT p90 (s)",
         "Jain (mean per tick)",
         "acc. service diff at T",
@@ -154,7 +163,32 @@ def workload_table(outcomes: Sequence[RunOutcome]) -> Table:
         "ticks of Jain's index among clients backlogged in the tick's window (– when no "
         "window has two)."
     )
+    if cached:
+        caption += (
+            " Prefix hit rate: the prompt tokens served from the prefix cache, of all "
+            "prompt tokens served."
+        )
     return Table(header, tuple(rows), caption)
+
+
+def cached_tokens_table(outcomes: Sequence[RunOutcome]) -> list[Block]:
+    """Each client's prompt tokens served from the prefix cache under each policy;
+    nothing when the runs had no prefix cache."""
+    rows = [summary_row(o) for o in outcomes if o.job.config.enable_prefix_caching]
+    if not rows:
+        return []
+    clients = sorted({client for row in rows for client in row.cached_tokens or {}})
+    body = tuple(
+        (client, *(f"{(row.cached_tokens or {}).get(client, 0):,}" for row in rows))
+        for client in clients
+    )
+    return [
+        Table(
+            ("client", *(row.label for row in rows)),
+            body,
+            "Prompt tokens served from the prefix cache, per client and policy.",
+        )
+    ]
 
 
 def target_blocks(targets: Sequence[TargetCheck]) -> list[Block]:
@@ -324,6 +358,7 @@ def report_blocks(result: ExperimentResult, figures: Sequence[Figure]) -> list[B
                 "work, which Diff does not punish: read it with throughput.",
             ),
             workload_table(arena),
+            *cached_tokens_table(arena),
             *_images(figures, ARENA),
         ]
     others = [w for w in result.workloads if w.name != ARENA and result.outcomes_for(w.name)]
@@ -335,6 +370,7 @@ def report_blocks(result: ExperimentResult, figures: Sequence[Figure]) -> list[B
             Heading(workload.name, 3),
             Paragraph(workload_paragraph(workload, outcomes)),
             workload_table(outcomes),
+            *cached_tokens_table(outcomes),
             *_images(figures, workload.name),
         ]
     blocks += seed_blocks(result.seed_spreads)
