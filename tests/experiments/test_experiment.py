@@ -381,3 +381,9 @@ def test_compare_reports_the_prefix_hit_rate_where_prefix_caching_is_on(tmp_path
     summary = json.loads((tmp_path / "off" / "metrics.json").read_text())
     assert {run["prefix_hit_rate"] for run in summary["runs"]} == {None}
     assert "prefix hit rate" not in (tmp_path / "off" / "report.md").read_text()
+
+
+def test_a_comparisons_report_says_only_what_is_true_of_it(tiny_experiment):
+    intro = tiny_experiment.report_md.read_text().split("## ", 1)[0]
+    assert PAPER_LABEL not in intro and "mode)" not in intro
+    assert "tiny: T = 90 s, w = 20 s, warmup = 10 s" in intro
