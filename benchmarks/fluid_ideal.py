@@ -23,9 +23,7 @@ over VTC's median in the same preset.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
-import random
 import statistics
 import sys
 import time
@@ -40,11 +38,12 @@ from tokenfair.core.scheduler import SchedulerConfig
 from tokenfair.engine.sim.profile import load_profile
 from tokenfair.engine.sim.simulator import simulate
 from tokenfair.experiments.locality import LOCALITY_ENGINE_SETTINGS
+from tokenfair.experiments.seeds import JITTER_S, jittered_records
 from tokenfair.experiments.workloads import ARENA_DURATION_S, ARENA_TRACE
 from tokenfair.fairness.fluid import compare_with_fluid
 from tokenfair.fairness.metrics import DEFAULT_WARMUP_S, DEFAULT_WINDOW_S
 from tokenfair.fairness.report import fairness_report
-from tokenfair.workloads.trace import TraceRecord, read_trace
+from tokenfair.workloads.trace import read_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILTIN_POLICIES = (
@@ -60,7 +59,6 @@ BUILTIN_POLICIES = (
 )
 PRESETS = ("paper", "engine")
 KV_TOKENS = 10_000  # the paper's pool
-JITTER_S = 1e-3
 
 
 def config_of(preset: str, kv_tokens: int) -> SchedulerConfig:
@@ -69,18 +67,10 @@ def config_of(preset: str, kv_tokens: int) -> SchedulerConfig:
     return SchedulerConfig(kv_tokens=kv_tokens, **LOCALITY_ENGINE_SETTINGS)
 
 
-def jittered(trace: list[TraceRecord], seed: int) -> list[TraceRecord]:
-    rng = random.Random(seed)
-    return [
-        dataclasses.replace(r, arrival_s=max(0.0, r.arrival_s + rng.uniform(-JITTER_S, JITTER_S)))
-        for r in trace
-    ]
-
-
 def replay(job: tuple[Path, str, str, int, int]) -> dict[str, Any]:
     """One jittered replay: Max Diff, the fluid ideal's, throughput (in a worker)."""
     trace_path, preset, policy, seed, kv_tokens = job
-    trace = jittered(read_trace(trace_path), seed)
+    trace = jittered_records(read_trace(trace_path), seed)  # as experiment paper --seeds
     run = simulate(
         trace, make_policy(policy), load_profile("a10g-llama-7b"), config_of(preset, kv_tokens)
     )

@@ -283,8 +283,10 @@ def test_ones_own_policy_joins_the_paper_report_under_its_label(quick_paper):
     assert {r["label"] for r in summary["runs"]} >= {"newest", "vtc"}
 
 
-def test_the_suites_over_several_draws_give_each_policys_mean_and_range(tmp_path, shared_dir):
-    from tokenfair.experiments.workloads import suite_workload
+@pytest.mark.slow
+def test_the_workloads_over_several_draws_give_each_policys_median_and_range(tmp_path, shared_dir):
+    from tokenfair.experiments.seeds import jittered
+    from tokenfair.experiments.workloads import arena_workload, suite_workload
 
     result = run_paper_experiment(
         tmp_path, True, shared_dir, suites=["overload"], ablation=False, locality=False,
@@ -293,22 +295,34 @@ def test_the_suites_over_several_draws_give_each_policys_mean_and_range(tmp_path
     publish(result)
     # The tables keep draw 0, as without seeds.
     assert [o.job.variant for o in result.outcomes_for("overload")] == ["", ""]
-    spreads = {row.policy: row for row in result.seed_spreads}
-    assert sorted(spreads) == ["fcfs", "vtc"] and {r.seeds for r in spreads.values()} == {3}
-    for policy, row in spreads.items():
+    assert {o.job.variant for o in result.outcomes_for(ARENA)} == {""}
+    spreads = {(row.suite, row.policy): row for row in result.seed_spreads}
+    assert sorted(p for s, p in spreads if s == "overload") == ["fcfs", "vtc"]
+    assert sorted(p for s, p in spreads if s == ARENA) == sorted(PAPER_POLICIES)
+    assert {r.seeds for r in spreads.values()} == {3}
+    arena = arena_workload(shared_dir)
+    draws_of = {
+        "overload": lambda seed: suite_workload("overload", seed),
+        ARENA: lambda seed: jittered(arena, seed) if seed else arena,  # arrivals +-1 ms
+    }
+    for workload, policy in [("overload", "fcfs"), ("overload", "vtc"), (ARENA, "vtc-artifact")]:
+        row = spreads[workload, policy]
         draws = [
-            run_job(Job(suite_workload("overload", seed), policy, SchedulerConfig.paper()))
+            run_job(Job(draws_of[workload](seed), policy, SchedulerConfig.paper()))
             for seed in range(3)
         ]
-        values = [d.report.max_diff for d in draws]
-        assert row.max_diff.low == min(values) and row.max_diff.high == max(values)
+        values = sorted(d.report.max_diff for d in draws)
+        assert (row.max_diff.low, row.max_diff.median, row.max_diff.high) == tuple(values)
         assert row.max_diff.mean == pytest.approx(sum(values) / 3)
         assert len(set(values)) > 1  # the draws differ: a range worth reporting
     report = (tmp_path / "report.md").read_text()
-    assert "### Across seeds" in report and "| overload | vtc | 3 |" in report
+    assert "### Across seeds" in report and "| overload | the figure of two clients" in report
+    assert "| arena (arrivals ±1 ms) | the real-trace table" in report
+    assert "Moving every arrival of the arena trace by up to 1 ms (" in report
     summary = json.loads((tmp_path / "metrics.json").read_text())
-    assert summary["settings"]["seeds"] == 3 and len(summary["seeds"]) == 2
+    assert summary["settings"]["seeds"] == 3 and len(summary["seeds"]) == 2 + len(PAPER_POLICIES)
     assert (tmp_path / "results" / "overload" / "vtc_seed-2.jsonl").is_file()
+    assert (tmp_path / "results" / ARENA / "vtc_seed-2.jsonl").is_file()
 
 
 @pytest.mark.slow
@@ -387,3 +401,30 @@ def test_a_comparisons_report_says_only_what_is_true_of_it(tiny_experiment):
     intro = tiny_experiment.report_md.read_text().split("## ", 1)[0]
     assert PAPER_LABEL not in intro and "mode)" not in intro
     assert "tiny: T = 90 s, w = 20 s, warmup = 10 s" in intro
+
+
+def test_a_sweep_gets_a_table_and_a_figure_against_its_argument(tmp_path, monkeypatch):
+    install_module(tmp_path, monkeypatch)
+    trace = tmp_path / "small.jsonl"
+    write_trace(tiny_workload().records, trace)
+    out = tmp_path / "cmp"
+    result = CliRunner().invoke(
+        experiment_app,
+        ["compare", "--trace", str(trace), "--policies", "fcfs,vtc", "--out", str(out),
+         "--sweep", f"{MODULE}:Newest(scale=[1, 2, 4], tag=['a', 'b'])",
+         "--duration", "90", "--window", "20", "--warmup", "10", "--workers", "1"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    # Each point's results file, named as its row, without a stray dash.
+    assert (out / "results" / "small" / "Newest-scale=4-tag=-b.jsonl").is_file()
+    sweep = json.loads((out / "metrics.json").read_text())["sweep"]
+    assert sweep["varied"] == {"scale": [1, 2, 4], "tag": ["a", "b"]}
+    assert [row["arguments"] for row in sweep["rows"]][:2] == [
+        {"scale": 1, "tag": "a"},
+        {"scale": 1, "tag": "b"},
+    ]
+    assert len(sweep["rows"]) == 6 and {row["workload"] for row in sweep["rows"]} == {"small"}
+    report = (out / "report.md").read_text()
+    assert "## Sweep over scale, tag" in report and "| small | 4 | 'b' |" in report
+    assert "](figures/sweep.png)" in report
+    assert_png(out / "figures" / "sweep.png")

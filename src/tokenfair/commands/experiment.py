@@ -270,13 +270,22 @@ def paper(
     Example: tokenfair experiment paper --quick --out experiments/paper
     """
     check_seeds(seeds)
-    extra = with_sweep(split_policies(policies), sweep)
-    check_policies(extra, [*PAPER_POLICIES, WEIGHTED_POLICY], "the paper experiment")
+    extra = split_policies(policies)
+    check_policies(
+        with_sweep(extra, sweep), [*PAPER_POLICIES, WEIGHTED_POLICY], "the paper experiment"
+    )
     check_output_folder(out)
     folder = paper_data(shared)
     with progress_bar("paper experiment") as advance:
         result = run_paper_experiment(
-            out, quick, folder, advance, workers=workers, extra_policies=extra, seeds=seeds
+            out,
+            quick,
+            folder,
+            advance,
+            workers=workers,
+            extra_policies=extra,
+            seeds=seeds,
+            sweep=sweep,
         )
     publish(result)
     print_summary(result, ARENA)
@@ -318,11 +327,11 @@ def compare(
     \b
     Example: tokenfair experiment compare --trace ../shared/traces/arena_vtc_600s.jsonl --policies fcfs,vtc,rpm:20 --out cmp
     """
-    chosen = with_sweep(split_policies(policies), sweep)
-    if not chosen:
+    chosen = split_policies(policies)
+    if not with_sweep(chosen, sweep):
         fail("--policies is empty: name at least one policy, e.g. fcfs,vtc")
     weighted = [WEIGHTED_POLICY] if weights and WEIGHTED_POLICY not in chosen else []
-    check_policies(chosen, weighted, "this comparison")
+    check_policies(with_sweep(chosen, sweep), weighted, "this comparison")
     config = build_config(
         preset, kv_tokens, None, None, None, None, None, prefix_caching=prefix_caching
     )
@@ -347,6 +356,7 @@ def compare(
                 progress=advance,
                 config=config,
                 preset=preset,
+                sweep=sweep,
             )
         publish(result)
     except (OSError, ValueError) as error:

@@ -59,8 +59,15 @@ from tokenfair.experiments.runner import (
     RunOutcome,
     run_jobs,
 )
-from tokenfair.experiments.seeds import SeedSpread, is_seed_outcome, reseeded, seed_spreads
+from tokenfair.experiments.seeds import (
+    SeedSpread,
+    is_seed_outcome,
+    jittered,
+    reseeded,
+    seed_spreads,
+)
 from tokenfair.experiments.summary import RunSummary, summary_row
+from tokenfair.experiments.sweep import SweepSummary, sweep_points, sweep_summary
 from tokenfair.experiments.targets import TargetCheck, check_targets
 from tokenfair.experiments.workloads import (
     ARENA,
@@ -128,6 +135,8 @@ class ExperimentResult:
     # The synthetic suites over several draws (experiments/seeds.py), when asked.
     seed_spreads: list[SeedSpread] = field(default_factory=list)
     seed_outcomes: list[RunOutcome] = field(default_factory=list)  # draws 1 .. N-1
+    # A policy of one's own over a grid of its arguments (experiments/sweep.py).
+    sweep: SweepSummary | None = None
 
     def outcomes_for(self, workload: str) -> list[RunOutcome]:
         return [o for o in self.outcomes if o.workload.name == workload]
@@ -207,6 +216,8 @@ def write_run_files(result: ExperimentResult) -> None:
         }
     if result.seed_spreads:
         summary["seeds"] = [asdict(row) for row in result.seed_spreads]
+    if result.sweep is not None:
+        summary["sweep"] = asdict(result.sweep)
     if result.neighbor:
         summary["long_neighbor"] = {
             "settings": result.neighbor_settings,
@@ -244,9 +255,12 @@ def run_experiment(
     workers: int = DEFAULT_WORKERS,
     progress: ProgressFn | None = None,
     preset: str = "paper",
+    sweep: str | None = None,
 ) -> ExperimentResult:
     """Run every policy on every workload and write their results and metrics.json
-    (`preset`: what `config` is, for the report: paper or engine)."""
+    (`preset`: what `config` is, for the report: paper or engine; `sweep`: a policy
+    of one's own over a grid of its arguments, its points run beside `policies`)."""
+    policies = [*policies, *sweep_points(sweep)]
     weighted = any(w.weights for w in workloads) and WEIGHTED_POLICY not in policies
     check_policy_specs(policies, [WEIGHTED_POLICY] if weighted else [], "this comparison")
     started = time.perf_counter()
@@ -271,6 +285,7 @@ def run_experiment(
             "policies": kept,
         },
         failures=[str(f) for f in failures],
+        sweep=sweep_summary(sweep, outcomes) if sweep else None,
     )
     return _finish(result, started)
 
@@ -288,6 +303,7 @@ def run_paper_experiment(
     neighbor: bool = True,
     extra_policies: Sequence[str] = (),
     seeds: int = 1,
+    sweep: str | None = None,
 ) -> ExperimentResult:
     """The paper's experiments: the arena table, every synthetic suite, the ablation,
     and beyond the paper the locality experiment (clients sharing prompt prefixes).
@@ -298,12 +314,15 @@ def run_paper_experiment(
     other built-in names) run beside the paper's on the arena trace, every suite and the
     ablation (PolicyClash, before anything runs, for one called like another); one that
     fails is left out and said in `failures`, the others' results kept. `seeds` > 1
-    draws every synthetic suite that many times (experiments/seeds.py): the tables keep
-    draw 0, `seed_spreads` gives each policy's mean and range over all of them.
+    draws every synthetic suite that many times and replays the arena trace as often
+    with its arrivals jittered by up to 1 ms (experiments/seeds.py): the tables keep
+    draw 0, `seed_spreads` gives each policy's median and range over all of them.
+    `sweep` runs a policy of one's own over a grid of its arguments beside the extras,
+    summed up in `sweep` (experiments/sweep.py).
     """
     if seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")
-    extras = list(extra_policies)
+    extras = [*extra_policies, *sweep_points(sweep)]
     check_policy_specs(extras, [*PAPER_POLICIES, WEIGHTED_POLICY], "the paper experiment")
     started = time.perf_counter()
     config = SchedulerConfig.paper()
@@ -314,8 +333,7 @@ def run_paper_experiment(
     for workload in workloads:
         policies = arena_policies if workload.name == ARENA else suite_policies
         jobs += [Job(workload, p, config) for p in policies_for(workload, policies)]
-    suite_jobs = [job for job in jobs if job.workload.name != ARENA]
-    jobs += reseeded(suite_jobs, seeds, suite_workload)  # draws 1 .. seeds-1
+    jobs += reseeded(jobs, seeds, _draw)  # draws 1 .. seeds-1
     if ablation:
         ablating = QUICK_ABLATION_POLICIES if quick else ABLATION_POLICIES
         jobs += ablation_jobs([*ablating, *extras])
@@ -369,12 +387,21 @@ def run_paper_experiment(
         neighbor=neighbor_rows(neighbor_outcomes),
         neighbor_settings=neighbor_settings(neighbor_seeds) if neighbor_outcomes else {},
         failures=[str(f) for f in failures],
-        seed_spreads=seed_spreads([o for o in main if o.workload.name != ARENA] + seeded),
+        seed_spreads=seed_spreads(main + seeded),
         seed_outcomes=seeded,
+        sweep=sweep_summary(sweep, main) if sweep else None,
     )
     if seeds > 1:
         result.settings["seeds"] = seeds
     return _finish(result, started)
+
+
+def _draw(workload: Workload, seed: int) -> Workload:
+    """Draw `seed` of a paper workload: the suite generated with that seed; the arena
+    trace, one fixed trace, with its arrivals jittered by up to 1 ms."""
+    return (
+        jittered(workload, seed) if workload.name == ARENA else suite_workload(workload.name, seed)
+    )
 
 
 def run_compare(
@@ -391,11 +418,12 @@ def run_compare(
     progress: ProgressFn | None = None,
     config: SchedulerConfig | None = None,
     preset: str = "paper",
+    sweep: str | None = None,
 ) -> ExperimentResult:
-    """Replay one trace under `policies` on `config` (default: the paper's system) and
-    write the same files."""
+    """Replay one trace under `policies` (and the points of `sweep`) on `config`
+    (default: the paper's system) and write the same files."""
     workload = trace_workload(trace_path, None, duration_s, window_s, warmup_s, weights)
-    labels = ", ".join(policy_label(p) for p in policies)
+    labels = ", ".join(policy_label(p) for p in [*policies, *([sweep] if sweep else [])])
     return run_experiment(
         [workload],
         policies,
@@ -406,4 +434,5 @@ def run_compare(
         workers=workers,
         progress=progress,
         preset=preset,
+        sweep=sweep,
     )

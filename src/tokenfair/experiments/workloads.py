@@ -24,6 +24,22 @@ PAPER_SUITES = tuple(
     if name != "arena-x10" and name not in PREFIX_SUITES and name not in NEIGHBOR_SUITES
 )
 
+# Which of the paper's results each workload stands for (SPEC section 7): the real-trace
+# table, and the synthetic workloads' figures, named by what they show.
+PAPER_RESULTS = {
+    ARENA: "the real-trace table (Chatbot Arena, 27 clients)",
+    "overload": "the figure of two clients in overload (1.5 and 3 req/s)",
+    "proportional": "the figure of clients asking for less than their share",
+    "on_off_less": "the figure of an ON/OFF client asking for less than its share",
+    "on_off_overload": "the figure of an ON/OFF client in overload",
+    "poisson_short_long": "the figure of Poisson arrivals, short and long requests",
+    "poisson_short_long_2": "the figure of Poisson arrivals, long prompts and long outputs",
+    "increase": "the figure of a client whose rate rises",
+    "dist_shift": "the figure of a workload shifting through three phases",
+    "overload-multi": "the figure of eight clients in overload",
+    "overload-weighted": "the weighted VTC figure (weights 1, 2, 3, 4)",
+}
+
 
 @dataclass(frozen=True, slots=True)
 class Workload:

@@ -36,11 +36,13 @@ from tokenfair.report.locality_report import locality_blocks, plot_locality
 from tokenfair.report.narrative import workload_paragraph
 from tokenfair.report.neighbor_report import neighbor_blocks, plot_step_share
 from tokenfair.report.seeds_report import seed_blocks
+from tokenfair.report.sweep_report import plot_sweep, sweep_blocks
 from tokenfair.report.validation_figure import validation_figures
 
 ARENA = "arena"
 LOCALITY = "locality"  # the figure's workload label: it spans the prefix suites
 NEIGHBOR = "long-neighbor"  # the step-share figure's, across both cases
+SWEEP = "sweep"  # the sweep figure's, across the workloads
 SIMULATED_LABEL = "tokenfair (simulated)"
 ARENA_HEADER = (
     "scheduler",
@@ -388,6 +390,8 @@ def report_blocks(result: ExperimentResult, figures: Sequence[Figure]) -> list[B
             *cached_tokens_table(outcomes),
             *_images(figures, workload.name),
         ]
+    sweep_figure = next((f.path for f in figures if f.workload == SWEEP), None)
+    blocks += sweep_blocks(result.sweep, sweep_figure)
     blocks += seed_blocks(result.seed_spreads)
     blocks += ablation_blocks(result.ablation, figures)
     if result.locality is not None:
@@ -428,6 +432,16 @@ def publish(result: ExperimentResult) -> list[Figure]:
                 "throughput, prefix hit rate and Max Diff beside the fluid fair-share ideal "
                 "per policy, on the suites whose clients share prompt prefixes",
                 LOCALITY,
+            )
+        )
+    swept = plot_sweep(result.sweep, result.outcomes, result.out_dir) if result.sweep else None
+    if swept is not None:
+        figures.append(
+            Figure(
+                swept,
+                "sweep",
+                "Max Diff against the swept argument, one panel per workload",
+                SWEEP,
             )
         )
     step_share = plot_step_share(result.neighbor, result.out_dir)
