@@ -55,9 +55,7 @@ heavy_requests = st.lists(
     min_size=4,
     max_size=10,
 )
-light_requests = st.lists(
-    st.tuples(st.integers(8, 96), st.integers(1, 8)), min_size=3, max_size=12
-)
+light_requests = st.lists(st.tuples(st.integers(8, 96), st.integers(1, 8)), min_size=3, max_size=12)
 mixes = st.builds(
     Mix,
     heavy=st.lists(st.tuples(st.integers(1, 3), heavy_requests), min_size=1, max_size=3),
@@ -73,7 +71,10 @@ def run_mix(mix: Mix) -> tuple[list[int], int]:
     weights = {f"heavy-{i}": float(w) for i, (w, _) in enumerate(mix.heavy)}
     weights |= {f"light-{i}": float(w) for i, (w, _, _) in enumerate(mix.light)}
     config = SchedulerConfig(
-        kv_tokens=POOL_TOKENS, max_num_seqs=32, max_batched_tokens=2048, step_share_tokens=STEP_SHARE
+        kv_tokens=POOL_TOKENS,
+        max_num_seqs=32,
+        max_batched_tokens=2048,
+        step_share_tokens=STEP_SHARE,
     )
     sched = Scheduler(config, make_policy("wvtc", weights=weights))
     for i, (_, requests) in enumerate(mix.heavy):

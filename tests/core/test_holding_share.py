@@ -358,6 +358,24 @@ def test_several_long_prompt_tenants_share_one_step_share_between_them() -> None
         assert any(s.request is chat for s in out.scheduled)  # the decode goes on
 
 
+def test_a_share_a_waiting_tenant_cannot_use_goes_to_the_running_prefill() -> None:
+    # "blocked"'s request waits for the seat "long" holds; the step's share set aside
+    # for it would go unused, and "long"'s prefill would crawl at half a share a step,
+    # holding its seat and memory longer. What a waiting tenant cannot use tops up the
+    # prefill.
+    sched = scheduler(
+        kv_tokens=100_000, max_num_seqs=1, max_batched_tokens=2048, step_share_tokens=768
+    )
+    long = make_request("long", input_tokens=6000, output_tokens=4)
+    sched.add_request(long, 0.0)
+    fake_step(sched, 0.0)  # alone: its first chunk is the whole budget
+    blocked = make_request("blocked", input_tokens=5000, output_tokens=4)
+    sched.add_request(blocked, 0.1)
+    out = fake_step(sched, 0.1)
+    assert blocked.status is RequestStatus.WAITING
+    assert [(s.request.client, s.num_new_tokens) for s in out.scheduled] == [("long", 768)]
+
+
 def test_a_tenant_alone_takes_the_whole_step() -> None:
     sched = scheduler(kv_tokens=100_000, step_share_tokens=256)
     long = make_request("long", input_tokens=4000, output_tokens=4)

@@ -89,8 +89,10 @@ class Admission:
             budget -= n
             self._start(head, hit, n, table, first_in_line, out, now)
             admitted += 1
-        if admitted and self.step_share is not None:
-            self.step_share.cut_for_newcomers(out.scheduled)
+        if self.step_share is not None:
+            if admitted:
+                self.step_share.cut_for_newcomers(out.scheduled)
+            self.step_share.top_up(out.scheduled, budget, host.kv.allocate)
         self.stepped_aside = frozenset(aside) if aside else frozenset()  # (a singleton)
         return admitted
 

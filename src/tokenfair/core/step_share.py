@@ -30,7 +30,7 @@ One `StepShare` serves a scheduler for its whole life: `begin` clears it at each
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from tokenfair.core.batch import ScheduledRequest
 from tokenfair.core.policies.base import Policy
@@ -159,6 +159,32 @@ class StepShare:
         for planned in others:
             if planned.num_new_tokens > each:
                 planned.num_new_tokens = each  # a prompt chunk (a decode is one token)
+
+    def top_up(
+        self,
+        scheduled: list[ScheduledRequest],
+        budget: int,
+        allocate: Callable[[Request, int], list[int] | None],
+    ) -> None:
+        """Give the step share that tenants waiting could not use (none of their
+        requests could start) to the running prefills, in plan order, so that a step
+        carries a whole share while a tenant is in prefill. Not in a step where a
+        request starts (it stays short for it), never beyond `budget` tokens, and only
+        as far as `allocate` finds blocks."""
+        if self._started or self._parts is None:
+            return  # a newcomer's step, or nobody's chunk was capped
+        left = min(self.limit - sum(self._taken.values()), budget)
+        for planned in scheduled:
+            if left <= 0:
+                return
+            request = planned.request
+            end = planned.start + planned.num_new_tokens
+            extra = min(request.num_tokens - end, left)
+            if extra <= 0 or allocate(request, end + extra) is None:
+                continue  # a decode, a whole prompt, or a pool too short to grow
+            planned.num_new_tokens += extra
+            self.count(request.client, extra)
+            left -= extra
 
 
 def _water_fill(
