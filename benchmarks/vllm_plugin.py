@@ -15,6 +15,16 @@ Two scenarios, each against stock vLLM (FCFS) and vLLM with
   the KV cache limited to `--kv-tokens`. Max/Avg Diff (SPEC section 6, computed by tokenfair's
   own metrics on the recorded results, over the same time-scaled ticks and window)
   and throughput. The trace's client ids name the tenants.
+- long, mix (on servers of their own: an 8,192-token context and a KV pool holding
+  four `--long-prompt`-token prompts): `--long-streams` streams of long prompts
+  (6,144 in, 32 out; each stream sends its next one when the last ends) beside a chat
+  tenant sending one request (64 in, 32 out) every 0.5 s (`long`), or two long
+  tenants with that many streams each beside two such chat tenants (`mix`), for
+  `--long-s` seconds. The chat tenants' TTFT p99 against the chat tenant alone (its
+  own requests on stock vLLM), their TPOT p50, and the long tenants' prompt and
+  output tokens per second, under stock vLLM, the plugin (`vtc`) and, with
+  `--before-src DIR`, the plugin from another tree (DIR/src: the plugin before a
+  change).
 
 Prints one JSON line per scenario; per-request results go to out/vllm_plugin/.
 Run from the main environment (it needs tokenfair's metrics); vLLM runs from
@@ -51,6 +61,9 @@ MODEL = "tiny"
 VOCAB = 1024
 HEAVY = (64, 64)  # flood requests: prompt and output tokens
 LIGHT = (16, 8)
+LONG_OUTPUT = 32  # long-neighbour requests' output tokens
+CHAT = (64, 32)  # chat requests: prompt and output tokens
+CHAT_EVERY_S = 0.5
 
 
 def free_port() -> int:
@@ -64,18 +77,29 @@ def prompt(length: int, rng: random.Random) -> list[int]:
 
 
 class Server:
-    def __init__(self, model_dir: Path, plugin: bool, args: argparse.Namespace, log: Path):
+    def __init__(
+        self,
+        model_dir: Path,
+        plugin: bool,
+        args: argparse.Namespace,
+        log: Path,
+        *,
+        src: Path = ROOT / "src",
+        kv_tokens: int | None = None,
+        max_model_len: int = 2048,
+    ):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         block = 32
+        kv_tokens = args.kv_tokens if kv_tokens is None else kv_tokens
         command = [
             str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(model_dir), "--served-model-name", MODEL,
             "--host", "127.0.0.1", "--port", str(self.port),
-            "--max-model-len", "2048", "--dtype", "float32", "--enforce-eager",
+            "--max-model-len", str(max_model_len), "--dtype", "float32", "--enforce-eager",
             "--max-num-seqs", str(args.max_num_seqs), "--no-enable-prefix-caching",
             "--block-size", str(block),
-            "--num-gpu-blocks-override", str(args.kv_tokens // block),
+            "--num-gpu-blocks-override", str(-(-kv_tokens // block)),
         ]  # fmt: skip
         if plugin:
             settings = {"tokenfair": {"policy": "vtc", "log_interval_s": 30}}
@@ -83,7 +107,7 @@ class Server:
             command += ["--additional-config", json.dumps(settings)]
         env = dict(
             os.environ,
-            PYTHONPATH=str(ROOT / "src"),
+            PYTHONPATH=str(src),
             HF_HUB_OFFLINE="1",
             TRANSFORMERS_OFFLINE="1",
             VLLM_NO_USAGE_STATS="1",
@@ -268,6 +292,151 @@ def arena_figures(results: list[dict[str, Any]], args: argparse.Namespace) -> di
     }
 
 
+async def long_neighbour(
+    url: str, long_tenants: int, chat_tenants: int, args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    """`long_tenants` tenants keep `--long-streams` long prompts each outstanding (each
+    stream sends its next one when the last ends) while `chat_tenants` tenants each send
+    a chat request every 0.5 s, for `--long-s` seconds; every request is awaited."""
+    client = make_client(url)
+    results: list[dict[str, Any]] = []
+    start = time.monotonic()
+    end = start + args.long_s
+    counter = iter(range(1_000_000))
+
+    async def long_stream(tenant: str) -> None:
+        while time.monotonic() < end:
+            i = next(counter)
+            tokens = prompt(args.long_prompt, random.Random(f"{tenant}-{i}"))
+            await stream(client, f"{tenant}-{i}", tenant, tokens, LONG_OUTPUT, start, results)
+
+    async def chat(tenant: str, offset_s: float) -> None:
+        tasks = []
+        for i in range(int(args.long_s / CHAT_EVERY_S)):
+            delay = offset_s + i * CHAT_EVERY_S - (time.monotonic() - start)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tokens = prompt(CHAT[0], random.Random(f"{tenant}-{i}"))
+            request = stream(client, f"{tenant}-{i}", tenant, tokens, CHAT[1], start, results)
+            tasks.append(asyncio.create_task(request))
+        await asyncio.gather(*tasks)
+
+    loads = [
+        long_stream(f"long-{t}") for t in range(long_tenants) for _ in range(args.long_streams)
+    ]
+    # The chat tenants' requests interleave (a quarter of the period apart).
+    loads += [chat(f"chat-{t}", 0.1 + t * CHAT_EVERY_S / 4) for t in range(chat_tenants)]
+    await asyncio.gather(*loads)
+    await client.close()
+    return results
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def chat_figures(results: list[dict[str, Any]]) -> dict[str, float]:
+    chat = [r for r in results if r["client"].startswith("chat")]
+    ttft = [r["first_token_s"] - r["arrival_s"] for r in chat]
+    tpot = [(r["finish_s"] - r["first_token_s"]) / (r["output_tokens"] - 1) for r in chat]
+    return {
+        "chat_requests": len(chat),
+        "chat_ttft_p50_s": round(statistics.median(ttft), 4),
+        "chat_ttft_p99_s": round(percentile(ttft, 0.99), 4),
+        "chat_tpot_p50_s": round(statistics.median(tpot), 5),
+    }
+
+
+def long_figures(results: list[dict[str, Any]]) -> dict[str, float]:
+    """The chat figures, and the long tenants' prompt and output tokens per second over
+    the run (every long request sent was served to its end)."""
+    long = [r for r in results if r["client"].startswith("long")]
+    wall = max(r["finish_s"] for r in results) - min(r["arrival_s"] for r in results)
+    tokens = sum(r["input_tokens"] + r["output_tokens"] for r in long)
+    return {
+        **chat_figures(results),
+        "long_requests": len(long),
+        "long_tok_s": round(tokens / wall, 1),
+    }
+
+
+def run_long_scenarios(model_dir: Path, args: argparse.Namespace, names: list[str]) -> None:
+    """The long-neighbour scenarios, each mode on a server of its own (an 8,192-token
+    context, a pool holding four long prompts): stock (and the chat tenant alone on it),
+    the plugin, and with `--before-src` the plugin from that tree."""
+    shapes = {"long": (1, 1), "mix": (2, 2)}  # long tenants, chat tenants
+    kv_tokens = 4 * (args.long_prompt + 2 * LONG_OUTPUT)
+    modes = [("stock", None), ("plugin", ROOT / "src")]
+    if args.before_src is not None:
+        modes.append(("before", args.before_src / "src"))
+    if args.plugin_first:
+        modes.reverse()
+    figures: dict[str, dict[str, Any]] = {name: {} for name in names}
+    for mode, src in modes:
+        server = Server(
+            model_dir,
+            src is not None,
+            args,
+            OUT / f"server-long-{mode}.log",
+            src=src or ROOT / "src",
+            kv_tokens=kv_tokens,
+            max_model_len=8192,
+        )
+        try:
+            server.wait_healthy()
+            if mode == "stock":
+                alone = asyncio.run(long_neighbour(server.url, 0, 1, args))
+                save(alone, "alone", "stock")
+                figures["alone"] = chat_figures(alone)
+            for name in names:
+                long_tenants, chat_tenants = shapes[name]
+                results = asyncio.run(long_neighbour(server.url, long_tenants, chat_tenants, args))
+                save(results, name, mode)
+                figures[name][mode] = long_figures(results)
+        finally:
+            server.stop()
+    alone = figures["alone"]
+    for name in names:
+        runs = figures[name]
+        for run in runs.values():
+            run["chat_ttft_p99_vs_alone"] = round(
+                run["chat_ttft_p99_s"] / alone["chat_ttft_p99_s"], 1
+            )
+            run["long_tok_s_vs_stock"] = round(run["long_tok_s"] / runs["stock"]["long_tok_s"], 3)
+        print(
+            json.dumps(
+                {
+                    "benchmark": "vllm_plugin",
+                    "scenario": name,
+                    "policy": "vtc",
+                    "long_prompt": args.long_prompt,
+                    "long_streams_per_tenant": args.long_streams,
+                    "kv_tokens": kv_tokens,
+                    "seconds": args.long_s,
+                    "chat_alone": alone,
+                    **runs,
+                    "order": "plugin first" if args.plugin_first else "stock first",
+                }
+            )
+        )
+
+
+def save(results: list[dict[str, Any]], scenario: str, mode: str) -> None:
+    with (OUT / f"{scenario}-{mode}.jsonl").open("w") as file:
+        for row in results:
+            file.write(json.dumps(row) + "\n")
+
+
+def build_model(model_dir: Path, max_positions: int = 4096) -> None:
+    if (model_dir / "config.json").exists():
+        return
+    builder = ROOT / "tests" / "integrations" / "vllm" / "tiny_model.py"
+    command = [str(VLLM_PYTHON), str(builder), str(model_dir), "--layers", "4"]
+    command += ["--vocab", str(VOCAB), "--max-positions", str(max_positions)]
+    subprocess.run(command, check=True, cwd=ROOT)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--flood", type=int, default=48, help="heavy requests outstanding")
@@ -281,7 +450,17 @@ def main() -> None:
     parser.add_argument("--kv-tokens", type=int, default=8192)
     parser.add_argument("--shared", type=Path, default=ROOT.parent / "shared")
     parser.add_argument(
-        "--scenarios", default="flood,arena", help="comma-separated, of flood and arena"
+        "--scenarios",
+        default="flood,arena",
+        help="comma-separated, of flood, arena, long and mix",
+    )
+    parser.add_argument("--long-prompt", type=int, default=6144, help="long prompts' tokens")
+    parser.add_argument("--long-streams", type=int, default=8, help="streams per long tenant")
+    parser.add_argument("--long-s", type=float, default=60.0, help="long scenarios' duration")
+    parser.add_argument(
+        "--before-src",
+        type=Path,
+        help="a tree whose src/ holds the plugin to compare with (long and mix)",
     )
     parser.add_argument(
         "--plugin-first",
@@ -291,31 +470,26 @@ def main() -> None:
     args = parser.parse_args()
     if not VLLM_PYTHON.exists():
         raise SystemExit(f"vLLM environment not found at {VLLM_PYTHON}: `make vllm-env` builds it")
+    OUT.mkdir(parents=True, exist_ok=True)
+    model_dir = OUT / "model"
+    scenarios = {name.strip() for name in args.scenarios.split(",")}
+    if not scenarios <= {"flood", "arena", "long", "mix"}:
+        raise SystemExit(
+            f"--scenarios: expected some of flood, arena, long and mix, got {args.scenarios!r}"
+        )
+    long_names = [name for name in ("long", "mix") if name in scenarios]
+    if long_names:
+        long_model = OUT / "model-8k"
+        build_model(long_model, max_positions=8192)
+        run_long_scenarios(long_model, args, long_names)
+    if not scenarios & {"flood", "arena"}:
+        return
     trace_path = args.shared / "traces" / "arena_vtc_600s.jsonl"
     trace = [json.loads(line) for line in trace_path.read_text().splitlines() if line.strip()]
     # A seeded thinning keeps every client's arrival pattern at a fraction of its rate.
     thinning = random.Random(3)
     trace = [row for row in trace if thinning.random() < args.sample]
-    OUT.mkdir(parents=True, exist_ok=True)
-    model_dir = OUT / "model"
-    if not (model_dir / "config.json").exists():
-        builder = ROOT / "tests" / "integrations" / "vllm" / "tiny_model.py"
-        subprocess.run(
-            [
-                str(VLLM_PYTHON),
-                str(builder),
-                str(model_dir),
-                "--layers",
-                "4",
-                "--vocab",
-                str(VOCAB),
-            ],
-            check=True,
-            cwd=ROOT,
-        )
-    scenarios = {name.strip() for name in args.scenarios.split(",")}
-    if not scenarios <= {"flood", "arena"}:
-        raise SystemExit(f"--scenarios: expected flood and/or arena, got {args.scenarios!r}")
+    build_model(model_dir)
     runs: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for mode in ("plugin", "stock") if args.plugin_first else ("stock", "plugin"):
         server = Server(model_dir, mode == "plugin", args, OUT / f"server-{mode}.log")
@@ -329,9 +503,7 @@ def main() -> None:
         finally:
             server.stop()
         for scenario, results in runs[mode].items():
-            with (OUT / f"{scenario}-{mode}.jsonl").open("w") as file:
-                for row in results:
-                    file.write(json.dumps(row) + "\n")
+            save(results, scenario, mode)
     common = {"benchmark": "vllm_plugin", "policy": "vtc", "max_num_seqs": args.max_num_seqs}
     if "flood" in scenarios:
         print_flood(runs, args, common)

@@ -17,7 +17,13 @@ FIRST_WORD = 3
 
 
 def build(
-    out: str | Path, *, hidden: int = 256, layers: int = 2, vocab: int = 512, seed: int = 0
+    out: str | Path,
+    *,
+    hidden: int = 256,
+    layers: int = 2,
+    vocab: int = 512,
+    seed: int = 0,
+    max_positions: int = 4096,
 ) -> Path:
     """Write the model and tokenizer to `out` (head size 64, the CPU kernels' size)."""
     import torch
@@ -41,7 +47,7 @@ def build(
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=max(1, heads // 2),
-        max_position_embeddings=4096,
+        max_position_embeddings=max_positions,
         bos_token_id=BOS,
         eos_token_id=EOS,
         tie_word_embeddings=False,
@@ -69,8 +75,16 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--vocab", type=int, default=512)
+    parser.add_argument("--max-positions", type=int, default=4096)
     args = parser.parse_args()
-    print(build(args.out, hidden=args.hidden, layers=args.layers, vocab=args.vocab))
+    built = build(
+        args.out,
+        hidden=args.hidden,
+        layers=args.layers,
+        vocab=args.vocab,
+        max_positions=args.max_positions,
+    )
+    print(built)
 
 
 if __name__ == "__main__":

@@ -72,6 +72,11 @@ class PluginConfig(BaseModel):
     # request of the tenant holding the most blocks per unit of weight goes first, then
     # the policy's own order (the VTC family; docs/vllm.md, "What a tenant holds").
     share_memory: bool = True
+    # The step's prompt tokens shared while more than one tenant has work: the running
+    # prefills' chunks take at most this many tokens of a step together, by weight, and
+    # a request starting with its whole prompt runs at once (core/step_share.py;
+    # docs/vllm.md, "What a tenant holds"); null: vLLM fills the step as it would.
+    step_share_tokens: int | None = Field(768, ge=1)
     # A per-tenant status line in vLLM's log every this many seconds while busy; 0: off.
     log_interval_s: float = Field(10.0, ge=0)
     # Serve per-tenant Prometheus metrics from the engine process on this port

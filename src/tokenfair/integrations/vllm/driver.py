@@ -131,7 +131,7 @@ class PolicyDriver(Generic[H]):
             entry.running = False
             self._stats(entry.shadow.client).running -= 1
 
-    def _next(self) -> RequestView | None:
+    def next_view(self) -> RequestView | None:
         """The policy's head, unless its tenant is set aside: then the first waiting
         request of a tenant that is not (the head when all are)."""
         head = self.policy.peek()
@@ -143,13 +143,13 @@ class PolicyDriver(Generic[H]):
         return head
 
     def peek(self) -> H | None:
-        shadow = self._next()
+        shadow = self.next_view()
         return None if shadow is None else self._entries[shadow.request_id].handle
 
     def pop(self) -> H:
         """Take the next request of the fair queue (IndexError when empty); nothing is
         charged."""
-        shadow = self._next()
+        shadow = self.next_view()
         if shadow is None:
             raise IndexError("pop from an empty waiting queue")
         if shadow is self.policy.peek():

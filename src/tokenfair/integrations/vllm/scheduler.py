@@ -58,11 +58,12 @@ from tokenfair.core.request import FinishReason
 from tokenfair.integrations.vllm.config import PluginConfig, load_plugin_config
 from tokenfair.integrations.vllm.driver import PolicyDriver
 from tokenfair.integrations.vllm.fields import output_hint_of, tenant_of
-from tokenfair.integrations.vllm.memory_share import tenants_aside
+from tokenfair.integrations.vllm.memory_share import Pool, blocks_asked, walk_memory
 from tokenfair.integrations.vllm.metrics import StatusLog, serve_prometheus
 from tokenfair.integrations.vllm.policies import PluginPolicy
 from tokenfair.integrations.vllm.prefix_cache import VllmPrefixCache
 from tokenfair.integrations.vllm.queues import AsyncLoadQueue, HoldingQueue, PolicyQueue
+from tokenfair.integrations.vllm.step_share import Prefill, StepPlan
 from tokenfair.integrations.vllm.surface import (
     BLOCK_POOL_COUNTS,
     BLOCK_POOL_METHODS,
@@ -158,9 +159,12 @@ class FairSchedulerMixin:
     policy: SchedulingPolicy
     kv_cache_manager: Any
     block_size: int
+    max_num_running_reqs: int
     # False on a scheduler built without __init__ (vLLM's tests do): the overrides
     # then leave everything to vLLM.
     _tokenfair_ready = False
+    # The step's prompt chunks by request (step_share.py); None: the step is not shared.
+    _step_plan: StepPlan | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -190,6 +194,10 @@ class FairSchedulerMixin:
                 + method_problems("BlockPool", type(pool), BLOCK_POOL_COUNTS)
                 + ([] if hasattr(pool, "num_gpu_blocks") else ["BlockPool.num_gpu_blocks"]),
             )
+        chunked = getattr(self.vllm_config.scheduler_config, "enable_chunked_prefill", False)
+        if config.step_share_tokens and chunked and self.plugin_policy.sorts_running:
+            # vLLM's own orders (fcfs, priority) schedule exactly as stock vLLM does.
+            self._step_plan = StepPlan(config.step_share_tokens, self.plugin_policy.policy)
         self._popped: list[Request] = []
         self._warned: set[str] = set()
         # What each tenant held when `running` was last put in victim order, and the
@@ -313,26 +321,97 @@ class FairSchedulerMixin:
                 self.running.sort(key=lambda r: driver.holding_victim_key(r.request_id, now_held))
             else:
                 self.running.sort(key=lambda r: driver.victim_key(r.request_id))
+        aside: frozenset[str] = frozenset()
         if share_memory and len(driver):
             pool = self.kv_cache_manager.block_pool
-            driver.aside = self.memory_aside = tenants_aside(
+            aside = walk_memory(
                 driver,
                 self.running,
-                held if held is not None else self._holdings,
-                pool.get_num_free_blocks(),
-                pool.num_gpu_blocks - 1,  # less the null block
-                self.block_size,
+                Pool(
+                    free_blocks=pool.get_num_free_blocks(),
+                    pool_blocks=pool.num_gpu_blocks - 1,  # less the null block
+                    block_size=self.block_size,
+                    free_seats=self.max_num_running_reqs - len(self.running),
+                    holdings=held if held is not None else self._holdings,
+                    preempt=self._preempt_for_memory,
+                ),
             )
+        driver.aside = self.memory_aside = aside
+        if self._step_plan is not None:
+            driver.aside = aside | self._plan_step()
         self._popped.clear()
         try:
             output = super().schedule(*args, **kwargs)  # type: ignore[misc]
         finally:
             driver.aside = frozenset()  # outside schedule(), the policy's order
+            if self._step_plan is not None:
+                self._step_plan.active = False
         if self._popped:
             self._settle(output.num_scheduled_tokens)
             self._popped.clear()  # the rest were put back: not charged
         self._status.tick()
         return output
+
+    def _preempt_for_memory(self, request_id: str) -> int:
+        """Push a running request out for a waiting one (memory_share.py), as vLLM's
+        own preemption does: off `running`, then `_preempt_request` (its blocks freed,
+        back to the front of its tenant's queue). Returns the free blocks after."""
+        request = self.requests[request_id]
+        self.running.remove(request)
+        self._preempt_request(request, time.monotonic())  # type: ignore[attr-defined]
+        return int(self.kv_cache_manager.block_pool.get_num_free_blocks())
+
+    def _plan_step(self) -> frozenset[str]:
+        """Plan the step's prompt chunks by tenant (step_share.py) before vLLM's pass;
+        returns the tenants whose waiting requests go after the others' for the step."""
+        plan, driver = self._step_plan, self.driver
+        assert plan is not None
+        tenant_of = driver.tenant_of
+        running = [
+            Prefill(
+                request.request_id,
+                tenant,
+                request.num_prompt_tokens,
+                request.num_output_tokens,
+                request.num_computed_tokens,
+            )
+            for request in self.running
+            if (tenant := tenant_of(request.request_id)) is not None
+        ]
+        policy = driver.policy
+        waiting: list[Prefill] = []
+        tenants = set(policy.waiting_tenants())
+        for view in policy.waiting_requests():
+            if view.client in tenants:
+                tenants.discard(view.client)
+                waiting.append(_waiting_prefill(view))
+                if not tenants:
+                    break
+        newcomer = None
+        first = driver.next_view()
+        if first is not None and len(self.running) < self.max_num_running_reqs:
+            pool = self.kv_cache_manager.block_pool
+            if blocks_asked(first, self.block_size) <= pool.get_num_free_blocks():
+                newcomer = _waiting_prefill(first)
+        return plan.plan(running, waiting, newcomer)
+
+    def _reserve_prefill_lookahead(
+        self, request: Request, num_computed_tokens: int, num_new_tokens: int
+    ) -> int:
+        """vLLM's last word on a request's tokens in the step, after its own caps: the
+        step share's chunk for it (step_share.py)."""
+        tokens = super()._reserve_prefill_lookahead(  # type: ignore[misc]
+            request, num_computed_tokens, num_new_tokens
+        )
+        plan = self._step_plan
+        if plan is None or not plan.active:
+            return int(tokens)
+        if request.status == RequestStatus.RUNNING:
+            tenant = None
+        elif (tenant := self.driver.tenant_of(request.request_id)) is None:
+            return int(tokens)
+        left = request.num_tokens - num_computed_tokens
+        return plan.chunk(request.request_id, tenant, int(tokens), left)
 
     def _holdings(self) -> dict[str, int]:
         """KV blocks each tenant's running requests hold (of the first KV cache group;
@@ -369,6 +448,11 @@ class FairSchedulerMixin:
             self._metrics_server.shutdown()
             self._metrics_server = None
         super().shutdown()  # type: ignore[misc]
+
+
+def _waiting_prefill(view: Any) -> Prefill:
+    """A waiting request as the step share reads it: nothing computed yet."""
+    return Prefill(view.request_id, view.client, view.input_tokens, view.num_output_tokens, 0)
 
 
 class FairScheduler(FairSchedulerMixin, Scheduler):

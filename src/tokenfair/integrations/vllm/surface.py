@@ -33,6 +33,12 @@ SCHEDULER_METHODS: dict[str, tuple[str, ...]] = {
     "_free_request": ("request",),
     "add_request": ("request",),
     "shutdown": (),
+    # Memory for a waiting request (memory_share.py): vLLM's own preemption, called as
+    # vLLM's reset_prefix_cache does, on a request the plugin took off `running`.
+    "_preempt_request": ("request", "timestamp"),
+    # The step share (step_share.py): vLLM's last word on each request's tokens in a
+    # step, after its own caps, in the running loop and the waiting loop alike.
+    "_reserve_prefill_lookahead": ("request", "num_computed_tokens", "num_new_tokens"),
 }
 SCHEDULER_ATTRIBUTES = (
     "vllm_config",
@@ -43,6 +49,7 @@ SCHEDULER_ATTRIBUTES = (
     "policy",
     "kv_cache_manager",
     "block_size",
+    "max_num_running_reqs",
 )
 REQUEST_ATTRIBUTES = (
     "request_id",
