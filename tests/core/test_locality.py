@@ -31,20 +31,20 @@ def warm(kv: KVCacheManager, group: str, tokens: int) -> None:
 
 def test_the_index_follows_growth_and_shrinkage_of_a_waiting_requests_prefix():
     kv = KVCacheManager(num_blocks=8, block_size=4, enable_prefix_caching=True)
-    grew: list[str] = []
-    index = CachedPrefixIndex(lambda r: grew.append(r.request_id))
+    grew: list[list[str]] = []
+    index = CachedPrefixIndex(lambda g: grew.append([r.request_id for r in g.requests()]))
     index.attach(kv)
     waiting = grouped("a", 20, "g", 16)
-    index.track(waiting)
+    group = index.track(waiting)
     assert index.blocks(waiting) == 0
     warm(kv, "g", 16)  # four blocks of the group become findable
-    assert grew == [waiting.request_id] and index.blocks(waiting) == 4
+    assert grew == [[waiting.request_id]] and index.blocks(waiting) == 4
     assert kv.wanted_evictions == 0
     filler = grouped("b", 32, None)
     kv.allocate(filler, 32)  # the whole pool: the wanted blocks are evicted too
     assert kv.wanted_evictions > 0
-    assert not index.verify(waiting)
-    assert index.blocks(waiting) == 0
+    assert index.verify(index.group_of(waiting)) is not None  # shorter now
+    assert index.blocks(waiting) == 0 and index.group_of(waiting) is group
     index.untrack(waiting)
     kv.check_invariants()
 

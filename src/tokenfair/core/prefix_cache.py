@@ -27,8 +27,9 @@ Without the names (vLLM's cache) the request is walked again from its first bloc
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 if TYPE_CHECKING:  # the policies package imports this module
     from tokenfair.core.kv_cache import KVCacheManager
@@ -74,28 +75,89 @@ class PrefixCache(Protocol):
         ...
 
 
-class _Tracked:
-    __slots__ = ("blocks", "hashes", "place", "request", "waits_on", "walked_at")
+class _Member:
+    __slots__ = ("group", "hashes", "order", "request")
 
-    def __init__(self, request: RequestView) -> None:
+    def __init__(self, request: RequestView, hashes: list[int], order: int) -> None:
         self.request = request
-        self.hashes: list[int] = []  # its matchable blocks' chain hashes
-        self.blocks = 0  # cached leading blocks, as last seen
-        self.walked_at = -1  # the cache's wanted evictions at the last check from block 0
-        self.waits_on: int | None = None  # the hash that would extend the match
-        # hash -> its first place in `hashes`, made at the first check that needs it
-        self.place: dict[int, int] | None = None
+        self.hashes = hashes  # its matchable blocks' chain hashes
+        self.order = order  # its place in line (its queue's)
+        self.group: PrefixGroup
+
+
+class PrefixGroup:
+    """Waiting requests of one queue and one (priority, band) that claim the same cached
+    prefix: the same chain of `blocks` leading blocks, checked and changed together."""
+
+    __slots__ = (
+        "band",
+        "blocks",
+        "chain",
+        "common",
+        "filed",
+        "key",
+        "members",
+        "nexts",
+        "owner",
+        "place",
+        "priority",
+        "rep",
+        "waits",
+        "walked_at",
+    )
+
+    def __init__(self, owner: object, priority: int, band: int, rep: _Member) -> None:
+        self.owner = owner  # the queue the members wait in
+        self.priority = priority
+        self.band = band
+        self.rep = rep  # a member, whose hashes stand for the group's
+        self.chain = rep.hashes
+        self.blocks = 0  # cached leading blocks claimed (never an understatement)
+        # A length the members' chains share at least (>= blocks): below it they all
+        # wait on the same next block; at it, each on its own.
+        self.common = len(rep.hashes)
+        self.members: list[tuple[int, _Member]] = []  # by place in line
+        # The members' blocks at `common` (where their chains part): hash -> how many.
+        self.nexts: dict[int, int] = {}
+        self.walked_at = -1  # the cache's wanted evictions at the last check
+        self.waits: set[int] = set()  # the hashes it waits on, none of them cached
+        self.place: dict[int, int] | None = None  # hash -> first place in `chain`
+        self.key: tuple | None = None  # its key in the index; None once dissolved
+        self.filed: Any = None  # the queue's live entry for it (the queue's own field)
+
+    def requests(self) -> list[RequestView]:
+        return [member.request for _, member in self.members]
+
+
+def _common_length(a: list[int], b: list[int], start: int, limit: int) -> int:
+    """The first place in [start, limit) where chains `a` and `b` differ, else limit (or
+    the shorter one's end), by halving with slice comparisons (they run in C)."""
+    limit = min(limit, len(a), len(b))
+    if a is b or a[start:limit] == b[start:limit]:
+        return max(start, limit)
+    low, high = start, limit  # a[start:low] == b[start:low]; a[low:high] != b[low:high]
+    while high - low > 1:
+        middle = (low + high) // 2
+        if a[low:middle] == b[low:middle]:
+            low = middle
+        else:
+            high = middle
+    return low
 
 
 class CachedPrefixIndex:
-    """The cached-prefix length of each tracked request, kept current (see module doc)."""
+    """The cached-prefix length of each tracked request, kept by group (see module doc).
 
-    def __init__(self, on_grow: Callable[[RequestView], None]) -> None:
+    `on_grow(group)` is told of every group whose cached prefix grew (its members may
+    be others than before: groups merge and part)."""
+
+    def __init__(self, on_grow: Callable[[PrefixGroup], None]) -> None:
         self._on_grow = on_grow
         self._cache: PrefixCache | None = None
-        self._tracked: dict[str, _Tracked] = {}
-        # hash -> the tracked requests whose match that block would extend, by id
-        self._waiting_on: dict[int, dict[str, _Tracked]] = {}
+        self._members: dict[str, _Member] = {}  # request id -> its entry
+        self._groups: dict[tuple, PrefixGroup] = {}  # key -> the group of that claim
+        # hash -> the groups some of whose members' match that block would extend
+        self._waiting_on: dict[int, dict[int, PrefixGroup]] = {}
 
     def attach(self, cache: PrefixCache) -> None:
         if cache.enable_prefix_caching:
@@ -107,110 +169,330 @@ class CachedPrefixIndex:
         """The cache's count of evicted wanted blocks (0 without a cache)."""
         return self._cache.wanted_evictions if self._cache is not None else 0
 
-    def track(self, request: RequestView) -> None:
-        if self._cache is None:
-            return
-        entry = self._tracked[request.request_id] = _Tracked(request)
-        self._walk(entry, 0)
-
-    def untrack(self, request: RequestView) -> None:
-        entry = self._tracked.pop(request.request_id, None)
-        if entry is not None:
-            self._stop_waiting(entry)
-            self._set_blocks(entry, 0)
-
-    def _set_blocks(self, entry: _Tracked, blocks: int) -> None:
-        """Record the entry's match, telling the cache which blocks it now wants."""
+    # --- members ---
+    def track(
+        self, request: RequestView, owner: object = None, band: int = 1, order: int = 0
+    ) -> PrefixGroup:
+        """Follow a waiting request of queue `owner` (`band` and `order`: the queue's
+        own terms, its place in line among its equals); the group it joins."""
         cache = self._cache
-        assert cache is not None
-        before = entry.blocks
-        if blocks != before:
-            hashes = entry.hashes
-            if blocks > before:
-                cache.want(hashes[before:blocks])
-            else:
-                cache.unwant(hashes[blocks:before])
-            entry.blocks = blocks
+        if cache is None:
+            hashes: list[int] = []
+            blocks = 0
+        else:
+            hashes = cache.block_hashes(request, cache.matchable_blocks(request))
+            blocks = cache.cached_run(request, hashes, 0)
+        member = self._members[request.request_id] = _Member(request, hashes, order)
+        key = (id(owner), request.priority, band, blocks, hashes[blocks - 1] if blocks else None)
+        group = self._groups.get(key)
+        if group is None:
+            group = member.group = PrefixGroup(owner, request.priority, band, member)
+            group.members.append((order, member))  # `common` is its chain's end: no nexts
+            group.walked_at = self.wanted_evictions
+            group.key = key
+            group.blocks = blocks
+            self._groups[key] = group
+            if cache is not None:
+                cache.want(hashes[:blocks])
+                self._advance(group)
+            return group
+        member.group = group
+        members = group.members
+        if order > members[-1][0]:
+            members.append((order, member))  # the usual case: a new arrival
+        else:
+            bisect.insort(members, (order, member))
+        common = _common_length(group.chain, hashes, blocks, group.common)
+        if common < group.common:
+            group.common = common
+            self._count_nexts(group)
+        elif len(hashes) > common:
+            key = hashes[common]
+            group.nexts[key] = group.nexts.get(key, 0) + 1
+        if blocks < len(hashes):  # not cached (the walk stopped there)
+            self._wait(group, hashes[blocks])
+        return group
 
-    def _stop_waiting(self, entry: _Tracked) -> None:
-        if entry.waits_on is None:
-            return
-        bucket = self._waiting_on.get(entry.waits_on)
-        if bucket is not None:
-            bucket.pop(entry.request.request_id, None)
-            if not bucket:
-                del self._waiting_on[entry.waits_on]
-        entry.waits_on = None
+    def untrack(self, request: RequestView) -> PrefixGroup | None:
+        """Stop following the request; the group it left, unless that dissolved."""
+        member = self._members.pop(request.request_id, None)
+        if member is None:
+            return None
+        group = member.group
+        members = group.members
+        if members[0][1] is member:
+            del members[0]  # the usual case: the head leaves
+        else:
+            del members[bisect.bisect_left(members, (member.order,))]
+        if not members:
+            self._dissolve(group)
+            return None
+        hashes, common = member.hashes, group.common
+        if len(hashes) > common:
+            key = hashes[common]
+            count = group.nexts[key] - 1
+            if count:
+                group.nexts[key] = count
+            else:  # nobody left to wait on it
+                del group.nexts[key]
+                self._unwait(group, key)
+        if group.rep is member:
+            group.rep = members[0][1]
+            group.chain = group.rep.hashes  # the same up to `common`
+        return group
+
+    def group_of(self, request: RequestView) -> PrefixGroup | None:
+        member = self._members.get(request.request_id)
+        return None if member is None else member.group
 
     def blocks(self, request: RequestView) -> int:
         """The request's cached leading blocks, as last seen (never an understatement)."""
-        entry = self._tracked.get(request.request_id)
-        return 0 if entry is None else entry.blocks
+        member = self._members.get(request.request_id)
+        return 0 if member is None else member.group.blocks
 
-    def verify(self, request: RequestView) -> bool:
-        """Check the request's match again if wanted blocks were evicted since the last
-        check; False if it shrank."""
-        entry = self._tracked.get(request.request_id)
+    # --- shrinkage, pulled ---
+    def verify(self, group: PrefixGroup) -> PrefixGroup | None:
+        """Check the group's match again if wanted blocks were evicted since its last
+        check: None if it stands, else the group now holding its members (shorter,
+        perhaps merged with another)."""
         cache = self._cache
-        if entry is None or cache is None:
-            return True
+        if cache is None:
+            return None
         evictions = cache.wanted_evictions
-        if entry.walked_at == evictions:
-            return True
-        before = entry.blocks
-        evicted = cache.wanted_evicted_since(entry.walked_at)
-        if evicted is None or len(evicted) >= before:
-            self._walk(entry, 0)  # as cheap as looking at the evictions, or unknown
-            return entry.blocks == before
-        entry.walked_at = evictions
-        place = entry.place
-        if place is None:
-            hashes = entry.hashes
-            # The first place of a hash wins, as in a walk.
-            place = entry.place = dict(
-                zip(reversed(hashes), range(len(hashes) - 1, -1, -1), strict=True)
-            )
-        # Blocks of the match not evicted since the last check are cached still: the
-        # match holds up to the first of those evicted, and is walked on from there.
+        if group.walked_at == evictions:
+            return None
+        before = group.blocks
+        evicted = cache.wanted_evicted_since(group.walked_at)
+        group.walked_at = evictions
+        if before == 0:
+            return None
         first = before
-        for key in evicted:
-            at = place.get(key, before)
-            if at < first:
-                first = at
-        if first == before:
-            return True
-        self._walk(entry, first)
-        return entry.blocks == before
+        if evicted is None or len(evicted) >= before:
+            first = 0  # as cheap as looking at the evictions, or unknown
+        else:
+            place = group.place
+            if place is None or len(place) < before:
+                chain = group.chain[: group.common]
+                # The first place of a hash wins, as in a walk.
+                place = group.place = dict(
+                    zip(reversed(chain), range(len(chain) - 1, -1, -1), strict=True)
+                )
+            # Blocks of the match not evicted since the last check are cached still:
+            # the match holds up to the first of those evicted, and is walked from there.
+            for key in evicted:
+                at = place.get(key, before)
+                if at < first:
+                    first = at
+            if first == before:
+                return None
+        blocks = min(cache.cached_run(group.rep.request, group.chain, first), before)
+        if blocks == before:
+            return None
+        group = self._claim(group, blocks)
+        # Shorter now: each member waits on the block that was evicted (or on one
+        # already waited on), so nothing grows here.
+        self._advance(group)
+        return group
 
-    def _walk(self, entry: _Tracked, start: int) -> None:
-        cache = self._cache
-        assert cache is not None
-        request = entry.request
-        hashes = cache.block_hashes(request, cache.matchable_blocks(request))
-        if len(hashes) != len(entry.hashes):
-            entry.place = None
-        entry.hashes = hashes
-        blocks = cache.cached_run(request, hashes, start)
-        self._set_blocks(entry, blocks)
-        if start == 0:
-            entry.walked_at = cache.wanted_evictions
-        waits_on = hashes[blocks] if blocks < len(hashes) else None
-        if waits_on != entry.waits_on:
-            self._stop_waiting(entry)
-            if waits_on is not None:
-                self._waiting_on.setdefault(waits_on, {})[request.request_id] = entry
-                entry.waits_on = waits_on
-
+    # --- growth, pushed ---
     def _blocks_cached(self, keys: list[int]) -> None:
         waiting_on = self._waiting_on
         for key in keys:
             waiting = waiting_on.pop(key, None)
             if not waiting:
                 continue
-            for entry in waiting.values():
-                entry.waits_on = None  # its bucket is gone
-                self._walk(entry, entry.blocks)
-                self._on_grow(entry.request)
+            for group in list(waiting.values()):
+                group.waits.discard(key)
+                if group.key is None:
+                    continue  # dissolved meanwhile
+                blocks = group.blocks
+                if blocks < group.common:
+                    if group.chain[blocks] != key:
+                        continue  # it waits elsewhere now
+                else:
+                    if key not in group.nexts:
+                        continue  # its member left
+                    parting = [
+                        entry
+                        for entry in group.members
+                        if len(entry[1].hashes) > blocks and entry[1].hashes[blocks] == key
+                    ]
+                    if not parting:
+                        continue
+                    if len(parting) < len(group.members):
+                        group = self._part(group, parting)
+                for grown in self._advance(group):
+                    if grown.key is not None:
+                        self._on_grow(grown)
+
+    def _advance(self, group: PrefixGroup) -> list[PrefixGroup]:
+        """Extend the group's match over what is cached, parting members whose chains
+        go separate ways into groups of their own, and make each wait on the block that
+        would extend it; the groups whose match grew."""
+        cache = self._cache
+        assert cache is not None
+        grown: list[PrefixGroup] = []
+        pending = [group]
+        while pending:
+            group = pending.pop()
+            while True:
+                blocks = group.blocks
+                if blocks < group.common:
+                    extended = min(
+                        cache.cached_run(group.rep.request, group.chain, blocks), group.common
+                    )
+                    if extended > blocks:
+                        group = self._claim(group, extended)
+                        grown.append(group)
+                        continue
+                    self._wait(group, group.chain[blocks])
+                    break
+                # The members' chains part here (or end): each waits on its own next block.
+                nexts = group.nexts
+                if len(nexts) == 1 and next(iter(nexts.values())) == len(group.members):
+                    # They go on together: `common` was an understatement.
+                    chain = group.chain
+                    group.common = min(
+                        _common_length(chain, entry[1].hashes, blocks, len(chain))
+                        for entry in group.members
+                    )
+                    self._count_nexts(group)
+                    continue
+                for key in nexts.keys() - group.waits:  # those waited on are not cached
+                    part = [
+                        entry
+                        for entry in group.members
+                        if len(entry[1].hashes) > blocks and entry[1].hashes[blocks] == key
+                    ]
+                    member = part[0][1]
+                    if cache.cached_run(member.request, member.hashes, blocks) == blocks:
+                        self._wait(group, key)
+                    elif len(part) == len(group.members):
+                        pending.append(group)  # the last of them: they go on together
+                    else:
+                        pending.append(self._part(group, part))
+                break
+        return list(dict.fromkeys(grown))
+
+    # --- groups ---
+    def _wait(self, group: PrefixGroup, key: int) -> None:
+        """The group waits on block `key` (not cached now)."""
+        if key not in group.waits:
+            group.waits.add(key)
+            self._waiting_on.setdefault(key, {})[id(group)] = group
+
+    def _unwait(self, group: PrefixGroup, key: int) -> None:
+        if key in group.waits:
+            group.waits.discard(key)
+            waiting = self._waiting_on[key]
+            del waiting[id(group)]
+            if not waiting:
+                del self._waiting_on[key]
+
+    @staticmethod
+    def _count_nexts(group: PrefixGroup) -> None:
+        common, nexts = group.common, {}
+        for _, member in group.members:
+            hashes = member.hashes
+            if len(hashes) > common:
+                key = hashes[common]
+                nexts[key] = nexts.get(key, 0) + 1
+        group.nexts = nexts
+
+    def _claim(self, group: PrefixGroup, blocks: int) -> PrefixGroup:
+        """The group's match is `blocks` long now: tell the cache what it wants; the
+        group holding its members after (another, when their claims now match)."""
+        cache = self._cache
+        assert cache is not None
+        before = group.blocks
+        if blocks > before:
+            cache.want(group.chain[before:blocks])
+        elif blocks < before:
+            cache.unwant(group.chain[blocks:before])
+        if self._groups.get(group.key) is group:  # type: ignore[arg-type]
+            del self._groups[group.key]  # type: ignore[arg-type]
+        group.blocks = blocks
+        key = (id(group.owner), group.priority, group.band, blocks)
+        key += (group.chain[blocks - 1] if blocks else None,)
+        group.key = key
+        other = self._groups.get(key)
+        if other is None:
+            self._groups[key] = group
+            return group
+        return self._merge(other, group)
+
+    def _merge(self, a: PrefixGroup, b: PrefixGroup) -> PrefixGroup:
+        """Two groups of one queue claiming the same prefix: the smaller joins the other."""
+        cache = self._cache
+        assert cache is not None
+        kept, gone = (a, b) if len(a.members) >= len(b.members) else (b, a)
+        blocks = kept.blocks
+        common = _common_length(kept.chain, gone.chain, blocks, min(kept.common, gone.common))
+        kept.walked_at = min(kept.walked_at, gone.walked_at)
+        for _, member in gone.members:
+            member.group = kept
+        kept.members = sorted(kept.members + gone.members)
+        if common == kept.common == gone.common:
+            nexts = kept.nexts
+            for key, count in gone.nexts.items():
+                nexts[key] = nexts.get(key, 0) + count
+        else:
+            kept.common = common
+            self._count_nexts(kept)
+        waiting_on = self._waiting_on
+        for key in gone.waits:  # still not cached: the merged group waits on them
+            waiting = waiting_on.get(key)
+            if waiting is not None:
+                waiting.pop(id(gone), None)
+                waiting[id(kept)] = kept
+                kept.waits.add(key)
+        gone.waits = set()
+        cache.unwant(gone.chain[:blocks])  # one claim of the two
+        gone.members = []
+        gone.key = gone.filed = None
+        self._groups[kept.key] = kept  # type: ignore[index]
+        return kept
+
+    def _part(self, group: PrefixGroup, part: list[tuple[int, _Member]]) -> PrefixGroup:
+        """Move `part` (some of the group's members, in order) into a group of their own,
+        claiming the same prefix for now (the caller extends it at once)."""
+        cache = self._cache
+        assert cache is not None
+        leaving = {id(entry[1]) for entry in part}
+        group.members = [entry for entry in group.members if id(entry[1]) not in leaving]
+        if id(group.rep) in leaving:
+            group.rep = group.members[0][1]
+            group.chain = group.rep.hashes
+        new = PrefixGroup(group.owner, group.priority, group.band, part[0][1])
+        new.members = part
+        new.blocks = group.blocks
+        new.walked_at = group.walked_at
+        new.key = group.key  # not entered in the index until its claim moves on
+        chain = new.chain
+        new.common = min(
+            _common_length(chain, entry[1].hashes, new.blocks, len(chain)) for entry in part
+        )
+        for _, member in part:
+            member.group = new
+        self._count_nexts(new)
+        self._count_nexts(group)
+        cache.want(chain[: new.blocks])
+        return new
+
+    def _dissolve(self, group: PrefixGroup) -> None:
+        waiting_on = self._waiting_on
+        for key in group.waits:
+            waiting = waiting_on.get(key)
+            if waiting is not None:
+                waiting.pop(id(group), None)
+                if not waiting:
+                    del waiting_on[key]
+        group.waits = set()
+        if self._cache is not None:
+            self._cache.unwant(group.chain[: group.blocks])
+        if self._groups.get(group.key) is group:  # type: ignore[arg-type]
+            del self._groups[group.key]  # type: ignore[arg-type]
+        group.key = group.filed = None
 
 
 class PrefixCacheView:

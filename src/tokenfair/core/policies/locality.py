@@ -39,92 +39,104 @@ from tokenfair.core.policies.declaration import Argument, Declared, Needs
 from tokenfair.core.policies.ledger import CounterLedger
 from tokenfair.core.policies.view import RequestView
 from tokenfair.core.policies.vtc import VTCPolicy
-from tokenfair.core.prefix_cache import CachedPrefixIndex, PrefixCache
+from tokenfair.core.prefix_cache import CachedPrefixIndex, PrefixCache, PrefixGroup
 
 # A quantum of a few prompts' worth lets a client run several requests over its warm
 # prefix before the others catch up (docs/fairness.md: how it was chosen).
 DEFAULT_QUANTUM = 4096.0
 
-# (priority, band, -cached blocks, place in line, seq of the entry, request)
-_QueueEntry = tuple[int, int, int, int, int, RequestView]
+# (priority, band, -cached blocks, its first request's place in line, seq of the entry,
+# group)
+_QueueEntry = tuple[int, int, int, int, int, PrefixGroup]
 
 
 class LongestPrefixQueue:
     """One client's waiting requests: priority (lower first), then a preempted request
-    ahead of new ones, then the longest cached prefix, then arrival."""
+    ahead of new ones, then the longest cached prefix, then arrival.
 
-    __slots__ = ("_checked", "_heap", "_index", "_live", "_order", "_seq")
+    The heap holds groups, not requests: the requests of one priority and band whose
+    cached prefix is the same chain of blocks (core/prefix_cache.py), in line among
+    themselves. A prefix evicted or cached again moves its group at once, however many
+    requests wait on it."""
+
+    __slots__ = ("_checked", "_heap", "_index", "_order", "_seq", "_size")
 
     def __init__(self, index: CachedPrefixIndex, seq: Iterator[int]) -> None:
         self._heap: list[_QueueEntry] = []
-        # request id -> (seq of its one valid heap entry, band: 0 preempted, 1 new, its
-        # place in line)
-        self._live: dict[str, tuple[int, int, int]] = {}
         self._index = index
         self._seq = seq
+        self._size = 0
         # The top entry as last checked, and the cache's wanted evictions then: it
         # stands while it is still the top and nothing wanted was evicted since.
         self._checked: tuple[_QueueEntry, int] | None = None
-        # The live entries' requests in heap order, until the next filing or removal:
-        # the holding share walks a set-aside tenant's queue at every step.
+        # The requests in heap order, until the next change: the holding share walks a
+        # set-aside tenant's queue at every step.
         self._order: list[RequestView] | None = None
 
-    def _file(self, request: RequestView, band: int, order: int | None = None) -> None:
-        """File a new entry of `request`. Filed again (its cached prefix changed), it
-        keeps its place in line (`order`), so that which of two equally cached requests
-        goes first never depends on when either was last looked at."""
+    def _file(self, group: PrefixGroup) -> None:
+        """File a new entry of `group` (its key moved): the one that counts from now."""
         self._order = None
-        seq = next(self._seq)
-        if order is None:
-            # Preempted requests go back last in, first out, as vLLM prepends them.
-            order = -seq if band == 0 else seq
-        self._live[request.request_id] = (seq, band, order)
-        blocks = self._index.blocks(request)
+        entry = (
+            group.priority,
+            group.band,
+            -group.blocks,
+            group.members[0][0],
+            next(self._seq),
+            group,
+        )
+        group.filed = entry
         heap = self._heap
-        heapq.heappush(heap, (request.priority, band, -blocks, order, seq, request))
-        if len(heap) > 4 * len(self._live) + 64:
-            heap[:] = [e for e in heap if self._is_live(e)]  # in place: `_top` holds it
+        heapq.heappush(heap, entry)
+        if len(heap) > 2 * self._size + 64:
+            heap[:] = [e for e in heap if e[5].filed is e]  # in place: `_top` holds it
             heapq.heapify(heap)
 
-    def _is_live(self, entry: _QueueEntry) -> bool:
-        live = self._live.get(entry[5].request_id)
-        return live is not None and live[0] == entry[4]
+    def refile(self, group: PrefixGroup) -> None:
+        """The group's cached prefix grew: file it where it now belongs."""
+        if group.key is not None and group.owner is self:
+            self._file(group)
+
+    def _enter(self, request: RequestView, band: int) -> None:
+        seq = next(self._seq)
+        # Preempted requests go back last in, first out, as vLLM prepends them.
+        order = -seq if band == 0 else seq
+        group = self._index.track(request, self, band, order)
+        self._size += 1
+        self._order = None
+        entry = group.filed
+        if entry is None or entry[2] != -group.blocks or entry[3] != group.members[0][0]:
+            self._file(group)
 
     def add(self, request: RequestView) -> None:
-        self._index.track(request)
-        self._file(request, 1)
+        self._enter(request, 1)
 
     def requeue(self, request: RequestView) -> None:
-        self._index.track(request)
-        self._file(request, 0)
-
-    def refresh(self, request: RequestView) -> None:
-        """The request's cached prefix changed: file it where it now belongs."""
-        live = self._live.get(request.request_id)
-        if live is not None:
-            self._file(request, live[1], live[2])
+        self._enter(request, 0)
 
     def _top(self) -> _QueueEntry:
-        """The entry of the head: live, and its cached prefix checked."""
-        heap, live, index = self._heap, self._live, self._index
+        """The entry of the head's group: live, in its place, its cached prefix checked."""
+        heap, index = self._heap, self._index
         checked = self._checked
         if checked is not None and heap[0] is checked[0] and checked[1] == index.wanted_evictions:
             return checked[0]
         while True:
             entry = heap[0]
-            request = entry[5]
-            filed = live.get(request.request_id)
-            if filed is None or filed[0] != entry[4]:
+            group = entry[5]
+            if group.filed is not entry:
                 heapq.heappop(heap)  # retired entry
-            elif not index.verify(request):
-                heapq.heappop(heap)  # evictions shortened its prefix: file it again
-                self._file(request, filed[1], filed[2])
+            elif entry[3] != group.members[0][0]:
+                heapq.heappop(heap)  # its first request left: where it now belongs
+                self._file(group)
             else:
-                self._checked = (entry, index.wanted_evictions)
-                return entry
+                survivor = index.verify(group)
+                if survivor is None:
+                    self._checked = (entry, index.wanted_evictions)
+                    return entry
+                heapq.heappop(heap)  # evictions shortened its prefix: file it again
+                self._file(survivor)
 
     def head(self) -> RequestView:
-        return self._top()[5]
+        return self._top()[5].members[0][1].request
 
     def head_blocks(self) -> int:
         """The head's cached leading blocks."""
@@ -132,28 +144,51 @@ class LongestPrefixQueue:
 
     def pop(self) -> RequestView:
         request = self.head()
-        heapq.heappop(self._heap)
-        del self._live[request.request_id]
-        self._order = None
-        self._index.untrack(request)
+        self._leave(request)
         return request
 
     def remove(self, request: RequestView) -> bool:
-        if self._live.pop(request.request_id, None) is None:
+        group = self._index.group_of(request)
+        if group is None or group.owner is not self:
             return False
-        self._checked = None  # it may have been the top
-        self._order = None
-        self._index.untrack(request)  # its heap entry is dropped lazily
+        self._leave(request)
         return True
 
+    def _leave(self, request: RequestView) -> None:
+        self._index.untrack(request)  # its group's entry is filed again lazily
+        self._size -= 1
+        self._checked = None
+        self._order = None
+
     def __len__(self) -> int:
-        return len(self._live)
+        return self._size
 
     def __iter__(self) -> Iterator[RequestView]:
-        """In the order pops would take them with the cache as it is."""
+        """In the order pops would take them with the cache as last checked."""
         if self._order is None:
-            self._order = [e[5] for e in sorted(e for e in self._heap if self._is_live(e))]
+            groups = sorted(
+                (e for e in self._heap if e[5].filed is e),
+                key=lambda e: (e[0], e[1], -e[5].blocks, e[5].members[0][0]),
+            )
+            order: list[RequestView] = []
+            start = 0
+            while start < len(groups):
+                first = groups[start][5]
+                end = start + 1
+                while end < len(groups) and _same_rank(groups[end][5], first):
+                    end += 1
+                if end == start + 1:
+                    order += first.requests()
+                else:  # equally cached groups: their requests in line together
+                    merged = sorted(m for e in groups[start:end] for m in e[5].members)
+                    order += [member.request for _, member in merged]
+                start = end
+            self._order = order
         return iter(self._order)
+
+
+def _same_rank(a: PrefixGroup, b: PrefixGroup) -> bool:
+    return (a.priority, a.band, a.blocks) == (b.priority, b.band, b.blocks)
 
 
 class LongestPrefixPick(ClientPick):
@@ -171,14 +206,15 @@ class LongestPrefixPick(ClientPick):
     def attach_prefix_cache(self, cache: PrefixCache) -> None:
         self.index.attach(cache)
 
-    def _prefix_grew(self, request: RequestView) -> None:
-        queue = self.queues.get(request.client)
-        if queue is not None:
-            queue.refresh(request)
-            self.prefix_grew(request)
+    def _prefix_grew(self, group: PrefixGroup) -> None:
+        queue = group.owner
+        assert isinstance(queue, LongestPrefixQueue)
+        queue.refile(group)
+        self.prefix_grew(group.members[0][1].request.client, group.blocks)
 
-    def prefix_grew(self, request: RequestView) -> None:
-        """A waiting request's cached prefix grew (its queue has filed it again)."""
+    def prefix_grew(self, client: str, blocks: int) -> None:
+        """Waiting requests of `client` now have `blocks` cached leading blocks (their
+        queue has filed them again)."""
 
 
 class DeficitPick(LongestPrefixPick):
@@ -285,8 +321,8 @@ class DeficitPick(LongestPrefixPick):
             # The next head may come first by priority, with a longer prefix.
             self._head_may_have_grown(client, queue.head_blocks())
 
-    def prefix_grew(self, request: RequestView) -> None:
-        self._head_may_have_grown(request.client, self.index.blocks(request))
+    def prefix_grew(self, client: str, blocks: int) -> None:
+        self._head_may_have_grown(client, blocks)
 
 
 DECLARED = [

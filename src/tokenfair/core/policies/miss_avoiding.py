@@ -106,8 +106,8 @@ class MissAvoidingPick(LongestPrefixPick):
         else:
             self._file(request.client, queue.head_blocks())
 
-    def prefix_grew(self, request: RequestView) -> None:
-        self._may_have_grown(request.client, self.index.blocks(request))
+    def prefix_grew(self, client: str, blocks: int) -> None:
+        self._may_have_grown(client, blocks)
 
 
 DECLARED = [
