@@ -238,22 +238,18 @@ class KVCacheManager:
         changes (no reference counts, no LRU order). Take it with `allocate`."""
         if not self.enable_prefix_caching:
             return NO_PREFIX
-        index, ref_count = self.index, self.pool.ref_count
-        cached = index.cached
+        index = self.index
         keys = index.block_hashes(request, index.matchable_blocks(request))
-        blocks: list[int] = []
-        idle = 0
-        for key in keys:
-            block = cached.get(key)
-            if block is None:
-                break
-            blocks.append(block)
-            if ref_count[block] == 0:
-                idle += 1
-        if not blocks:
+        # In C, block by block: a waiting request's prefix is looked up at every step it
+        # is tried, and a cached prompt is a few hundred blocks.
+        found = list(map(index.cached.get, keys))
+        if None in found:
+            del found[found.index(None) :]
+        if not found:
             return NO_PREFIX
-        count = len(blocks)
-        return PrefixHit(tuple(blocks), tuple(keys[:count]), count * self.block_size, idle)
+        count = len(found)
+        idle = list(map(self.pool.ref_count.__getitem__, found)).count(0)
+        return PrefixHit(tuple(found), tuple(keys[:count]), count * self.block_size, idle)
 
     def touch_prefix(self, hit: PrefixHit) -> None:
         """Make the hit's idle blocks the most recently used, its first block last (as
