@@ -358,12 +358,14 @@ class CachedPrefixIndex:
                     )
                     self._count_nexts(group)
                     continue
-                for key in nexts.keys() - group.waits:  # those waited on are not cached
-                    part = [
-                        entry
-                        for entry in group.members
-                        if len(entry[1].hashes) > blocks and entry[1].hashes[blocks] == key
-                    ]
+                unknown = nexts.keys() - group.waits  # those waited on are not cached
+                parts: dict[int, list[tuple[int, _Member]]] = {}
+                if unknown:
+                    for entry in group.members:
+                        hashes = entry[1].hashes
+                        if len(hashes) > blocks and hashes[blocks] in unknown:
+                            parts.setdefault(hashes[blocks], []).append(entry)
+                for key, part in parts.items():
                     member = part[0][1]
                     if cache.cached_run(member.request, member.hashes, blocks) == blocks:
                         self._wait(group, key)
