@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 from tokenfair.core.kv.block_pool import BlockPool
 from tokenfair.core.kv.prefix_index import PrefixIndex
@@ -242,14 +243,15 @@ class KVCacheManager:
         keys = index.block_hashes(request, index.matchable_blocks(request))
         # In C, block by block: a waiting request's prefix is looked up at every step it
         # is tried, and a cached prompt is a few hundred blocks.
-        found = list(map(index.cached.get, keys))
+        found: list[int | None] = list(map(index.cached.get, keys))
         if None in found:
             del found[found.index(None) :]
         if not found:
             return NO_PREFIX
-        count = len(found)
-        idle = list(map(self.pool.ref_count.__getitem__, found)).count(0)
-        return PrefixHit(tuple(found), tuple(keys[:count]), count * self.block_size, idle)
+        blocks = cast("list[int]", found)
+        count = len(blocks)
+        idle = list(map(self.pool.ref_count.__getitem__, blocks)).count(0)
+        return PrefixHit(tuple(blocks), tuple(keys[:count]), count * self.block_size, idle)
 
     def touch_prefix(self, hit: PrefixHit) -> None:
         """Make the hit's idle blocks the most recently used, its first block last (as

@@ -7,22 +7,27 @@ a cache of its own (vLLM's) can provide another.
 
 `CachedPrefixIndex` keeps, for every waiting request a policy tracks, how many leading
 blocks of it are cached, without walking every waiting request at every step (and
-tells the cache which blocks those requests want, so it evicts them last):
-- growth is pushed: a request waits on the one hash that would extend its match (its
-  next block); when that block is cached, the index extends the match and tells the
-  policy, which re-files the request;
+tells the cache which blocks those requests want, so it evicts them last). It keeps
+them in groups: the requests of one queue, priority and band whose cached prefix is the
+same chain of blocks (a client's requests behind one system prompt, or on one
+document). A group is checked, moved in its queue and counted in the cache's wanted
+blocks as one, so a prefix evicted or cached again costs per group, however many
+requests wait on it:
+- growth is pushed: a group waits on the one hash that would extend its match (its
+  next block; where its requests' chains part, each part on its own); when that block
+  is cached, the index extends the match (parting the requests that go on from the
+  rest) and tells the policy, which re-files the group;
 - shrinkage is pulled: every block of a tracked match is wanted, so only the eviction
-  of a wanted block can shorten one, and `verify` checks a request again when wanted
-  blocks were evicted since its last check. A policy ordering by the
-  estimate verifies its choice before taking it; since estimates never understate,
-  the first choice that verifies is the true longest.
+  of a wanted block can shorten one, and `verify` checks a group again when wanted
+  blocks were evicted since its last check. A policy ordering by the estimate
+  verifies its choice before taking it; since estimates never understate, the first
+  choice that verifies is the true longest. Groups that come to claim the same prefix
+  merge.
 
 A check looks only at the blocks evicted since the last one, when the cache names them
 (`wanted_evicted_since`): the match now ends at the first of them in it that is still
-not cached, and every block before that one is cached as it was. On a pool too small
-for every tenant's prefix, a few blocks of one prefix are evicted at a time while many
-requests wait on it, so this is what keeps a check from costing the whole prefix.
-Without the names (vLLM's cache) the request is walked again from its first block.
+not cached, and every block before that one is cached as it was. Without the names
+(vLLM's cache) the group is walked again from its first block.
 """
 
 from __future__ import annotations
@@ -207,8 +212,8 @@ class CachedPrefixIndex:
             group.common = common
             self._count_nexts(group)
         elif len(hashes) > common:
-            key = hashes[common]
-            group.nexts[key] = group.nexts.get(key, 0) + 1
+            next_key = hashes[common]
+            group.nexts[next_key] = group.nexts.get(next_key, 0) + 1
         if blocks < len(hashes):  # not cached (the walk stopped there)
             self._wait(group, hashes[blocks])
         return group
@@ -393,7 +398,7 @@ class CachedPrefixIndex:
 
     @staticmethod
     def _count_nexts(group: PrefixGroup) -> None:
-        common, nexts = group.common, {}
+        common, nexts = group.common, dict[int, int]()
         for _, member in group.members:
             hashes = member.hashes
             if len(hashes) > common:
@@ -414,8 +419,8 @@ class CachedPrefixIndex:
         if self._groups.get(group.key) is group:  # type: ignore[arg-type]
             del self._groups[group.key]  # type: ignore[arg-type]
         group.blocks = blocks
-        key = (id(group.owner), group.priority, group.band, blocks)
-        key += (group.chain[blocks - 1] if blocks else None,)
+        claim = group.chain[blocks - 1] if blocks else None
+        key = (id(group.owner), group.priority, group.band, blocks, claim)
         group.key = key
         other = self._groups.get(key)
         if other is None:
