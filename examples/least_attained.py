@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from tokenfair.core.policies import Needs, Policy, PolicySettings, RequestView
 
@@ -146,9 +146,6 @@ class LeastAttainedService(Policy):
     # --- preemption: the newest request of the most served client goes first ---
     def victim_key(self, request: RequestView) -> tuple:
         return (self._service.get(request.client, 0.0), request.admit_seq)
-
-    def victim(self, running: Sequence[RequestView]) -> RequestView:
-        return max(running, key=self.victim_key)
 
     def counters(self) -> dict[str, float]:
         return self.attained()

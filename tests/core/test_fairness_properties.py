@@ -287,9 +287,9 @@ def check_work_conservation(workload: Workload, policy_name: str, config: Schedu
                     for s in out.scheduled
                     if s.request.client == head.client and s.num_new_tokens > 1
                 ) >= newcomer_chunk(limit)
-                # A tenant over its share of the pool steps aside for the others, and
+                # A head short of memory steps aside for tenants within their share, and
                 # one that gave memory to another does not take it back in that step.
-                aside = head.client in scheduler.admission.stepped_aside
+                aside = head.client in scheduler.stepped_aside
                 assert full or short or shared or aside, (
                     f"a waiting request that fits was not admitted ({policy_name}): {head.request_id} "
                     f"of {head.client} ({wanted} blocks, {kv.num_free_blocks} free), "

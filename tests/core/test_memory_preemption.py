@@ -16,8 +16,8 @@ from .test_kv_cache import computed, grouped, kv_state
 
 
 def scripted(scheduler: Scheduler, rank: dict[str, float]) -> list[str]:
-    """Make the policy's memory victim the running request of highest `rank`; return
-    the list the victims' ids are appended to."""
+    """Make the memory victim the running request of highest `rank`; return the list
+    the victims' ids are appended to."""
     victims: list[str] = []
 
     def victim(running):
@@ -25,7 +25,7 @@ def scripted(scheduler: Scheduler, rank: dict[str, float]) -> list[str]:
         victims.append(chosen.request_id)
         return chosen
 
-    scheduler.policy.victim = victim  # type: ignore[method-assign]
+    scheduler.contention.shortage_victim = victim  # type: ignore[method-assign]
     return victims
 
 

@@ -52,9 +52,9 @@ def test_priority_orders_by_value_then_arrival_and_picks_lowest_priority_victim(
     assert drain(policy) == [high, mid_early, mid_late, low]
     for seq, r in enumerate((low, mid_early, high)):
         r.admit_seq = seq
-    assert policy.victim([low, mid_early, high]) is low
-    assert policy.preempt_for(high, [low, mid_early]) is low
-    assert policy.preempt_for(make_request(priority=5), [low]) is None
+    assert max([low, mid_early, high], key=policy.victim_key) is low
+    assert policy.preempts_for(high, low)  # strictly more important
+    assert not policy.preempts_for(make_request(priority=5), low)
 
 
 def test_sjf_prefers_short_but_ages_long_requests():
@@ -229,12 +229,12 @@ def test_vtc_victim_and_preempt_threshold():
     old.admit_seq, new.admit_seq = 1, 2
     light_running = make_request(client="light")
     light_running.admit_seq = 3
-    assert policy.victim([old, new, light_running]) is new
+    assert max([old, new, light_running], key=policy.victim_key) is new
     head = make_request(client="light")
-    assert policy.preempt_for(head, [old, new]) is new
+    assert policy.preempts_for(head, new)
     policy.ledger._counter["light"] = 950.0
-    assert policy.preempt_for(head, [old, new]) is None  # within the threshold
-    assert make_policy("vtc").preempt_for(head, [old, new]) is None
+    assert not policy.preempts_for(head, new)  # within the threshold
+    assert not make_policy("vtc").preempts_for(head, new)
 
 
 def test_vtc_orders_a_clients_own_requests_by_priority_not_across_clients():

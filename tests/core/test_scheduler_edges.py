@@ -27,7 +27,11 @@ def test_reserve_admits_a_request_that_needs_the_whole_pool():
 
 
 def test_priority_never_preempts_from_an_empty_batch():
-    assert PriorityPolicy().preempt_for(make_request(priority=-5), []) is None
+    config = SchedulerConfig(kv_tokens=256, block_size=4)
+    scheduler = Scheduler(config, PriorityPolicy())
+    head = make_request(priority=-5, input_tokens=4)
+    hit = scheduler.kv.lookup_prefix(head)
+    assert scheduler.contention.make_room(head, hit, [], 0) is None
 
 
 def test_aborting_a_preempted_request_refunds_its_predicted_charge():

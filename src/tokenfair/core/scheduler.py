@@ -7,10 +7,12 @@ One step, top to bottom:
      is retried, a victim already planned leaves the plan and gives its tokens back
      (as vLLM v1 does); bring swapped requests back when there is room;
   3. admit waiting requests in policy order under max_num_seqs, the token budget and
-     memory (admission.py: the first that does not fit stops admission, unless a seat
-     or memory goes to it or its tenant steps aside);
-  4. charge the policy: prompts at admission (here), output tokens as they are
-     generated (`update`).
+     memory: the first that does not fit stops admission, unless a seat or memory goes
+     to it or it lets the tenants within their share pass (contention.py decides who
+     gives up what to whom; the scheduler applies it and is the only one to change
+     `running`);
+  4. charge the policy: prompts at admission, output tokens as they are generated
+     (`update`).
 
 Admission modes: `reserve` admits a request only if the pool can hold every running
 request and it at their peak, each growing to prompt + max_tokens, and so never runs
@@ -34,17 +36,16 @@ from __future__ import annotations
 from collections import deque
 from typing import Literal
 
-from tokenfair.core.admission import Admission
 from tokenfair.core.batch import ExecutorOutput, ScheduledRequest, SchedulerOutput
-from tokenfair.core.holding_share import HoldingShare
-from tokenfair.core.kv_cache import KVCacheManager
+from tokenfair.core.contention import Contention
+from tokenfair.core.kv_cache import KVCacheManager, PrefixHit
 from tokenfair.core.policies.base import Policy
+from tokenfair.core.policies.starts import Starts
 from tokenfair.core.policies.view import RequestView
 from tokenfair.core.prefix_cache import PrefixCacheView
 from tokenfair.core.request import FinishReason, Request, RequestStatus
 from tokenfair.core.reserve import reserve_peak_fits
 from tokenfair.core.scheduler_config import PAPER_ADAPTER_TOKENS, ConfigError, SchedulerConfig
-from tokenfair.core.step_share import StepShare
 
 __all__ = ["PAPER_ADAPTER_TOKENS", "ConfigError", "Scheduler", "SchedulerConfig"]
 
@@ -67,10 +68,12 @@ class Scheduler:
         # Swap-out copies from force_preempt, delivered with the next step, by request.
         self._pending_swap_out: dict[str, list[tuple[int, int]]] = {}
         self._steps_since_admission = 0
-        self._step_share = StepShare.for_config(config, policy)  # None: steps not shared
-        # What a blocked head may take from what other tenants hold (seats, memory).
-        self._holding = HoldingShare(config, policy, self.kv)
-        self.admission = Admission(self, self._step_share, self._holding)
+        # Who gives up what to whom: seats, memory and the step's tokens.
+        self.contention = Contention(config, policy, self.kv)
+        self._step_share = self.contention.step  # None: steps not shared
+        self._starts = Starts(policy)  # tells the policy each start, numbered
+        # Tenants whose head stepped aside in the last admission (memory or step share).
+        self.stepped_aside: frozenset[str] = frozenset()
         self.num_preemptions = 0  # all causes
         # The pool could not hold the running requests' next tokens (a sizing problem)...
         self.num_memory_preemptions = 0
@@ -148,20 +151,18 @@ class Scheduler:
 
     # --- one step ---
     def schedule(self, now: float) -> SchedulerOutput:
-        self._holding.next_step()
+        self.contention.next_step(self.running)
         out = SchedulerOutput(block_size=self.config.block_size)
         if self._pending_swap_out:  # from force_preempt between steps
             out.swap_out = [copy for copies in self._pending_swap_out.values() for copy in copies]
             self._pending_swap_out = {}
         budget = self.config.max_batched_tokens
-        if self._step_share is not None:
-            self._step_share.begin(self.running)
         if self.config.separate_prefill:
             self._schedule_separate_prefill(out, now)
         else:
             budget = self._schedule_running(out, budget)
             budget = self._schedule_swapped_in(out, budget)
-            self.admission.admit(out, budget, now)
+            self._admit(out, budget, now)
         return out
 
     def plan_chunk(self, remaining: int, budget: int) -> int:
@@ -214,7 +215,7 @@ class Scheduler:
         """Preempt the policy's victim because `short` found the pool short; return the
         budget left and the running requests still to plan, `short` first if it stays."""
         running = self.running
-        victim = self.own(self._holding.memory_shortage_victim(running))
+        victim = self.own(self.contention.shortage_victim(running))
         at = running.index(short)
         self.preempt(victim, out, cause="memory")
         if victim is short:
@@ -257,12 +258,147 @@ class Scheduler:
             if not config.retry_admission_every_step:
                 self._steps_since_admission = 0  # a failed attempt waits a full interval
             budget = config.max_prefill_tokens or config.max_batched_tokens
-            if self.admission.admit(out, budget, now):
+            if self._admit(out, budget, now):
                 self._steps_since_admission = 0
                 return
         self._steps_since_admission += 1
         budget = self._schedule_running(out, config.max_batched_tokens)
         self._schedule_swapped_in(out, budget)
+
+    # --- admission ---
+    def _admit(self, out: SchedulerOutput, budget: int, now: float) -> int:
+        """Admit waiting requests in policy order; return how many were admitted.
+
+        The head's cached prefix is looked up first and taken only with its admission.
+        The first request that does not fit stops admission (no skipping ahead), unless
+        someone's seat or memory goes to it, or it lets the tenants within their share
+        pass (its tenant joins `aside` and the next tenant's request is tried).
+        """
+        if self.swapped:
+            return 0  # swapped requests come back before anyone new is let in
+        contention, step_share = self.contention, self._step_share
+        admitted = 0
+        aside: set[str] = set()  # tenants whose head stepped aside (memory or step share)
+        while budget > 0:
+            waiting, first_in_line = contention.next_candidate(aside)
+            if waiting is None:
+                break
+            head = self.own(waiting)
+            # Its cached prefix, looked up (nothing taken): plan as if it were computed.
+            hit = self.kv.lookup_prefix(head)
+            if not (first_in_line or contention.may_pass(head, hit, self.running, aside)):
+                continue
+            planned = self._plan_start(head, hit, budget, out)
+            if planned is None:  # its tenant had its share of this step: another may start
+                aside.add(head.client)
+                continue
+            n, unshared = planned
+            table = self._allocate(head, hit, n, unshared)
+            if table is None:
+                made_room = self._make_room(head, hit, n, admitted, out, aside)
+                if made_room is None:
+                    break
+                budget += made_room
+                continue
+            budget -= n
+            self._start(head, hit, n, table, first_in_line, out, now)
+            admitted += 1
+        if step_share is not None:
+            if admitted:
+                step_share.cut_for_newcomers(out.scheduled)
+            step_share.top_up(out.scheduled, budget, self.kv.allocate)
+        self.stepped_aside = frozenset(aside) if aside else frozenset()  # (a singleton)
+        return admitted
+
+    def _plan_start(
+        self, head: Request, hit: PrefixHit, budget: int, out: SchedulerOutput
+    ) -> tuple[int, int] | None:
+        """The tokens `head` would run in this step, and those its blocks must hold (a
+        shared prompt must not run short halfway); None when its tenant had its share
+        of the step."""
+        remaining = head.num_tokens - hit.num_tokens
+        n = self.plan_chunk(remaining, budget)
+        if n == 0 and not out.scheduled:
+            n = remaining  # too big for the budget and chunking is off: alone, not never
+        unshared = n
+        if n > 1 and self._step_share is not None:
+            n = self._step_share.allow(head.client, n, starts=n == remaining)
+            if n == 0:
+                return None
+        return n, unshared
+
+    def _allocate(self, head: Request, hit: PrefixHit, n: int, unshared: int) -> list[int] | None:
+        """Its block table when it fits (a seat, the reserve check, the blocks); None."""
+        config = self.config
+        if n <= 0 or len(self.running) >= config.max_num_seqs:
+            return None
+        if config.admission == "reserve" and not reserve_peak_fits(
+            [*self.running, head], self.kv, config
+        ):
+            return None
+        # Last: takes the prefix and the new blocks if they all fit, else nothing.
+        return self.kv.allocate(head, hit.num_tokens + unshared, hit)
+
+    def _make_room(
+        self,
+        head: Request,
+        hit: PrefixHit,
+        n: int,
+        admitted: int,
+        out: SchedulerOutput,
+        aside: set[str],
+    ) -> int | None:
+        """`head` does not fit: push out the request the contention rules take for it
+        (return the tokens it gives back to the budget), or let the tenants within their
+        share pass it (0); None: admission stops here."""
+        # It is next in line: its idle cached blocks become the most recently used, so
+        # evicted last (docs/experiments.md's locality numbers have it).
+        self.kv.touch_prefix(hit)
+        # Never push out a request admitted in this step (the tail of `running`).
+        settled = self.running[:-admitted] if admitted else self.running
+        room = self.contention.make_room(head, hit, settled, len(self.running)) if n else None
+        if room is not None:
+            victim = self.own(room.victim)
+            returned = self.unschedule(victim, out)  # its tokens in this step
+            self.preempt(victim, out, mode="recompute", cause="policy")
+            if room.gives_memory:
+                aside.add(victim.client)  # it gave way: it does not take it back now
+            return returned
+        if (
+            n
+            and len(self.running) < self.config.max_num_seqs
+            and self.contention.steps_aside(head, hit, self.running)
+        ):
+            aside.add(head.client)
+            return 0
+        return None
+
+    def _start(
+        self,
+        head: Request,
+        hit: PrefixHit,
+        n: int,
+        table: list[int],
+        first_in_line: bool,
+        out: SchedulerOutput,
+        now: float,
+    ) -> None:
+        """`head` runs from this step: out of the queue, charged, in the batch."""
+        computed = hit.num_tokens
+        head.num_computed_tokens = computed
+        if first_in_line:
+            self.policy.pop()
+        else:
+            self.policy.remove(head)  # a request behind the head of the queue
+        self.kv.count_prefix_query(computed, head.num_tokens)
+        head.status = RequestStatus.RUNNING
+        if head.scheduled_s is None:
+            head.scheduled_s = now
+        self.running.append(head)
+        self._starts.start(head, computed, now)
+        out.scheduled.append(ScheduledRequest(head, n, computed, table))
+        if self._step_share is not None:
+            self._step_share.admitted(head, n, computed + n == head.num_tokens)
 
     # --- preemption ---
     def unschedule(self, request: Request, out: SchedulerOutput) -> int:

@@ -34,12 +34,12 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = False
     # With every seat taken, the policy may move a seat from a tenant over its share of
-    # the seats to the one waiting (Policy.seat_victim; the VTC family shares by weight),
+    # the seats to the one waiting (core/contention.py; the VTC family shares by weight),
     # once the head has waited this many steps for a seat: under ordinary churn a seat
     # frees by then, and nobody's work is recomputed for nothing.
     share_seats: bool = True
     seat_patience_steps: int = 4
-    # KV memory shared by weight (Policy.memory_victim / holding_victim; the VTC family):
+    # KV memory shared by weight (core/contention.py; the VTC family):
     # a tenant under its share of the pool waiting for memory takes it from the tenant
     # furthest over its share, and the victim of a memory shortage is that tenant's.
     share_memory: bool = True

@@ -129,7 +129,7 @@ class StepShare:
                 )
                 if left > 1:
                     asks[request.client] = asks.get(request.client, 0) + left
-            for waiting in self._policy.waiting_tenants():
+            for waiting in sorted(self._policy.waiting_tenants()):  # the same in every process
                 asks[waiting] = max(asks.get(waiting, 0), self.limit)
             parts = self._parts = _water_fill(self.limit, asks, self._policy.weights_in_use())
         return parts.get(tenant, 0.0)

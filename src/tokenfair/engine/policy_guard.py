@@ -29,7 +29,6 @@ from typing import Any, TypeVar
 
 from tokenfair.core.policies.base import Policy
 from tokenfair.core.policies.fcfs import FCFSPolicy
-from tokenfair.core.policies.memory_share import MemoryAsk
 from tokenfair.core.policies.view import RequestView
 from tokenfair.core.prefix_cache import PrefixCache
 from tokenfair.core.share_tree import ShareTree
@@ -219,39 +218,20 @@ class GuardedPolicy(Policy):
     def on_batch_finish(self, batch: Sequence[RequestView]) -> None:
         self._guard("on_batch_finish", lambda policy: policy.on_batch_finish(batch))
 
-    # --- victims ---
+    # --- what contention asks ---
+    @property
+    def shares_by_weight(self) -> bool:  # type: ignore[override]
+        active = self.inner if self._fallback is None else self._fallback
+        return active.shares_by_weight
+
+    def weight_of(self, client: str) -> float:
+        return self._guard("weight_of", lambda policy: policy.weight_of(client))
+
     def victim_key(self, request: RequestView) -> tuple:
         return self._guard("victim_key", lambda policy: policy.victim_key(request))
 
-    def victim(self, running: Sequence[RequestView]) -> RequestView:
-        return self._guard("victim", lambda policy: policy.victim(running))
-
-    def holding_victim_key(self, request: RequestView, holdings: Mapping[str, int]) -> tuple:
-        return self._guard(
-            "holding_victim_key", lambda policy: policy.holding_victim_key(request, holdings)
-        )
-
-    def holding_victim(
-        self, running: Sequence[RequestView], holdings: Mapping[str, int]
-    ) -> RequestView:
-        return self._guard(
-            "holding_victim", lambda policy: policy.holding_victim(running, holdings)
-        )
-
-    def memory_victim(self, ask: MemoryAsk) -> RequestView | None:
-        return self._guard("memory_victim", lambda policy: policy.memory_victim(ask))
-
-    def preempt_for_holdings(self, ask: MemoryAsk) -> RequestView | None:
-        return self._guard("preempt_for_holdings", lambda policy: policy.preempt_for_holdings(ask))
-
-    def over_memory_share(self, ask: MemoryAsk) -> bool:
-        return self._guard("over_memory_share", lambda policy: policy.over_memory_share(ask))
-
-    def preempt_for(self, head: RequestView, running: Sequence[RequestView]) -> RequestView | None:
-        return self._guard("preempt_for", lambda policy: policy.preempt_for(head, running))
-
-    def seat_victim(self, head: RequestView, running: Sequence[RequestView]) -> RequestView | None:
-        return self._guard("seat_victim", lambda policy: policy.seat_victim(head, running))
+    def preempts_for(self, head: RequestView, candidate: RequestView) -> bool:
+        return self._guard("preempts_for", lambda policy: policy.preempts_for(head, candidate))
 
     # --- what the server reads and sets ---
     def counters(self) -> dict[str, float]:

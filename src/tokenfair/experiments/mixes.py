@@ -220,8 +220,8 @@ def mix_rows(outcomes: Sequence[RunOutcome]) -> tuple[list[LightRow], list[MixRo
     """The light tenants' rows and the mixes' rows, in the order the mixes ran."""
     by_mix: dict[tuple[str, int], dict[str, RunOutcome]] = {}
     for outcome in outcomes:
-        profile, seed, label = outcome.job.variant.split("|", 2)
-        by_mix.setdefault((profile, int(seed)), {})[label] = outcome
+        profile, seed_text, label = outcome.job.variant.split("|", 2)
+        by_mix.setdefault((profile, int(seed_text)), {})[label] = outcome
     lights: list[LightRow] = []
     mixes: list[MixRow] = []
     for (profile, seed), runs in by_mix.items():

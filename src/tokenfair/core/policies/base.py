@@ -14,7 +14,6 @@ import heapq
 import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 
-from tokenfair.core.policies.memory_share import MemoryAsk
 from tokenfair.core.policies.needs import Needs
 from tokenfair.core.policies.view import RequestView
 from tokenfair.core.prefix_cache import PrefixCache
@@ -90,77 +89,32 @@ class Policy:
         """Some request of this step's batch finished; `batch` is every request the
         step ran, the finished ones included. Called only if charges_batch_on_finish."""
 
-    # --- preemption ---
-    def victim_key(self, request: RequestView) -> tuple:
-        """Preemption order: the running request with the largest key goes first.
+    # --- what contention asks of it (core/contention.py decides) ---
+    # Whether what tenants hold (seats, KV memory) is shared among them by weight when
+    # a waiting request needs it (the VTC family); False keeps a running request's
+    # seat and memory until it finishes, as vLLM does (fcfs, priority).
+    shares_by_weight = False
 
-        By default the newest admission. Drivers that keep their own running list
-        (the vLLM plugin) sort it by this key so the engine's own victim is ours.
+    def weight_of(self, client: str) -> float:
+        """The client's weight in every share (1 unless the policy keeps weights)."""
+        return 1.0
+
+    def victim_key(self, request: RequestView) -> tuple:
+        """The policy's order among running requests to push out, other things equal:
+        the largest key goes first. By default the newest admission.
+
+        Drivers that keep their own running list (the vLLM plugin) sort it by this key
+        (behind what each tenant holds, when memory is shared) so the engine's own
+        victim is ours.
         """
         return (request.admit_seq,)
 
-    def victim(self, running: Sequence[RequestView]) -> RequestView:
-        """Who is pushed out when memory runs out: the largest `victim_key`."""
-        return max(running, key=self.victim_key)
-
-    def holding_victim_key(self, request: RequestView, holdings: Mapping[str, int]) -> tuple:
-        """Preemption order knowing the KV blocks each tenant holds (`holdings`): the
-        largest key goes first. By default `victim_key`; the VTC family puts the tenant
-        holding the most per unit of weight first (memory_share.py). Drivers that keep
-        their own running list (the vLLM plugin) sort it by this key."""
-        return self.victim_key(request)
-
-    def holding_victim(
-        self, running: Sequence[RequestView], holdings: Mapping[str, int]
-    ) -> RequestView:
-        """Who is pushed out when memory runs out, asked instead of `victim` when the
-        scheduler shares memory. By default `victim`; the VTC family takes the largest
-        `holding_victim_key`."""
-        return self.victim(running)
-
-    def memory_victim(self, ask: MemoryAsk) -> RequestView | None:
-        """The head of the queue (`ask.head`) waits for KV blocks the pool does not
-        have: a running request whose memory goes to it, or None. Asked after
-        `preempt_for_holdings` found no victim, only when the scheduler shares memory
-        (its `share_memory` setting). By default memory is kept until its requests
-        finish; the VTC family shares it among tenants by weight (memory_share.py)."""
-        return None
-
-    def preempt_for_holdings(self, ask: MemoryAsk) -> RequestView | None:
-        """`preempt_for`, knowing the KV blocks each tenant holds and what the head
-        needs; asked instead of it when the head is short of memory and the scheduler
-        shares memory. By default `preempt_for`; vtc-preempt then takes its victim as
-        the memory share does (from the tenant furthest over its share of the pool,
-        while the head's stays within its own: a light tenant that was just lifted is
-        never it), when the counter gap passes its threshold."""
-        return self.preempt_for(ask.head, ask.running)
-
-    def over_memory_share(self, ask: MemoryAsk) -> bool:
-        """Asked of a head short of memory (`ask.waiting` empty): whether it lets the
-        next tenant's request try instead of stopping admission; asked of a request
-        behind such heads (`ask.waiting` set): whether its tenant would be over its
-        share of the pool, so that it waits too. Never by default (a head that does not
-        fit stops admission); in the VTC family a head always lets tenants within their
-        max-min share pass (memory_share.py).
-        """
+    def preempts_for(self, head: RequestView, candidate: RequestView) -> bool:
+        """Whether `candidate`, the running request the contention rules would push out
+        for `head` (which cannot start), goes now for the policy's own reason: a
+        fairness preemption (vtc-preempt's counter gap) or importance (priority). By
+        default never."""
         return False
-
-    def preempt_for(self, head: RequestView, running: Sequence[RequestView]) -> RequestView | None:
-        """A running request to push out so `head` can be admitted now, or None.
-
-        Only policies that preempt for fairness (vtc-preempt) return one.
-        """
-        return None
-
-    def seat_victim(self, head: RequestView, running: Sequence[RequestView]) -> RequestView | None:
-        """Every seat of the batch is taken and `head` waits for one: a running request
-        whose seat goes to it, or None. Asked after `preempt_for` found no victim.
-
-        Asked only when the scheduler shares seats (its `share_seats` setting). By
-        default seats are kept until their requests finish; the VTC family shares them
-        among tenants by weight (batch_share.py).
-        """
-        return None
 
     def counters(self) -> dict[str, float]:
         """Per-client virtual counters, for policies that keep them."""

@@ -41,7 +41,7 @@ def seat_share_victim(
         seats[client] = seats.get(client, 0) + 1
         if client not in newest or request.admit_seq > newest[client].admit_seq:
             newest[client] = request
-    total_weight = sum(weight_of(client) for client in seats.keys() | {head.client})
+    total_weight = sum(weight_of(client) for client in dict.fromkeys([*seats, head.client]))
     total_seats = len(running)  # a seat moves: the count stays
 
     def share(client: str) -> float:

@@ -102,13 +102,13 @@ class MemoryAsk:
     def entitlement_level(self, weight_of: WeightOf) -> float:
         """The pool per unit of weight among the tenants running and the head's: a
         tenant's entitlement is this times its weight."""
-        tenants = {request.client for request in self.running} | {self.head.client}
+        tenants = dict.fromkeys([*(request.client for request in self.running), self.head.client])
         return self.pool_blocks / sum(weight_of(t) for t in tenants)
 
 
 def over_memory_share(ask: MemoryAsk, weight_of: WeightOf) -> bool:
     """Whether the request asked about, short of memory, lets the next tenant's request
-    try instead (`Policy.over_memory_share`).
+    try instead (core/contention.py, `gives_way`).
 
     A head first in line always does: whether its tenant is within its share (it waits
     for its memory to be given up or freed) or over it (it waits for its own requests
@@ -131,11 +131,13 @@ def memory_share_victim(ask: MemoryAsk, weight_of: WeightOf) -> RequestView | No
     level = ask.entitlement_level(weight_of)
     if ask.held(head) + ask.need_blocks > level * weight_of(head):
         return None  # the head's tenant would go over its share: it waits its turn
-    over = {
-        request.client
-        for request in ask.running
-        if request.client != head and ask.held(request.client) > level * weight_of(request.client)
-    }
+    # In the order the tenants run (a list, not a set): a tie between two tenants holding
+    # alike goes the same way in every process, whatever the string hashes.
+    over = [
+        tenant
+        for tenant in dict.fromkeys(request.client for request in ask.running)
+        if tenant != head and ask.held(tenant) > level * weight_of(tenant)
+    ]
     if not over:
         return None
     furthest = max(over, key=lambda tenant: ask.held(tenant) / weight_of(tenant))

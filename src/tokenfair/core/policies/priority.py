@@ -6,8 +6,6 @@ the newest among equals.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from tokenfair.core.policies.base import KeyedPolicy
 from tokenfair.core.policies.declaration import Declared, Needs
 from tokenfair.core.policies.view import RequestView
@@ -23,12 +21,9 @@ class PriorityPolicy(KeyedPolicy):
     def victim_key(self, request: RequestView) -> tuple:
         return (request.priority, request.admit_seq)
 
-    def preempt_for(self, head: RequestView, running: Sequence[RequestView]) -> RequestView | None:
+    def preempts_for(self, head: RequestView, candidate: RequestView) -> bool:
         # A strictly more important request may push out the least important one.
-        if not running:
-            return None
-        worst = self.victim(running)
-        return worst if worst.priority > head.priority else None
+        return candidate.priority > head.priority
 
 
 DECLARED = [

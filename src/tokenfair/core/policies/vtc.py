@@ -29,15 +29,8 @@ from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 
 from tokenfair.core.cost import CostFunction
 from tokenfair.core.policies.base import Policy
-from tokenfair.core.policies.batch_share import seat_share_victim
 from tokenfair.core.policies.client_queues import ClientPick, ClientQueue, WaitingQueue
 from tokenfair.core.policies.ledger import CounterLedger, LiftRule, chargeable_output
-from tokenfair.core.policies.memory_share import (
-    MemoryAsk,
-    holding_victim_key,
-    memory_share_victim,
-    over_memory_share,
-)
 from tokenfair.core.policies.predictor import OutputLengthPredictor
 from tokenfair.core.policies.settings import PolicySettings
 from tokenfair.core.policies.view import RequestView
@@ -236,48 +229,22 @@ class VTCPolicy(Policy):
         """Every node's counter, groups (`@path`) and clients."""
         return self.ledger.node_counters()
 
-    # --- preemption ---
+    # --- what contention asks of it ---
+    shares_by_weight = True
+
+    def weight_of(self, client: str) -> float:
+        return self.ledger.weights.get(client, 1.0)
+
     def victim_key(self, request: RequestView) -> tuple:
         """Down the tree, the most-served node at each level; its newest request."""
         ledger = self.ledger
         return (*(ledger.counter(node) for _, node in ledger.path(request.client)),
                 request.admit_seq)  # fmt: skip
 
-    def preempt_for(self, head: RequestView, running: Sequence[RequestView]) -> RequestView | None:
-        if self.preempt_threshold is None or not running:
-            return None
-        return self._if_gap_passes(head, self.victim(running))
-
-    def preempt_for_holdings(self, ask: MemoryAsk) -> RequestView | None:
-        if self.preempt_threshold is None or not ask.running:
-            return None
-        candidate = memory_share_victim(ask, self._weight_of)
-        return None if candidate is None else self._if_gap_passes(ask.head, candidate)
-
-    def _if_gap_passes(self, head: RequestView, candidate: RequestView) -> RequestView | None:
-        """`candidate`, if its tenant's counter is more than the threshold above the head's."""
+    def preempts_for(self, head: RequestView, candidate: RequestView) -> bool:
+        """vtc-preempt: when the candidate's tenant's counter is more than the threshold
+        above the head's."""
+        if self.preempt_threshold is None:
+            return False
         gap = self.ledger.counter(candidate.client) - self.ledger.counter(head.client)
-        return candidate if gap > (self.preempt_threshold or 0.0) else None
-
-    def seat_victim(self, head: RequestView, running: Sequence[RequestView]) -> RequestView | None:
-        if not running:
-            return None
-        return seat_share_victim(head, running, self._weight_of)
-
-    def _weight_of(self, client: str) -> float:
-        return self.ledger.weights.get(client, 1.0)
-
-    def holding_victim_key(self, request: RequestView, holdings: Mapping[str, int]) -> tuple:
-        """The tenant holding the most KV per unit of weight first, then VTC's order."""
-        return (holding_victim_key(request, holdings, self._weight_of), *self.victim_key(request))
-
-    def holding_victim(
-        self, running: Sequence[RequestView], holdings: Mapping[str, int]
-    ) -> RequestView:
-        return max(running, key=lambda request: self.holding_victim_key(request, holdings))
-
-    def memory_victim(self, ask: MemoryAsk) -> RequestView | None:
-        return memory_share_victim(ask, self._weight_of) if ask.running else None
-
-    def over_memory_share(self, ask: MemoryAsk) -> bool:
-        return over_memory_share(ask, self._weight_of)
+        return gap > self.preempt_threshold

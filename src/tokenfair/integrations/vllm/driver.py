@@ -30,6 +30,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
+from tokenfair.core.contention import holding_key
 from tokenfair.core.policies import Policy
 from tokenfair.core.policies.starts import Starts
 from tokenfair.core.policies.view import PolicyRequest, RequestView
@@ -261,7 +262,7 @@ class PolicyDriver(Generic[H]):
         entry = self._entries.get(request_id)
         if entry is None:
             return (float("-inf"),)
-        return self.policy.holding_victim_key(entry.shadow, holdings)
+        return holding_key(self.policy, entry.shadow, holdings)
 
     def tenant_of(self, request_id: str) -> str | None:
         entry = self._entries.get(request_id)

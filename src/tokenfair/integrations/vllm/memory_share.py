@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenfair.core.contention import gives_way, memory_giver
 from tokenfair.core.policies.memory_share import MemoryAsk
 from tokenfair.core.policies.view import RequestView
 from tokenfair.integrations.vllm.driver import PolicyDriver
@@ -89,11 +90,11 @@ def walk_memory(driver: PolicyDriver, running: Sequence[Any], pool: Pool) -> fro
             continue  # a tenant's first waiting request speaks for it
         seen.add(tenant)
         need = blocks_asked(waiting, pool.block_size)
-        if asked and policy.over_memory_share(ask(waiting, need, asked)):
+        if asked and gives_way(policy, ask(waiting, need, asked)):
             aside.add(tenant)  # it would take memory the waiting heads are owed
             continue
         while need > free:
-            victim = policy.memory_victim(ask(waiting, need, {}))
+            victim = memory_giver(policy, ask(waiting, need, {}))
             if victim is None:
                 break
             views.remove(victim)
@@ -108,7 +109,7 @@ def walk_memory(driver: PolicyDriver, running: Sequence[Any], pool: Pool) -> fro
             seats -= 1
             held[tenant] = held.get(tenant, 0) + need
             continue
-        if not policy.over_memory_share(ask(waiting, need, {})):
+        if not gives_way(policy, ask(waiting, need, {})):
             break  # the policy lets a head that does not fit stop admission
         aside.add(tenant)
         asked[tenant] = need
