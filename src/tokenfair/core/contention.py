@@ -127,7 +127,7 @@ class Contention:
         head = self.policy.peek()
         if head is None or head.client not in aside:
             return head, True
-        for waiting in self.policy.waiting_requests():
+        for waiting in self.policy.waiting_heads():  # a tenant's first request speaks for it
             if waiting.client not in aside:
                 return waiting, False
         return None, False

@@ -178,6 +178,14 @@ class GuardedPolicy(Policy):
                 return self._fail("waiting_requests", error).waiting_requests()
         return self._fallback.waiting_requests()
 
+    def waiting_heads(self) -> Iterable[RequestView]:
+        if self._fallback is None:
+            try:
+                return self._guarded_iteration("waiting_heads", self.inner.waiting_heads())
+            except Exception as error:
+                return self._fail("waiting_heads", error).waiting_heads()
+        return self._fallback.waiting_heads()
+
     def waiting_tenants(self) -> Iterable[str]:
         if self._fallback is None:
             try:

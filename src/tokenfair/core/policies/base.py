@@ -61,6 +61,16 @@ class Policy:
         (with no admission, and so no charge, in between)."""
         raise NotImplementedError
 
+    def waiting_heads(self) -> Iterable[RequestView]:
+        """Each tenant's first waiting request, in the order of `waiting_requests` (the
+        request a tenant would send next). By default read off `waiting_requests`; a
+        policy keeping a queue per tenant answers without walking every request."""
+        seen: set[str] = set()
+        for request in self.waiting_requests():
+            if request.client not in seen:
+                seen.add(request.client)
+                yield request
+
     def waiting_tenants(self) -> Iterable[str]:
         """The tenants with a request waiting (any order). By default read off
         `waiting_requests`; a policy keeping a queue per tenant says it directly."""

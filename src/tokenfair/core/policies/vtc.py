@@ -172,6 +172,10 @@ class VTCPolicy(Policy):
         for client in self.ledger.backlogged_in_order():
             yield from self._queues[client]
 
+    def waiting_heads(self) -> Iterable[RequestView]:
+        for client in self.ledger.backlogged_in_order():
+            yield next(iter(self._queues[client]))
+
     # --- charges ---
     def on_admit(self, request: RequestView, first_time: bool, now: float) -> None:
         # The lift's reference is set here, not at pop: a caller may pop a request and
