@@ -171,28 +171,23 @@ class GuardedPolicy(Policy):
         return self._guard("__len__", len)
 
     def waiting_requests(self) -> Iterable[RequestView]:
-        if self._fallback is None:
-            try:
-                return self._guarded_iteration("waiting_requests", self.inner.waiting_requests())
-            except Exception as error:
-                return self._fail("waiting_requests", error).waiting_requests()
-        return self._fallback.waiting_requests()
+        return self._iterate("waiting_requests", lambda policy: policy.waiting_requests())
 
     def waiting_heads(self) -> Iterable[RequestView]:
-        if self._fallback is None:
-            try:
-                return self._guarded_iteration("waiting_heads", self.inner.waiting_heads())
-            except Exception as error:
-                return self._fail("waiting_heads", error).waiting_heads()
-        return self._fallback.waiting_heads()
+        return self._iterate("waiting_heads", lambda policy: policy.waiting_heads())
 
     def waiting_tenants(self) -> Iterable[str]:
+        return self._iterate("waiting_tenants", lambda policy: policy.waiting_tenants())
+
+    def _iterate(self, hook: str, call: Callable[[Policy], Iterable[T]]) -> Iterable[T]:
+        """`call(policy)`'s items, on the fallback instead once the policy has failed,
+        whether it fails when called or while its items are read."""
         if self._fallback is None:
             try:
-                return self._guarded_iteration("waiting_tenants", self.inner.waiting_tenants())
+                return self._guarded_iteration(hook, call(self.inner))
             except Exception as error:
-                return self._fail("waiting_tenants", error).waiting_tenants()
-        return self._fallback.waiting_tenants()
+                return call(self._fail(hook, error))
+        return call(self._fallback)
 
     def _guarded_iteration(self, hook: str, items: Iterable[T]) -> Iterator[T]:
         """`items`, lazily (a caller may stop early); an exception while iterating ends
