@@ -9,12 +9,12 @@ waiting request of each tenant in the policy's order:
 
 - *taking*: a request that does not fit in the free blocks, with a seat free, gets the
   memory of the newest running request of the tenant furthest over its entitlement,
-  if its own tenant stays within its entitlement (`Policy.memory_victim`); the
+  if its own tenant stays within its entitlement (`contention.memory_giver`); the
   scheduler preempts that request as vLLM's own preemption does, and the giver's
   waiting requests go after the others' for this step, so it does not take the memory
   straight back.
 - *passing*: a request that still does not fit lets the next tenant's try, whatever
-  its tenant holds (`Policy.over_memory_share`, asked with no waiting heads), and a
+  its tenant holds (`contention.gives_way`, asked with no waiting heads), and a
   tenant behind such heads goes first only if it stays within its max-min share of the
   pool counting what every one of those heads asks (asked with them). The tenants that
   may not go first, and those whose heads wait, go after the others for this step;
