@@ -174,13 +174,20 @@ class Contention:
         return True
 
     def may_pass(
-        self, candidate: Request, hit: PrefixHit, running: Sequence[Request], aside: set[str]
+        self,
+        candidate: Request,
+        hit: PrefixHit | None,
+        running: Sequence[Request],
+        aside: set[str],
     ) -> bool:
         """Whether `candidate`, behind heads of the queue that stepped aside, may start
         before them: always when they stepped aside for the step's share only (memory
         is not short); else only if its tenant stays within its max-min share of the
         pool counting what those heads ask (it then takes no memory they are owed).
-        When not, its tenant joins `aside`."""
+        When not, its tenant joins `aside`. With `hit` None it is judged asking
+        nothing: a tenant over its share then is over with any request (a tenant's
+        share never grows with what it asks), so the scheduler asks so before it looks
+        the candidate's prefix up."""
         if not self._aside_for_memory:
             return True
         if gives_way(self.policy, self._ask(candidate, hit, running, waiting=True)):
@@ -189,13 +196,21 @@ class Contention:
         return True
 
     def _ask(
-        self, head: Request, hit: PrefixHit, running: Sequence[Request], waiting: bool = False
+        self,
+        head: Request,
+        hit: PrefixHit | None,
+        running: Sequence[Request],
+        waiting: bool = False,
     ) -> MemoryAsk:
         """A head short of memory: the blocks its whole prompt adds to what its tenant
-        holds (cached blocks its tenant's requests hold already count once), and what
-        every tenant holds; `waiting`: and what the heads that stepped aside ask."""
+        holds (cached blocks its tenant's requests hold already count once; none with
+        `hit` None), and what every tenant holds; `waiting`: and what the heads that
+        stepped aside ask."""
         kv = self.kv
-        need = kv.blocks_for(head.num_tokens) - len(hit.blocks) + hit.idle_blocks
+        if hit is None:
+            need = 0
+        else:
+            need = kv.blocks_for(head.num_tokens) - len(hit.blocks) + hit.idle_blocks
         aside = self._aside_for_memory if waiting else {}
         return MemoryAsk(head, need, running, kv.holdings(), kv.num_blocks, kv.block_size, aside)
 

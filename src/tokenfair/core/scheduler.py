@@ -284,6 +284,10 @@ class Scheduler:
             if waiting is None:
                 break
             head = self.own(waiting)
+            # Behind heads that stepped aside, a tenant over its share with nothing asked
+            # waits without its prefix being looked up.
+            if not (first_in_line or contention.may_pass(head, None, self.running, aside)):
+                continue
             # Its cached prefix, looked up (nothing taken): plan as if it were computed.
             hit = self.kv.lookup_prefix(head)
             if not (first_in_line or contention.may_pass(head, hit, self.running, aside)):
