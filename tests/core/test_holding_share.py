@@ -284,8 +284,19 @@ def test_a_tenant_over_its_share_does_not_pass_a_head_waiting_for_memory() -> No
     busy = make_request("busy", input_tokens=20, output_tokens=4)
     sched.add_request(busy, 1.0)
     assert sched.policy.peek() is blocked
+    looked_up: list[str] = []
+    lookup = sched.kv.lookup_prefix
+
+    def recording(request):
+        looked_up.append(request.client)
+        return lookup(request)
+
+    sched.kv.lookup_prefix = recording  # type: ignore[method-assign]
     fake_step(sched, 1.0)
     assert busy.status is RequestStatus.WAITING and blocked.status is RequestStatus.WAITING
+    # Over its share with nothing asked, "busy" is turned away before its prefix is
+    # looked up (a lookup walks the request's whole prompt).
+    assert looked_up == ["heavy"]
 
 
 def test_a_tenant_alone_fills_the_whole_pool() -> None:
