@@ -158,8 +158,8 @@ class Contention:
                 return None if seat is None else Room(seat, gives_memory=False)
             return None
         if self.shares_memory and waited >= config.memory_patience_steps:
-            victim = memory_giver(policy, self._ask(head, hit, settled))
-            return None if victim is None else Room(victim, gives_memory=True)
+            # The memory share's victim, found above for the policy's own question.
+            return None if candidate is None else Room(candidate, gives_memory=True)
         return None
 
     def steps_aside(self, head: Request, hit: PrefixHit, running: Sequence[Request]) -> bool:
