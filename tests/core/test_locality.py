@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from tokenfair.core.cached_prefix_index import CachedPrefixIndex
 from tokenfair.core.kv_cache import KVCacheManager
 from tokenfair.core.policies import PolicyError, make_policy
-from tokenfair.core.prefix_cache import CachedPrefixIndex
 from tokenfair.core.request import Request
 from tokenfair.core.scheduler import Scheduler, SchedulerConfig
 

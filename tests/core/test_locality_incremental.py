@@ -1,7 +1,7 @@
 """The locality-aware policies' incremental state decides as a fresh look would.
 
 Waiting requests are kept in groups: those of one queue, priority and band whose cached
-prefix is the same chain of blocks (core/prefix_cache.py). A group's prefix is checked
+prefix is the same chain of blocks (core/cached_prefix_index.py). A group's prefix is checked
 against the wanted blocks evicted since its last check, and moves in its queue as one
 entry (policies/locality.py). Each is compared here with the plain way: every request a
 group of its own, walked again from its first block; and the queue's order, head and
@@ -14,11 +14,11 @@ import random
 
 import pytest
 
+from tokenfair.core.cached_prefix_index import CachedPrefixIndex
 from tokenfair.core.kv.prefix_index import PrefixIndex
 from tokenfair.core.kv_cache import KVCacheManager
 from tokenfair.core.policies import make_policy
 from tokenfair.core.policies.locality import LongestPrefixQueue
-from tokenfair.core.prefix_cache import CachedPrefixIndex
 from tokenfair.core.scheduler import Scheduler, SchedulerConfig
 from tokenfair.engine.sim.profile import load_profile
 from tokenfair.engine.sim.simulator import simulate

@@ -22,7 +22,7 @@ Serving", Cao et al., 2025):
   smallest counter: without shared prefixes `dlpm` is VTC. The bound is VTC's plus
   the quantum (docs/fairness.md).
 
-A request's cached prefix is followed by `CachedPrefixIndex` (core/prefix_cache.py);
+A request's cached prefix is followed by `CachedPrefixIndex` (core/cached_prefix_index.py);
 within a client, priority (lower first) still comes before the prefix.
 """
 
@@ -33,13 +33,14 @@ import itertools
 from collections import deque
 from collections.abc import Iterator, Mapping
 
+from tokenfair.core.cached_prefix_index import CachedPrefixIndex, PrefixGroup
 from tokenfair.core.policies.cached_heads import CachedHeadHeap
 from tokenfair.core.policies.client_queues import ClientPick, WaitingQueue
 from tokenfair.core.policies.declaration import Argument, Declared, Needs
 from tokenfair.core.policies.ledger import CounterLedger
 from tokenfair.core.policies.view import RequestView
 from tokenfair.core.policies.vtc import VTCPolicy
-from tokenfair.core.prefix_cache import CachedPrefixIndex, PrefixCache, PrefixGroup
+from tokenfair.core.prefix_cache import PrefixCache
 
 # A quantum of a few prompts' worth lets a client run several requests over its warm
 # prefix before the others catch up (docs/fairness.md: how it was chosen).
@@ -55,7 +56,7 @@ class LongestPrefixQueue:
     ahead of new ones, then the longest cached prefix, then arrival.
 
     The heap holds groups, not requests: the requests of one priority and band whose
-    cached prefix is the same chain of blocks (core/prefix_cache.py), in line among
+    cached prefix is the same chain of blocks (core/cached_prefix_index.py), in line among
     themselves. A prefix evicted or cached again moves its group at once, however many
     requests wait on it."""
 
